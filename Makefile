@@ -1,0 +1,45 @@
+# parc developer entry points; `make help` lists them.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+PYTEST := $(BIN)/python -m pytest
+DEMO   := out/demo
+
+.PHONY: help setup test test-all demo bench lint format clean
+
+help:  ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-9s %s\n", $$1, $$2}'
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	@touch $(STAMP)
+
+setup: $(STAMP)  ## create .venv and install parc with the dev extra
+
+test: $(STAMP)  ## run the fast test suite (what CI runs)
+	$(PYTEST) -q -n 2 -m "not slow"
+
+test-all: $(STAMP)  ## run every test, slow ones included (large models, full ONNX node suite)
+	$(PYTEST) -q -n 2
+
+demo: $(STAMP)  ## build a small GPT from the zoo and inspect it
+	@mkdir -p $(DEMO)
+	$(BIN)/parc models build gpt-tiny -o $(DEMO)/gpt-tiny.onnx
+	$(BIN)/parc inspect $(DEMO)/gpt-tiny.onnx
+	$(BIN)/parc models build gpt-medium -o $(DEMO)/gpt-medium.onnx
+	$(BIN)/parc inspect $(DEMO)/gpt-medium.onnx
+
+bench: $(STAMP)  ## import + inspect time and peak memory per zoo model (docs/benchmarks.md)
+	$(BIN)/python benchmarks/run.py
+
+lint: $(STAMP)  ## ruff lint
+	$(BIN)/ruff check parc tests benchmarks
+
+format: $(STAMP)  ## ruff format
+	$(BIN)/ruff format parc tests benchmarks
+
+clean:  ## remove build outputs (keeps .venv)
+	rm -rf out build *.egg-info .pytest_cache .ruff_cache

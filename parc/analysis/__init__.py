@@ -1,0 +1,1 @@
+"""Read-only analyses of IR graphs (reports, statistics)."""

@@ -1,0 +1,142 @@
+"""`parc inspect`: what a model is made of and what it costs, as a stable JSON-able report."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from parc.errors import UnboundDimError
+from parc.ir import importer
+from parc.ir.graph import Graph, Value
+from parc.ops import get_rule
+from parc.ops.base import output_elements
+from parc.passes.fold_shapes import shape_dependent_values
+
+# Keys scripts rely on; keep them stable (docs/inspect.md).
+STABLE_KEYS = ("parameters", "parameter_bytes", "flops_forward", "flops_step",
+               "activation_bytes_peak", "ops", "replicate_only_ops", "unbound_dims",
+               "shape_dependent_values")
+
+
+def parameter_values(graph: Graph) -> list[Value]:
+    """Parameters: those a training graph's parc.state names, else float initializers."""
+    state = graph.metadata.get("parc.state")
+    if state:
+        names = set(json.loads(state).get("params", []))
+        return [v for v in graph.values() if v.name in names]
+    return graph.params()
+
+
+def node_flops(graph: Graph) -> tuple[int, int | None]:
+    """(forward FLOPs, whole-step FLOPs or None when the graph has no phases)."""
+    forward = total = 0
+    phased = any("parc.phase" in n.meta for n in graph.nodes)
+    for n in graph.nodes:
+        rule = get_rule(n)
+        f = rule.flops(n) if rule is not None else output_elements(n)
+        total += f
+        if n.meta.get("parc.phase", "forward") == "forward":
+            forward += f
+    return forward, (total if phased else None)
+
+
+def activation_peak(graph: Graph) -> int:
+    """Peak bytes of live non-constant values when nodes run in graph order."""
+    last_use: dict[int, int] = {}
+    for i, n in enumerate(graph.nodes):
+        for v in n.inputs:
+            if v is not None and not v.is_const:
+                last_use[id(v)] = i
+    end = len(graph.nodes)
+    for v in graph.outputs:
+        last_use[id(v)] = end
+    frees: dict[int, int] = Counter()
+    live = peak = 0
+    for v in graph.inputs:
+        live += v.nbytes
+        frees[last_use.get(id(v), -1)] += v.nbytes
+    peak = live
+    for i, n in enumerate(graph.nodes):
+        for v in n.outputs:
+            if id(v) in last_use:
+                live += v.nbytes
+                frees[last_use[id(v)]] += v.nbytes
+        peak = max(peak, live)
+        live -= frees.pop(i, 0)
+    return peak
+
+
+def inspect_graph(graph: Graph) -> dict[str, Any]:
+    """The report for an imported graph."""
+    params = parameter_values(graph)
+    fwd, step = node_flops(graph)
+    ops = Counter(n.op_type if not n.domain else f"{n.domain}.{n.op_type}" for n in graph.nodes)
+    no_rule = sorted({n.op_type for n in graph.nodes if get_rule(n) is None})
+    phases = Counter(n.meta.get("parc.phase") for n in graph.nodes if "parc.phase" in n.meta)
+    return {
+        "model": graph.name,
+        "opset": graph.opset.get("", graph.opset.get("ai.onnx")),
+        "nodes": len(graph.nodes),
+        "inputs": [{"name": v.name, "dtype": str(v.dtype), "shape": list(v.shape or ())} for v in graph.inputs],
+        "outputs": [{"name": v.name, "dtype": str(v.dtype), "shape": list(v.shape or ())} for v in graph.outputs],
+        "training": bool(phases),
+        "phases": dict(sorted(phases.items())),
+        "parameters": sum(v.size for v in params),
+        "parameter_bytes": sum(v.nbytes for v in params),
+        "parameter_tensors": len(params),
+        "flops_forward": fwd,
+        "flops_step": step,
+        "activation_bytes_peak": activation_peak(graph),
+        "ops": dict(sorted(ops.items(), key=lambda kv: (-kv[1], kv[0]))),
+        "replicate_only_ops": no_rule,
+        "unbound_dims": [],
+        "shape_dependent_values": shape_dependent_values(graph),
+    }
+
+
+def inspect_file(path: str | Path, dims: dict[str, int] | None = None) -> dict[str, Any]:
+    """Import and report; with unbound symbolic dims, report what needs no shapes and list them."""
+    path = Path(path)
+    try:
+        graph = importer.load(path, dims)
+    except UnboundDimError as e:
+        return _unbound_report(path, e.dims)
+    report = inspect_graph(graph)
+    report["model"] = str(path)
+    return report
+
+
+def _unbound_report(path: Path, unbound: list[str]) -> dict[str, Any]:
+    model = importer.normalize(importer.read_model(path), str(path))
+    g = model.graph
+    init = [t for t in g.initializer]
+    from parc.ir.dtypes import DType
+    floats = [t for t in init if DType(t.data_type).is_float and len(t.dims) >= 1]
+    count = sum(int(_prod(t.dims)) for t in floats)
+    ops = Counter(n.op_type for n in g.node if n.op_type != "Constant")
+    tainted: set[str] = set()
+    for n in g.node:
+        if n.op_type == "Shape" or any(i in tainted for i in n.input):
+            tainted.update(n.output)
+    from parc.ops.base import RULES
+    return {
+        "model": str(path), "opset": importer.opset_version(model), "nodes": len(g.node),
+        "inputs": [], "outputs": [], "training": False, "phases": {},
+        "parameters": count,
+        "parameter_bytes": sum(int(_prod(t.dims)) * DType(t.data_type).itemsize for t in floats),
+        "parameter_tensors": len(floats),
+        "flops_forward": None, "flops_step": None, "activation_bytes_peak": None,
+        "ops": dict(sorted(ops.items(), key=lambda kv: (-kv[1], kv[0]))),
+        "replicate_only_ops": sorted({op for op in ops if op not in RULES}),
+        "unbound_dims": unbound,
+        "shape_dependent_values": len(tainted),
+    }
+
+
+def _prod(dims: Any) -> int:
+    out = 1
+    for d in dims:
+        out *= int(d)
+    return out

@@ -1,0 +1,43 @@
+"""The one error hierarchy of parc: the CLI turns any ParcError into one line and exit code 2."""
+
+from __future__ import annotations
+
+
+class ParcError(Exception):
+    """Base of every error parc raises on bad input; its message is one line for a person."""
+
+
+class UsageError(ParcError):
+    """A flag or argument has a value parc cannot use."""
+
+
+class OnnxImportError(ParcError):
+    """The ONNX file cannot be read or is not a valid model."""
+
+
+class UnboundDimError(OnnxImportError):
+    """Symbolic dims remain that no --dim binds."""
+
+    def __init__(self, dims: list[str], message: str) -> None:
+        super().__init__(message)
+        self.dims = dims
+
+
+class ShapeError(ParcError):
+    """Shapes or dtypes of a node are inconsistent."""
+
+
+class UnsupportedOpError(ParcError):
+    """An op parc cannot handle where it must."""
+
+
+class VerifyError(ParcError):
+    """The IR breaks one of its invariants (an internal error when raised by a pass)."""
+
+
+class InfeasiblePlanError(ParcError):
+    """No plan fits the devices; carries the numbers."""
+
+
+class PlanFormatError(ParcError):
+    """A plan directory is malformed, tampered with, or of an unknown format version."""

@@ -1,0 +1,108 @@
+"""IR -> ONNX: a ModelProto that computes what the graph computes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from parc.ir.graph import Graph, Node, Value
+
+PARC_PRODUCER = "parc"
+
+
+def value_info(v: Value) -> onnx.ValueInfoProto:
+    assert v.dtype is not None, v.name
+    return helper.make_tensor_value_info(v.name, v.dtype.onnx_type,
+                                         list(v.shape) if v.shape is not None else None)
+
+
+def node_proto(node: Node) -> onnx.NodeProto:
+    proto = helper.make_node(node.op_type, [v.name if v else "" for v in node.inputs],
+                             [v.name for v in node.outputs], name=node.name, domain=node.domain)
+    proto.attribute.extend(node.attrs[k] for k in sorted(node.attrs))
+    for k in sorted(node.meta):
+        proto.metadata_props.add(key=k, value=node.meta[k])
+    return proto
+
+
+def tensor_proto(v: Value, external: dict[str, tuple[str, int]] | None = None) -> onnx.TensorProto:
+    """The constant as a TensorProto; external data is referenced (`external`: name->(file, offset))."""
+    data = v.const
+    assert data is not None
+    if data.proto is not None and data.proto.name == v.name:
+        return data.proto
+    if external is not None and v.name in external:
+        location, offset = external[v.name]
+        t = onnx.TensorProto(name=v.name, data_type=data.dtype.onnx_type, dims=list(data.shape))
+        t.data_location = onnx.TensorProto.EXTERNAL
+        for key, val in (("location", location), ("offset", str(offset)), ("length", str(data.nbytes))):
+            t.external_data.add(key=key, value=val)
+        return t
+    return numpy_helper.from_array(np.asarray(data.numpy()), v.name)
+
+
+def external_layout(graph: Graph, data_file: str, min_bytes: int) -> dict[str, tuple[str, int]]:
+    """Where each constant of at least `min_bytes` lives in `data_file` (64-byte aligned)."""
+    layout, offset = {}, 0
+    for v in graph.constants.values():
+        if v.const is not None and v.const.nbytes >= min_bytes:
+            layout[v.name] = (data_file, offset)
+            offset += -(-v.const.nbytes // 64) * 64
+    return layout
+
+
+def to_onnx(graph: Graph, *, external: dict[str, tuple[str, int]] | None = None,
+            ir_version: int = 10) -> onnx.ModelProto:
+    """Build a ModelProto; constants named in `external` are referenced, not embedded."""
+    g = helper.make_graph(
+        [node_proto(n) for n in graph.nodes], graph.name,
+        [value_info(v) for v in graph.inputs], [value_info(v) for v in graph.outputs],
+        initializer=[tensor_proto(v, external) for v in graph.constants.values()],
+        value_info=[value_info(v) for n in graph.nodes for v in n.outputs
+                    if v.dtype is not None and v not in graph.outputs],
+    )
+    opsets = [helper.make_opsetid(d, ver) for d, ver in sorted(graph.opset.items())]
+    model = helper.make_model(g, opset_imports=opsets, producer_name=PARC_PRODUCER,
+                              ir_version=ir_version)
+    for k in sorted(graph.metadata):
+        model.metadata_props.add(key=k, value=graph.metadata[k])
+    return model
+
+
+def save(graph: Graph, path: str | Path, *, external_min_bytes: int = 1 << 20) -> Path:
+    """Write the graph as ONNX; large constants go to `<name>.data` beside it, copied lazily."""
+    path = Path(path)
+    big = [v for v in graph.constants.values() if v.const is not None and v.const.nbytes >= external_min_bytes]
+    if sum(v.const.nbytes for v in big) < (1 << 30):  # type: ignore[union-attr]
+        onnx.save(to_onnx(graph), path)
+        return path
+    data_name = path.name + ".data"
+    layout = external_layout(graph, data_name, external_min_bytes)
+    model = to_onnx(graph, external=layout)
+    tmp = path.parent / (data_name + ".tmp")
+    with open(tmp, "wb") as f:
+        end = 0
+        for v in big:
+            offset = layout[v.name][1]
+            f.seek(offset)
+            arr = np.ascontiguousarray(v.const.numpy())  # type: ignore[union-attr]
+            for chunk in np.array_split(arr.reshape(-1), max(1, arr.nbytes >> 26)):
+                if chunk.any():
+                    f.write(chunk.tobytes())
+                else:
+                    f.seek(chunk.nbytes, 1)  # keep zero runs sparse
+            end = offset + v.const.nbytes  # type: ignore[union-attr]
+        f.truncate(end)
+    tmp.replace(path.parent / data_name)
+    onnx.save(model, path)
+    return path
+
+
+def state_json(graph: Graph) -> dict | None:
+    """The parc.state metadata of a training graph, parsed, or None."""
+    raw = graph.metadata.get("parc.state")
+    return json.loads(raw) if raw else None

@@ -1,0 +1,286 @@
+"""Op rules: how each op's dims relate (its sharding rule), and what it costs.
+
+A sharding rule names every tensor dim by *factor labels* (outer to inner), einsum style:
+MatMul is ``b m k, b k n -> b m n`` with ``k`` reduced by sum. A dim written as a group
+``(h d)`` is the merge of two loop dims (Reshape, Tile); splitting the inner label ``d`` splits
+that tensor dim strided, which is where Rhino's strided sharding specs (section 4.1) come from.
+
+Splitting label ``L`` over ``n`` devices: every tensor dim whose factors contain ``L`` is viewed
+as its factors and cut into ``n`` contiguous pieces along ``L``; tensors without ``L`` are
+replicated. If ``L`` is in an output, that output is split the same way; if ``L`` appears only
+in inputs, the outputs are partial and combine with ``reduce[L]`` (sum, max, min, prod, mean).
+Labels in ``unsplittable`` (softmax axis, normalised dims, sliced or gathered axes) and
+labels of size 1 cannot be split. A tensor given as ``None`` is replicated whole (shape
+arguments, scalars). ``shape_args`` maps an input that carries an output's shape (Reshape's
+``shape``, Expand's ``shape``, ConstantOfShape's input) to that output: a shard gets the local
+shape there.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from parc.errors import ShapeError
+from parc.ir.graph import Node
+
+Dim = tuple[str, ...]
+TensorDims = tuple[Dim, ...]
+REDUCE_KINDS = ("sum", "max", "min", "prod", "mean")
+
+
+@dataclass(frozen=True)
+class ShardingRule:
+    """Per-tensor dim labels of one node, with label sizes and how reduced labels combine."""
+
+    inputs: tuple[TensorDims | None, ...]
+    outputs: tuple[TensorDims | None, ...]
+    sizes: tuple[tuple[str, int], ...]
+    reduce: tuple[tuple[str, str], ...] = ()
+    unsplittable: frozenset[str] = frozenset()
+    shape_args: tuple[tuple[int, int], ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "sizes", tuple(sorted(dict(self.sizes).items())))
+        object.__setattr__(self, "reduce", tuple(sorted(dict(self.reduce).items())))
+        object.__setattr__(self, "unsplittable", frozenset(self.unsplittable))
+        sizes = dict(self.sizes)
+        for kind in dict(self.reduce).values():
+            if kind not in REDUCE_KINDS:
+                raise ValueError(f"reduce kind {kind!r} not in {REDUCE_KINDS}")
+        for t in (*self.inputs, *self.outputs):
+            for dim in t or ():
+                if len(set(dim)) != len(dim):
+                    raise ValueError(f"label repeated in dim {dim}")
+                for label in dim:
+                    if label not in sizes:
+                        raise ValueError(f"label {label!r} has no size")
+
+    def size(self, label: str) -> int:
+        return dict(self.sizes)[label]
+
+    @property
+    def output_labels(self) -> set[str]:
+        return {label for t in self.outputs if t for dim in t for label in dim}
+
+    @property
+    def input_labels(self) -> set[str]:
+        return {label for t in self.inputs if t for dim in t for label in dim}
+
+    def reduction(self, label: str) -> str | None:
+        """How outputs combine when `label` is split: None if they are split, else the kind."""
+        if label in self.output_labels:
+            return None
+        return dict(self.reduce)[label]
+
+    def splittable(self) -> list[str]:
+        """Labels that may be split: size > 1, not unsplittable, and in an output or reduced."""
+        reduce = dict(self.reduce)
+        out = self.output_labels
+        return [label for label, size in self.sizes
+                if size > 1 and label not in self.unsplittable
+                and (label in out or label in reduce)]
+
+    def dim_of(self, tensor: TensorDims | None, label: str) -> int | None:
+        """The tensor dim that contains `label`, if any."""
+        for d, dim in enumerate(tensor or ()):
+            if label in dim:
+                return d
+        return None
+
+    def check(self, node: Node) -> None:
+        """Raise ShapeError unless each dim's factor sizes multiply to the node's shapes."""
+        sizes = dict(self.sizes)
+        for kind, dims_list, values in (("input", self.inputs, node.inputs),
+                                        ("output", self.outputs, node.outputs)):
+            for i, dims in enumerate(dims_list):
+                if dims is None:
+                    continue
+                v = values[i] if i < len(values) else None
+                if v is None or v.shape is None:
+                    raise ShapeError(f"node '{node.label}': rule labels missing {kind} {i}")
+                if len(dims) != len(v.shape):
+                    raise ShapeError(f"node '{node.label}' ({node.op_type}): rule gives {kind} {i} "
+                                     f"rank {len(dims)}, shape is {v.shape}")
+                for d, dim in enumerate(dims):
+                    want = int(np.prod([sizes[lbl] for lbl in dim], dtype=np.int64))
+                    if want != v.shape[d]:
+                        raise ShapeError(f"node '{node.label}' ({node.op_type}): {kind} {i} dim {d} "
+                                         f"is {v.shape[d]}, rule labels {dim} give {want}")
+
+    def __str__(self) -> str:
+        def fmt(t: TensorDims | None) -> str:
+            if t is None:
+                return "-"
+            return " ".join(d[0] if len(d) == 1 else ("1" if not d else f"({' '.join(d)})") for d in t)
+        text = ", ".join(map(fmt, self.inputs)) + " -> " + ", ".join(map(fmt, self.outputs))
+        extras = [f"{k}:{v}" for k, v in self.reduce]
+        if self.unsplittable:
+            extras.append("fixed:" + ",".join(sorted(self.unsplittable)))
+        return text + (f" [{' '.join(extras)}]" if extras else "")
+
+
+class RuleBuilder:
+    """Builds a ShardingRule from einsum-like strings checked against a node's shapes.
+
+    ``einsum("b m k, b k n -> b m n", reduce={"k": "sum"})``. Per tensor, space-separated dims:
+    a label, a group ``(a b)``, ``1`` (a dim left whole, e.g. a size-1 broadcast dim), or the
+    whole tensor ``-`` (replicated). Label sizes come from the node's shapes; a group with one
+    unknown label gets the quotient.
+    """
+
+    _TOKEN = re.compile(r"\([^)]*\)|\S+")
+
+    def __init__(self, node: Node) -> None:
+        self.node = node
+        self._fresh = 0
+
+    def fixed(self) -> str:
+        """A fresh label to mark an unsplittable dim."""
+        self._fresh += 1
+        return f"_{self._fresh}"
+
+    def einsum(self, spec: str, reduce: dict[str, str] | None = None,
+               unsplittable: Sequence[str] = (), shape_args: dict[int, int] | None = None,
+               sizes: dict[str, int] | None = None) -> ShardingRule:
+        lhs, _, rhs = spec.partition("->")
+        ins = [self._parse(t) for t in lhs.split(",")] if lhs.strip() else []
+        outs = [self._parse(t) for t in rhs.split(",")]
+        ins += [None] * (len(self.node.inputs) - len(ins))
+        known = dict(sizes or {})
+        pending: list[tuple[Dim, int]] = []
+        for dims_list, values in ((ins, self.node.inputs), (outs, self.node.outputs)):
+            for dims, v in zip(dims_list, values):
+                if dims is None or v is None:
+                    continue
+                if v.shape is None or len(v.shape) != len(dims):
+                    raise ShapeError(f"node '{self.node.label}' ({self.node.op_type}): rule "
+                                     f"'{spec}' expects rank {len(dims)}, got shape {v.shape}")
+                pending.extend(zip(dims, v.shape))
+        for _ in range(3):  # resolve groups whose other labels got sizes elsewhere
+            for dim, extent in pending:
+                unknown = [lbl for lbl in dim if lbl not in known]
+                if len(unknown) == 1:
+                    rest = int(np.prod([known[lbl] for lbl in dim if lbl in known], dtype=np.int64))
+                    if rest == 0 or extent % rest:
+                        raise ShapeError(f"node '{self.node.label}': dim of size {extent} cannot "
+                                         f"hold labels {dim}")
+                    known[unknown[0]] = extent // rest
+        fixed = set(unsplittable)
+        for dim, _ in pending:
+            for lbl in dim:
+                if lbl not in known:  # an unresolvable group: keep it whole
+                    known[lbl] = 1
+                if lbl.startswith("_"):
+                    fixed.add(lbl)
+        rule = ShardingRule(tuple(ins), tuple(outs), tuple(known.items()),
+                            tuple((reduce or {}).items()), frozenset(fixed),
+                            tuple((shape_args or {}).items()))
+        rule.check(self.node)
+        return rule
+
+    def _parse(self, text: str) -> TensorDims | None:
+        text = text.strip()
+        if text == "-":
+            return None
+        dims: list[Dim] = []
+        for tok in self._TOKEN.findall(text):
+            if tok == "1":
+                dims.append(())
+            elif tok.startswith("("):
+                dims.append(tuple(tok[1:-1].split()))
+            elif tok == "_":
+                dims.append((self.fixed(),))
+            else:
+                dims.append((tok,))
+        return tuple(dims)
+
+
+ShardingFn = Callable[[Node, RuleBuilder], "ShardingRule | None"]
+CostFn = Callable[[Node], int]
+
+
+def output_elements(node: Node) -> int:
+    """Default FLOPs: one per output element (elementwise ops, data movement counts zero)."""
+    return int(sum(v.size for v in node.outputs if v.shape is not None))
+
+
+def zero_flops(node: Node) -> int:
+    return 0
+
+
+@dataclass(frozen=True)
+class OpRule:
+    """Everything parc states about one op type (shapes and dtypes come from ONNX's schemas)."""
+
+    op_type: str
+    sharding: ShardingFn
+    flops: CostFn = output_elements
+    notes: str = ""
+    aliases: tuple[str, ...] = field(default=())
+
+    def bytes_accessed(self, node: Node) -> tuple[int, int]:
+        """(bytes read, bytes written) by one execution of the node."""
+        read = sum(v.nbytes for v in node.inputs if v is not None and v.shape is not None)
+        written = sum(v.nbytes for v in node.outputs if v.shape is not None)
+        return read, written
+
+    def rule_for(self, node: Node) -> ShardingRule | None:
+        return self.sharding(node, RuleBuilder(node))
+
+
+RULES: dict[str, OpRule] = {}
+
+
+def register(*op_types: str, flops: CostFn = output_elements, notes: str = "") -> Callable[[ShardingFn], ShardingFn]:
+    """Decorator: register a sharding function (and FLOP count) for ONNX op types."""
+
+    def wrap(fn: ShardingFn) -> ShardingFn:
+        for op in op_types:
+            if op in RULES:
+                raise ValueError(f"op {op} registered twice")
+            RULES[op] = OpRule(op, fn, flops, notes)
+        return fn
+
+    return wrap
+
+
+def get_rule(node: Node) -> OpRule | None:
+    """The rule for a node's op, or None (the op is then planned replicate-only)."""
+    if node.domain not in ("", "ai.onnx"):
+        return None
+    return RULES.get(node.op_type)
+
+
+def sharding_rule(node: Node) -> ShardingRule | None:
+    """The node's sharding rule, or None if it has none or its shapes are unknown."""
+    rule = get_rule(node)
+    if rule is None or any(v.shape is None for v in node.outputs):
+        return None
+    return rule.rule_for(node)
+
+
+def const_ints(node: Node, i: int) -> list[int] | None:
+    """Input i as a list of ints if it is a known constant; None if absent or not constant."""
+    v = node.input(i)
+    if v is None or v.const is None:
+        return None
+    return [int(x) for x in np.asarray(v.const.numpy()).reshape(-1)]
+
+
+def axes_of(node: Node, input_index: int = 1, attr: str = "axes") -> list[int] | None:
+    """Axes from the attribute (older opsets) or the constant input (newer), normalised."""
+    axes = node.attr(attr)
+    if axes is None:
+        axes = const_ints(node, input_index)
+    if axes is None:
+        return None
+    rank = node.inputs[0].rank
+    return sorted({a % rank for a in axes}) if rank else []
+
+
+def labels(n: int, prefix: str = "d") -> list[str]:
+    return [f"{prefix}{i}" for i in range(n)]
