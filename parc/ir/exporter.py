@@ -56,16 +56,18 @@ def external_layout(graph: Graph, data_file: str, min_bytes: int) -> dict[str, t
 
 
 def to_onnx(graph: Graph, *, external: dict[str, tuple[str, int]] | None = None,
-            ir_version: int = 10) -> onnx.ModelProto:
+            ir_version: int | None = None) -> onnx.ModelProto:
     """Build a ModelProto; constants named in `external` are referenced, not embedded."""
     g = helper.make_graph(
         [node_proto(n) for n in graph.nodes], graph.name,
         [value_info(v) for v in graph.inputs], [value_info(v) for v in graph.outputs],
         initializer=[tensor_proto(v, external) for v in graph.constants.values()],
         value_info=[value_info(v) for n in graph.nodes for v in n.outputs
-                    if v.dtype is not None and v not in graph.outputs],
+                    if v.name and v.dtype is not None and v not in graph.outputs],
     )
     opsets = [helper.make_opsetid(d, ver) for d, ver in sorted(graph.opset.items())]
+    if ir_version is None:  # the lowest IR that carries these opsets (onnxruntime reads older IRs)
+        ir_version = max(8, helper.find_min_ir_version_for(opsets, ignore_unknown=True))
     model = helper.make_model(g, opset_imports=opsets, producer_name=PARC_PRODUCER,
                               ir_version=ir_version)
     for k in sorted(graph.metadata):

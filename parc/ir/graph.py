@@ -200,7 +200,7 @@ class Graph:
         yield from self.inputs
         yield from self.constants.values()
         for n in self.nodes:
-            yield from n.outputs
+            yield from (v for v in n.outputs if v.name)
 
     def params(self) -> list[Value]:
         return [v for v in self.constants.values() if v.is_param]

@@ -51,7 +51,7 @@ def normalize(model: onnx.ModelProto, source: str = "model") -> onnx.ModelProto:
     if version < MIN_OPSET:
         from onnx import version_converter
         try:
-            model = version_converter.convert_version(model, MIN_OPSET)
+            model = _with_initializers_as_inputs(model, lambda m: version_converter.convert_version(m, MIN_OPSET))
         except Exception as e:
             raise OnnxImportError(f"{source}: cannot upgrade opset {version} to {MIN_OPSET}: "
                                   f"{str(e).splitlines()[0]}") from None
@@ -59,6 +59,23 @@ def normalize(model: onnx.ModelProto, source: str = "model") -> onnx.ModelProto:
         import onnx.inliner
         model = onnx.inliner.inline_local_functions(model)
     return model
+
+
+def _with_initializers_as_inputs(model: onnx.ModelProto, fn) -> onnx.ModelProto:
+    """Run `fn` with initializers also listed as graph inputs (the version converter needs it)."""
+    listed = {i.name for i in model.graph.input}
+    extra = [t for t in model.graph.initializer if t.name not in listed]
+    if not extra:
+        return fn(model)
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    m.graph.input.extend(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)) for t in extra)
+    out = fn(m)
+    drop = {t.name for t in extra}
+    keep = [i for i in out.graph.input if i.name not in drop]
+    del out.graph.input[:]
+    out.graph.input.extend(keep)
+    return out
 
 
 def opset_version(model: onnx.ModelProto) -> int:
@@ -155,8 +172,11 @@ def build_graph(model: onnx.ModelProto, opts: ImportOptions) -> Graph:
         node = Node(proto.op_type, [], [], {a.name: a for a in proto.attribute},
                     proto.name, proto.domain,
                     {p.key: p.value for p in proto.metadata_props})
-        for name in proto.output:
-            v = Value(name or graph.names.fresh("unused"))
+        names = list(proto.output)
+        while names and not names[-1]:
+            names.pop()  # trailing omitted optional outputs
+        for name in names:
+            v = Value(name)  # "" marks an omitted optional output
             graph.names.claim(v.name)
             if name in declared:
                 v.dtype, v.shape = _declared_type(declared[name])

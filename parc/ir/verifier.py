@@ -45,6 +45,8 @@ def verify(graph: Graph, *, types: bool = True) -> None:
             if (node, i) not in [(u, j) for u, j in v.uses]:
                 raise VerifyError(f"use-list of '{v.name}' misses node '{node.label}' input {i}")
         for i, v in enumerate(node.outputs):
+            if not v.name:
+                continue  # omitted optional output
             if v.producer is not node or v.index != i:
                 raise VerifyError(f"value '{v.name}' does not point back to its producer '{node.label}'")
             define(v, f"output of '{node.label}'")
@@ -67,6 +69,8 @@ def verify(graph: Graph, *, types: bool = True) -> None:
         if rule is not None:
             rule.check(node)
         for v, (dtype, shape) in zip(node.outputs, expected or []):
+            if not v.name:
+                continue
             if (dtype is not None and dtype != v.dtype) or (shape is not None and shape != v.shape):
                 raise VerifyError(f"node '{node.label}' ({node.op_type}): output '{v.name}' is "
                                   f"{v.dtype}{list(v.shape or ())}, its schema gives "

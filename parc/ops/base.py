@@ -27,6 +27,8 @@ import numpy as np
 from parc.errors import ShapeError
 from parc.ir.graph import Node
 
+MIN_OPSET = 13  # parc.ir.importer.MIN_OPSET: every imported model is upgraded to at least this
+
 Dim = tuple[str, ...]
 TensorDims = tuple[Dim, ...]
 REDUCE_KINDS = ("sum", "max", "min", "prod", "mean")
@@ -129,13 +131,15 @@ class RuleBuilder:
     ``einsum("b m k, b k n -> b m n", reduce={"k": "sum"})``. Per tensor, space-separated dims:
     a label, a group ``(a b)``, ``1`` (a dim left whole, e.g. a size-1 broadcast dim), or the
     whole tensor ``-`` (replicated). Label sizes come from the node's shapes; a group with one
-    unknown label gets the quotient.
+    unknown label gets the quotient. ``opset`` is the default-domain opset of the node's graph;
+    when not given it is parc's minimum (13), which the importer upgrades every model to.
     """
 
     _TOKEN = re.compile(r"\([^)]*\)|\S+")
 
-    def __init__(self, node: Node) -> None:
+    def __init__(self, node: Node, opset: int | None = None) -> None:
         self.node = node
+        self.opset = opset if opset is not None else MIN_OPSET
         self._fresh = 0
 
     def fixed(self) -> str:
@@ -228,8 +232,8 @@ class OpRule:
         written = sum(v.nbytes for v in node.outputs if v.shape is not None)
         return read, written
 
-    def rule_for(self, node: Node) -> ShardingRule | None:
-        return self.sharding(node, RuleBuilder(node))
+    def rule_for(self, node: Node, opset: int | None = None) -> ShardingRule | None:
+        return self.sharding(node, RuleBuilder(node, opset))
 
 
 RULES: dict[str, OpRule] = {}
@@ -255,12 +259,18 @@ def get_rule(node: Node) -> OpRule | None:
     return RULES.get(node.op_type)
 
 
-def sharding_rule(node: Node) -> ShardingRule | None:
-    """The node's sharding rule, or None if it has none or its shapes are unknown."""
+def sharding_rule(node: Node, opset: int | None = None) -> ShardingRule | None:
+    """The node's sharding rule, or None if it has none or its shapes are unknown.
+
+    `opset` (the graph's default-domain opset) matters only for ops whose meaning changed
+    (Softmax before 13); it defaults to parc's minimum, 13.
+    """
     rule = get_rule(node)
     if rule is None or any(v.shape is None for v in node.outputs):
         return None
-    return rule.rule_for(node)
+    if any(v is not None and v.shape is None for v in node.inputs):
+        return None
+    return rule.rule_for(node, opset)
 
 
 def const_ints(node: Node, i: int) -> list[int] | None:
@@ -269,6 +279,14 @@ def const_ints(node: Node, i: int) -> list[int] | None:
     if v is None or v.const is None:
         return None
     return [int(x) for x in np.asarray(v.const.numpy()).reshape(-1)]
+
+
+def const_array(node: Node, i: int) -> np.ndarray | None:
+    """Input i as a NumPy array if it is a known constant; None if absent or not constant."""
+    v = node.input(i)
+    if v is None or v.const is None:
+        return None
+    return np.asarray(v.const.numpy())
 
 
 def axes_of(node: Node, input_index: int = 1, attr: str = "axes") -> list[int] | None:

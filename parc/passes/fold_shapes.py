@@ -150,9 +150,11 @@ def infer_types(node: Node, opset: dict[str, int], required: bool = True) -> boo
             return False
         raise ShapeError(f"node '{node.label}' ({node.domain + '.' if node.domain else ''}"
                          f"{node.op_type}): unknown op and the model declares no static output shapes")
+    if any(s is None for v, (_, s) in zip(node.outputs, types) if v.name) and _is_function_op(node, opset):
+        types = _types_by_evaluation(node, opset) or types
     complete = True
     for v, (dtype, shape) in zip(node.outputs, types):
-        if shape is None and not v.uses and v.name.startswith("unused"):
+        if not v.name:
             continue  # an omitted optional output
         v.dtype = dtype or v.dtype
         if shape is None:
@@ -160,10 +162,36 @@ def infer_types(node: Node, opset: dict[str, int], required: bool = True) -> boo
         else:
             v.shape = shape
     if not complete and required:
-        bad = next(v for v, (_, s) in zip(node.outputs, types) if s is None)
+        bad = next(v for v, (_, s) in zip(node.outputs, types) if s is None and v.name)
         raise ShapeError(f"node '{node.label}' ({node.op_type}): the shape of '{bad.name}' depends "
                          f"on data; parc needs static shapes")
     return complete
+
+
+MAX_EVAL_ELEMS = 1 << 24
+
+
+def _is_function_op(node: Node, opset: dict[str, int]) -> bool:
+    try:
+        schema = defs.get_schema(node.op_type, max_inclusive_version=opset.get(node.domain or "", 1),
+                                 domain=node.domain or "")
+    except defs.SchemaError:
+        return False
+    return bool(schema.has_function or schema.has_context_dependent_function)
+
+
+def _types_by_evaluation(node: Node, opset: dict[str, int]) -> list[tuple[DType | None, Shape | None]] | None:
+    """Output types of a function-defined op (GroupNormalization, MVN, ...) whose schema has no
+    shape inference: run it on zeros (constants as they are); such ops' shapes follow from
+    their input shapes, not values."""
+    ins = [v for v in node.inputs if v is not None]
+    if sum(v.size for v in ins) > MAX_EVAL_ELEMS:
+        return None
+    arrays = [None if v is None else (v.const.numpy() if v.const is not None
+                                      else np.zeros(v.shape, v.dtype.numpy))  # type: ignore[union-attr]
+              for v in node.inputs]
+    outs = evaluate(node, arrays, opset)
+    return [(DType.from_numpy(a.dtype), tuple(a.shape)) for a in outs]
 
 
 def shape_dependent_values(graph: Graph) -> int:
