@@ -16,6 +16,9 @@ from parc import __version__
 from parc.errors import ParcError
 
 
+_NO_ARGS_IS_HELP = getattr(click.exceptions, "NoArgsIsHelpError", ())
+
+
 class ParcGroup(click.Group):
     """Turns ParcErrors (and click usage errors) into one line and exit code 2."""
 
@@ -25,10 +28,10 @@ class ParcGroup(click.Group):
             return super().main(*args, **kwargs)
         except ParcError as e:
             _fail(str(e), 2)
-        except click.exceptions.NoArgsIsHelp as e:
-            e.show()
-            sys.exit(0)
         except click.UsageError as e:
+            if isinstance(e, _NO_ARGS_IS_HELP):
+                e.show()
+                sys.exit(0)
             _fail(e.format_message().splitlines()[0] if e.format_message() else "usage error", 2)
         except click.exceptions.Exit as e:
             sys.exit(e.exit_code)

@@ -17,6 +17,7 @@ from onnx import defs, numpy_helper
 from parc.errors import OnnxImportError, UnboundDimError, UnsupportedOpError, UsageError
 from parc.ir.dtypes import DType
 from parc.ir.graph import Graph, Node, Value
+from parc.ir.params import mark_params
 from parc.ir.tensor import TensorData
 
 MIN_OPSET = 13
@@ -246,6 +247,7 @@ def load(path: str | Path, dims: dict[str, int] | None = None, *, fold: bool = T
     path = Path(path)
     model = normalize(read_model(path), str(path))
     graph = build_graph(model, ImportOptions(dims or {}, path.parent, str(path)))
+    mark_params(graph)
     if fold:
         from parc.passes.fold_shapes import fold_shapes
         fold_shapes(graph)
@@ -257,6 +259,7 @@ def from_model(model: onnx.ModelProto, dims: dict[str, int] | None = None, *,
     """Import an in-memory ModelProto (see `load`)."""
     model = normalize(model, source)
     graph = build_graph(model, ImportOptions(dims or {}, base_dir, source))
+    mark_params(graph)
     if fold:
         from parc.passes.fold_shapes import fold_shapes
         fold_shapes(graph)

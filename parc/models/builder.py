@@ -78,7 +78,8 @@ class GraphBuilder:
         self._node_names: set[str] = set()
         self._consts: dict[tuple[int, tuple[int, ...], bytes], str] = {}
         self.external_bytes = 0  # end of the last external tensor (sparse mode)
-        self.inline_bytes = 0  # random weights materialised so far
+        self.inline_bytes = 0  # random weights to materialise
+        self._pending: dict[str, tuple[tuple[int, ...], str, float]] = {}
         self.num_params = 0
 
     # ---- names -------------------------------------------------------------------------------
@@ -117,25 +118,27 @@ class GraphBuilder:
         if self.weights == "sparse":
             self.initializers.append(self._external_tensor(name, shape, nbytes))
             return name
-        if self.inline_bytes + nbytes > RANDOM_LIMIT_BYTES:
-            raise UsageError(
-                f"model {self.name!r}: weights=random would materialise more than "
-                f"{RANDOM_LIMIT_BYTES >> 20} MiB of weights; use --set weights=sparse"
-            )
+        if init not in ("normal", "he", "ones", "zeros"):
+            raise ValueError(f"unknown init {init!r}")
+        if init == "he":
+            std = math.sqrt(2.0 / (fan_in or math.prod(shape[1:]) or 1))
+        # Recorded now, materialised in model() once the total is known to be affordable.
         self.inline_bytes += nbytes
+        self._pending[name] = (shape, init, std)
+        self.initializers.append(TensorProto(name=name))
+        return name
+
+    def _materialise(self, name: str) -> TensorProto:
+        """Seeded values for a pending random parameter (seeded by its name, not its position)."""
+        shape, init, std = self._pending[name]
         if init == "ones":
             arr = np.ones(shape, np.float32)
         elif init == "zeros":
             arr = np.zeros(shape, np.float32)
-        elif init in ("normal", "he"):
-            if init == "he":
-                std = math.sqrt(2.0 / (fan_in or math.prod(shape[1:]) or 1))
-            rng = np.random.default_rng([self.seed, zlib.crc32(name.encode())])
-            arr = (rng.standard_normal(shape, dtype=np.float32) * np.float32(std)).astype(np.float32)
         else:
-            raise ValueError(f"unknown init {init!r}")
-        self.initializers.append(numpy_helper.from_array(arr, name))
-        return name
+            rng = np.random.default_rng([self.seed, zlib.crc32(name.encode())])
+            arr = rng.standard_normal(shape, dtype=np.float32) * np.float32(std)
+        return numpy_helper.from_array(arr.astype(np.float32, copy=False), name)
 
     def _external_tensor(self, name: str, shape: tuple[int, ...], nbytes: int) -> TensorProto:
         """A TensorProto that points into the data file, built by hand so no data is allocated."""
@@ -195,7 +198,13 @@ class GraphBuilder:
     # ---- finishing ---------------------------------------------------------------------------
     def model(self, metadata: dict[str, str] | None = None, doc: str = "") -> onnx.ModelProto:
         """Assemble the ModelProto: opset 18, default domain only, fixed IR version."""
-        graph = helper.make_graph(self.nodes, self.name, self.inputs, self.outputs, self.initializers)
+        if self.inline_bytes > RANDOM_LIMIT_BYTES:
+            raise UsageError(
+                f"model {self.name!r}: weights=random would materialise {self.inline_bytes / 2**30:.1f} GiB "
+                f"inline (limit {RANDOM_LIMIT_BYTES >> 20} MiB); use --set weights=sparse"
+            )
+        inits = [self._materialise(t.name) if t.name in self._pending else t for t in self.initializers]
+        graph = helper.make_graph(self.nodes, self.name, self.inputs, self.outputs, inits)
         model = helper.make_model(
             graph,
             opset_imports=[helper.make_opsetid("", OPSET)],

@@ -142,11 +142,15 @@ class ModelBuilder(GraphBuilder):
         return self.op("ConvTranspose", [x, w, b], f"{name}.convtranspose", kernel_shape=[k, k],
                        strides=[stride, stride])
 
-    def batch_norm(self, x: str, c: int, name: str, eps: float = 1e-5) -> str:
-        """Inference-mode BatchNormalization: scale, bias and running statistics per channel."""
+    def batch_norm(self, x: str, c: int, name: str, eps: float = 1e-5, scale_init: str = "ones") -> str:
+        """Inference-mode BatchNormalization: scale, bias and running statistics per channel.
+
+        scale_init="zeros" starts a residual branch at zero (Alpa / Goyal et al.), so deep
+        random-weight nets begin near the identity and their initial loss is near ln(classes).
+        """
         ins = [
             x,
-            self.param(f"{name}.weight", [c], "ones"),
+            self.param(f"{name}.weight", [c], scale_init),
             self.param(f"{name}.bias", [c], "zeros"),
             self.param(f"{name}.running_mean", [c], "zeros"),
             self.param(f"{name}.running_var", [c], "ones"),
@@ -154,10 +158,10 @@ class ModelBuilder(GraphBuilder):
         return self.op("BatchNormalization", ins, f"{name}.batchnorm", epsilon=eps)
 
     def conv_bn(self, x: str, cin: int, cout: int, k: int, name: str, *, stride: int = 1,
-                relu: bool = True, bn_name: str | None = None) -> str:
-        """Conv (no bias) -> BatchNorm -> optional ReLU; the usual ResNet/UNet unit."""
+                relu: bool = True, zero_init: bool = False) -> str:
+        """Conv (no bias) -> BatchNorm (scale 0 if zero_init) -> optional ReLU."""
         y = self.conv(x, cin, cout, k, name, stride=stride)
-        y = self.batch_norm(y, cout, bn_name or f"{name}.bn")
+        y = self.batch_norm(y, cout, f"{name}.bn", scale_init="zeros" if zero_init else "ones")
         return self.relu(y, f"{name}.relu") if relu else y
 
     def max_pool(self, x: str, k: int, stride: int, name: str, pad: int = 0) -> str:

@@ -63,7 +63,7 @@ def bottleneck(b: ModelBuilder, x: str, cin: int, f: int, width: int, stride: in
     """Bottleneck block cin -> 4f; the 3x3 conv carries the stride and the width factor."""
     y = b.conv_bn(x, cin, f, 1, f"{name}.conv1")
     y = b.conv_bn(y, f, f * width, 3, f"{name}.conv2", stride=stride)
-    y = b.conv_bn(y, f * width, 4 * f, 1, f"{name}.conv3", relu=False)
+    y = b.conv_bn(y, f * width, 4 * f, 1, f"{name}.conv3", relu=False, zero_init=True)
     shortcut = x
     if cin != 4 * f or stride != 1:
         shortcut = b.conv_bn(x, cin, 4 * f, 1, f"{name}.downsample", stride=stride, relu=False)

@@ -60,8 +60,10 @@ def relative_buckets(q_len: int, k_len: int, bidirectional: bool, buckets: int, 
     else:
         rel = -np.minimum(rel, 0)
     exact = buckets // 2
-    safe = np.maximum(rel, 1).astype(np.float64)
-    large = exact + (np.log(safe / exact) / math.log(max_distance / exact) * (buckets - exact)).astype(np.int64)
+    # float32 arithmetic as in the reference implementation, so boundary buckets agree
+    safe = np.maximum(rel, 1).astype(np.float32)
+    scaled = np.log(safe / np.float32(exact)) / np.float32(math.log(max_distance / exact)) * np.float32(buckets - exact)
+    large = exact + scaled.astype(np.int64)
     large = np.minimum(large, buckets - 1)
     return (out + np.where(rel < exact, rel, large)).astype(np.int64)
 

@@ -1,7 +1,7 @@
 """UNet (Rhino Table 3, 33M): a diffusion-style residual UNet without attention.
 
 Stem 3x3 conv, then per level (widths base * mults) `res_blocks` residual blocks, whose output
-is the level's skip, and a stride-2 3x3 conv down to the next level; `mid_blocks` residual
+is the level's skip, and a 2x2 stride-2 conv down to the next level; `mid_blocks` residual
 blocks at the bottom; on the way up a 2x2 stride-2 ConvTranspose, Concat with the skip, and
 `res_blocks` residual blocks; a 1x1 conv to `classes` per-pixel logits. A residual block is
 conv3x3-BN-ReLU-conv3x3-BN plus the input (through a 1x1 conv when the width changes), ReLU.
@@ -43,7 +43,7 @@ def validate(cfg: Config) -> None:
 def res_block(b: ModelBuilder, x: str, cin: int, cout: int, name: str) -> str:
     """conv3x3-BN-ReLU-conv3x3-BN plus a (projected) shortcut, then ReLU."""
     y = b.conv_bn(x, cin, cout, 3, f"{name}.conv1")
-    y = b.conv_bn(y, cout, cout, 3, f"{name}.conv2", relu=False)
+    y = b.conv_bn(y, cout, cout, 3, f"{name}.conv2", relu=False, zero_init=True)
     shortcut = b.conv(x, cin, cout, 1, f"{name}.shortcut", bias=True) if cin != cout else x
     return b.relu(b.add(y, shortcut, f"{name}.residual"), f"{name}.relu")
 
@@ -62,7 +62,7 @@ def build(b: ModelBuilder, cfg: Config) -> None:
             cin = ch
         skips.append((x, ch))
         if lvl + 1 < len(widths):
-            x = b.conv(x, ch, ch, 3, f"down.{lvl}.downsample", stride=2, bias=True)
+            x = b.conv(x, ch, ch, 2, f"down.{lvl}.downsample", stride=2, pad=0, bias=True)
     for r in range(cfg["mid_blocks"]):
         x = res_block(b, x, cin, cin, f"mid.res.{r}")
     for lvl in reversed(range(len(widths))):

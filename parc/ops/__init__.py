@@ -1,6 +1,10 @@
-"""Op rules: sharding rules and costs per ONNX op type."""
+"""Op rules: each ONNX op's sharding rule and FLOP count, registered by op type.
 
-from parc.ops import elementwise  # noqa: F401  (registers rules)
-from parc.ops.base import RULES, OpRule, ShardingRule, get_rule, sharding_rule
+Importing the package registers every family; an op without an entry in `RULES` is planned
+replicate-only.
+"""
 
-__all__ = ["RULES", "OpRule", "ShardingRule", "get_rule", "sharding_rule"]
+from parc.ops import conv, elementwise, matmul, norm, reduce, shape  # noqa: F401  (registration)
+from parc.ops.base import RULES, OpRule, RuleBuilder, ShardingRule, get_rule, sharding_rule
+
+__all__ = ["RULES", "OpRule", "RuleBuilder", "ShardingRule", "get_rule", "sharding_rule"]

@@ -8,7 +8,7 @@ from parc.ops.base import RuleBuilder, ShardingRule, labels, register, zero_flop
 UNARY = (
     "Abs Acos Acosh Asin Asinh Atan Atanh Ceil Cos Cosh Elu Erf Exp Floor Gelu HardSigmoid "
     "HardSwish IsInf IsNaN LeakyRelu Log Mish Neg Not Reciprocal Relu Round Selu Sigmoid Sign Sin "
-    "Sinh Softplus Softsign Sqrt Tan Tanh ThresholdedRelu Celu BitwiseNot"
+    "Sinh Softplus Softsign Sqrt Tan Tanh ThresholdedRelu Celu BitwiseNot Shrink"
 ).split()
 BINARY = (
     "Add Sub Mul Div Pow Mod Equal Less LessOrEqual Greater GreaterOrEqual And Or Xor BitShift "

@@ -151,3 +151,13 @@ def _einsum(node: Node, b: RuleBuilder) -> ShardingRule | None:
     reduce = {f"L{lbl}": "sum" for lbl in sizes if lbl not in out}
     spec = ", ".join(specs) + " -> " + " ".join(f"L{lbl}" for lbl in out)
     return b.einsum(spec, reduce=reduce, unsplittable=[f"L{lbl}" for lbl in repeated])
+
+
+@register("Det", notes="batch dims are loop dims; the matrix dims are whole")
+def _det(node: Node, b: RuleBuilder) -> ShardingRule | None:
+    x = node.inputs[0]
+    assert x is not None
+    if x.rank < 2:
+        return None
+    batch = " ".join(f"b{i}" for i in range(x.rank - 2))
+    return b.einsum(f"{batch} _ _ -> {batch}")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from parc.ir.graph import Node
-from parc.ops.base import RuleBuilder, ShardingRule, const_ints, labels, register
+from parc.ops.base import RuleBuilder, ShardingRule, labels, register
 
 
 def _per_element(k: int):
@@ -17,8 +17,6 @@ def _per_element(k: int):
 def _aligned(shape: tuple[int, ...], names: list[str], extents: tuple[int, ...]) -> str:
     """Labels for a tensor broadcast right-aligned against dims `names` of sizes `extents`."""
     offset = len(names) - len(shape)
-    if offset < 0:
-        raise ValueError("operand has higher rank than what it broadcasts to")
     return " ".join(names[offset + d] if shape[d] == extents[offset + d] else "1"
                     for d in range(len(shape)))
 
@@ -38,6 +36,8 @@ def _layer_norm(node: Node, b: RuleBuilder) -> ShardingRule | None:
     specs = [" ".join(names)]
     for i in (1, 2):
         v = node.input(i)
+        if v is not None and v.rank > len(normed):
+            return None
         specs.append("-" if v is None else _aligned(v.shape, normed, x.shape[axis:]))
     stats = " ".join(names[:axis] + ["1"] * (r - axis))
     outs = [" ".join(names)] + [stats] * (len(node.outputs) - 1)
@@ -106,10 +106,8 @@ def _lrn(node: Node, b: RuleBuilder) -> ShardingRule | None:
     assert x is not None
     if x.rank < 2:
         return None
-    spec = " ".join(["n", "_", *labels(x.rank - 2, "s")])
-    out = spec.replace("_", "c")
-    rule = b.einsum(f"n c {' '.join(labels(x.rank - 2, 's'))} -> {out}", unsplittable=["c"])
-    return rule
+    spec = " ".join(["n", "c", *labels(x.rank - 2, "s")])
+    return b.einsum(f"{spec} -> {spec}", unsplittable=["c"])
 
 
 @register("LpNormalization", flops=_per_element(4), notes="the normalised axis is whole")
@@ -189,5 +187,3 @@ def _sce_loss(node: Node, b: RuleBuilder) -> ShardingRule | None:
 def _nll_loss(node: Node, b: RuleBuilder) -> ShardingRule | None:
     return _loss_rule(node, b, 2)
 
-
-__all__ = ["const_ints"]

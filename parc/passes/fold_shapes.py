@@ -113,7 +113,7 @@ def output_types(node: Node, opset: dict[str, int]) -> list[tuple[DType | None, 
         if v.dtype is None or v.shape is None:
             raise ShapeError(f"node '{node.label}' ({node.op_type}): input '{v.name}' has no type")
         types[v.name] = helper.make_tensor_type_proto(v.dtype.onnx_type, list(v.shape))
-        if v.const is not None and v.const.size <= MAX_DATA_ELEMS:
+        if v.const is not None and not v.is_param and v.const.size <= MAX_DATA_ELEMS:
             data[v.name] = numpy_helper.from_array(np.asarray(v.const.numpy()), v.name)
     proto = node_proto(node)
     del proto.metadata_props[:]

@@ -1,0 +1,39 @@
+"""Which constants are trainable parameters."""
+
+from __future__ import annotations
+
+from onnx import defs
+
+from parc.ir.graph import Graph, Node
+
+_DIFFERENTIABLE = defs.OpSchema.DifferentiationCategory.Differentiable
+_NON_DIFFERENTIABLE = defs.OpSchema.DifferentiationCategory.NonDifferentiable
+
+
+def _differentiable_input(node: Node, i: int, opset: dict[str, int]) -> bool:
+    """Whether input i of node is a differentiable position (unknown ops: assume yes)."""
+    try:
+        schema = defs.get_schema(node.op_type, max_inclusive_version=opset.get(node.domain or "", 1),
+                                 domain=node.domain or "")
+    except defs.SchemaError:
+        return True
+    formals = schema.inputs
+    if not formals:
+        return True
+    formal = formals[min(i, len(formals) - 1)]  # variadic inputs repeat the last formal
+    return formal.differentiation_category != _NON_DIFFERENTIABLE
+
+
+def mark_params(graph: Graph) -> int:
+    """Mark float initializers of rank >= 1 read in a differentiable position as parameters.
+
+    Float constants used only as Resize scales, Clip bounds and the like are not parameters.
+    Returns the number of parameters.
+    """
+    count = 0
+    for v in graph.constants.values():
+        if not v.is_param:
+            continue
+        v.is_param = any(_differentiable_input(n, i, graph.opset) for n, i in v.uses)
+        count += v.is_param
+    return count

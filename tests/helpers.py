@@ -1,0 +1,61 @@
+"""Small builders shared by tests: hand-made ONNX graphs."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+
+def make_model(nodes, inputs, outputs, initializers=(), opset: int = 18, functions=()) -> onnx.ModelProto:
+    graph = helper.make_graph(list(nodes), "test", list(inputs), list(outputs), initializer=list(initializers))
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=8,
+                             functions=list(functions))
+
+
+def tensor(name: str, array) -> onnx.TensorProto:
+    return numpy_helper.from_array(np.asarray(array), name)
+
+
+def inp(name: str, shape, dtype=TensorProto.FLOAT) -> onnx.ValueInfoProto:
+    return helper.make_tensor_value_info(name, dtype, shape)
+
+
+def legacy_gpt_block_model() -> onnx.ModelProto:
+    """A PyTorch-legacy-style attention reshape: Shape -> Gather -> Unsqueeze -> Concat -> Reshape,
+    a causal mask from ConstantOfShape/Range/Expand of computed shapes, and a Where."""
+    n = helper.make_node
+    nodes = [
+        n("Shape", ["x"], ["shape"]),
+        n("Gather", ["shape", "zero"], ["b"], axis=0),
+        n("Gather", ["shape", "one"], ["s"], axis=0),
+        n("Unsqueeze", ["b", "axes0"], ["b1"]),
+        n("Unsqueeze", ["s", "axes0"], ["s1"]),
+        n("Concat", ["b1", "s1", "heads", "head_dim"], ["split_shape"], axis=0),
+        n("MatMul", ["x", "w"], ["h"]),
+        n("Reshape", ["h", "split_shape"], ["hs"]),
+        n("Transpose", ["hs"], ["ht"], perm=[0, 2, 1, 3]),
+        n("Concat", ["s1", "s1"], ["mask_shape"], axis=0),
+        n("ConstantOfShape", ["mask_shape"], ["ones"], value=helper.make_tensor("v", TensorProto.FLOAT, [1], [1.0])),
+        n("Trilu", ["ones"], ["tri"], upper=0),
+        n("Cast", ["tri"], ["mask"], to=TensorProto.BOOL),
+        n("Range", ["zero_s", "s", "one_s"], ["pos"]),
+        n("Unsqueeze", ["pos", "axes0"], ["pos1"]),
+        n("Concat", ["b1", "s1"], ["pos_shape"], axis=0),
+        n("Expand", ["pos1", "pos_shape"], ["pos_b"]),
+        n("MatMul", ["ht", "htT"], ["scores"]),
+        n("Where", ["mask", "scores", "neg"], ["masked"]),
+        n("Softmax", ["masked"], ["probs"], axis=-1),
+        n("Cast", ["pos_b"], ["pos_f"], to=TensorProto.FLOAT),
+        n("ReduceSum", ["pos_f"], ["pos_sum"], keepdims=0),
+        n("Transpose", ["ht"], ["htT"], perm=[0, 1, 3, 2]),
+    ]
+    rng = np.random.default_rng(0)
+    inits = [tensor("zero", np.array(0)), tensor("one", np.array(1)), tensor("axes0", np.array([0])),
+             tensor("heads", np.array([2])), tensor("head_dim", np.array([4])),
+             tensor("w", rng.standard_normal((8, 8)).astype(np.float32)),
+             tensor("zero_s", np.array(0)), tensor("one_s", np.array(1)),
+             tensor("neg", np.array(-1e9, dtype=np.float32))]
+    # Transpose producing htT comes last in the list: the importer must sort.
+    return make_model(nodes, [inp("x", ["batch", "seq", 8])],
+                      [inp("probs", None), inp("pos_sum", None)], inits, opset=17)
