@@ -14,15 +14,30 @@ NONDETERMINISTIC = {"RandomNormal", "RandomUniform", "RandomNormalLike", "Random
                     "Multinomial", "Bernoulli", "Dropout"}
 
 
+def _gather_elements(node: Node, data: np.ndarray, indices: np.ndarray) -> list[np.ndarray]:
+    axis = node.attr("axis", 0) % data.ndim
+    indices = np.where(indices < 0, indices + data.shape[axis], indices)
+    return [np.take_along_axis(data, indices, axis=axis)]
+
+
+# NumPy kernels for ops whose ONNX reference implementation is wrong (onnx 1.23's GatherElements
+# fails when the index is smaller than the data along a non-gathered axis: PyTorch's BERT
+# gathers token_type_ids [1, max_pos] with position ids [1, seq]).
+KERNELS = {"GatherElements": _gather_elements}
+
+
 def evaluate(node: Node, inputs: list[np.ndarray | None], opset: dict[str, int]) -> list[np.ndarray]:
     """Run `node` on NumPy inputs; raises ShapeError naming the node if ONNX's evaluator fails."""
     from parc.ir.exporter import node_proto
 
+    kernel = KERNELS.get(node.op_type) if node.domain in ("", "ai.onnx") else None
     proto = node_proto(node)
     del proto.metadata_props[:]
     names = [v.name if v is not None else "" for v in node.inputs]
     feeds = {n: a for n, a in zip(names, inputs) if n and a is not None}
     try:
+        if kernel is not None:
+            return kernel(node, *inputs)
         opsets = {d: v for d, v in opset.items()}
         evaluator = ReferenceEvaluator(_single_node_model(proto, node, opsets))
         out = evaluator.run(None, feeds)

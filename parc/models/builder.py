@@ -21,9 +21,11 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
+import numpy.typing as npt
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from parc import __version__
 from parc.errors import UsageError
 
 OPSET = 18
@@ -156,7 +158,7 @@ class GraphBuilder:
         return t
 
     # ---- constants ---------------------------------------------------------------------------
-    def const(self, value: np.ndarray | float | int | bool | Sequence[int], dtype: type | None = None,
+    def const(self, value: np.ndarray | float | int | bool | Sequence[float], dtype: npt.DTypeLike = None,
               name: str | None = None) -> str:
         """An inline constant initializer, deduplicated by dtype, shape and bytes; returns its name."""
         arr = np.asarray(value, dtype=dtype)
@@ -210,7 +212,7 @@ class GraphBuilder:
             opset_imports=[helper.make_opsetid("", OPSET)],
             ir_version=IR_VERSION,
             producer_name="parc.models",
-            producer_version="0.1.0",
+            producer_version=__version__,
             doc_string=doc,
         )
         for key, value in sorted((metadata or {}).items()):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType, ModuleType
 
@@ -28,7 +28,7 @@ class ModelInfo:
     family: str
     description: str
     params_paper: int | None
-    defaults: Mapping[str, object]
+    defaults: Mapping[str, object] = field(hash=False)
 
 
 @dataclass(frozen=True)

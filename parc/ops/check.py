@@ -130,13 +130,13 @@ class _NodeRunner:
         import onnxruntime as ort
 
         self.node = node
-        self.opsets = [helper.make_opsetid(d, v) for d, v in sorted(opset.items())]
+        self.opsets = [helper.make_opsetid(d, _runtime_opset(node, d, v)) for d, v in sorted(opset.items())]
         self.proto = self._proto(node)
         self.options = ort.SessionOptions()
         self.options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
         self.options.intra_op_num_threads = 1
         self.options.inter_op_num_threads = 1
-        self.options.log_severity_level = 3
+        self.options.log_severity_level = 4  # errors come back as exceptions
         self.sessions: dict[tuple, object] = {}
 
     @staticmethod
@@ -177,6 +177,19 @@ class _NodeRunner:
             self.sessions[key] = session
         feeds = {f"x{i}": a for i, (a, f) in enumerate(zip(arrays, fixed)) if a is not None and not f}
         return [np.asarray(o) for o in session.run(None, feeds)]  # type: ignore[attr-defined]
+
+
+def _runtime_opset(node: Node, domain: str, version: int) -> int:
+    """The opset to run the node under: the version that defined its op as of `version`.
+
+    The op means the same there, and ONNX Runtime may not know the newest opsets yet.
+    """
+    if domain not in ("", "ai.onnx") or node.domain not in ("", "ai.onnx"):
+        return version
+    try:
+        return onnx.defs.get_schema(node.op_type, version, "").since_version
+    except onnx.defs.SchemaError:
+        return version
 
 
 # -- the check ---------------------------------------------------------------------------------

@@ -95,7 +95,7 @@ def test_tiny_model_checks_and_runs(tmp_path, name):
 @pytest.mark.parametrize("name", NAMED)
 def test_named_config_matches_paper_size(tmp_path, name):
     path = _build(tmp_path, name)
-    onnx.checker.check_model(str(path))  # path form: resolves the external data file
+    onnx.checker.check_model(str(path), full_check=True)  # path form: resolves the external data
     model = onnx.load(path, load_external_data=False)
     _check_format(model)
     n = count_params(model)

@@ -1,0 +1,309 @@
+#!/usr/bin/env python3
+"""Export tiny random-init `transformers` models to ONNX, for cross-checking parc's importer.
+
+    python scripts/export_torch_models.py OUT_DIR [--exporter legacy|dynamo|both] [--models gpt2,bert]
+
+Each model is wrapped so that its ONNX outputs are `loss` and `logits`, and is written as
+`OUT_DIR/<model>-<exporter>.onnx` with, beside it, `<model>-<exporter>.json` (torch's parameter
+count, the symbolic dims and their sample sizes, the ONNX file's opset) and `<model>.npz` (the
+sample inputs) and `<model>.torch.npz` (torch's outputs on them). Needs torch, transformers and,
+for the dynamo exporter, onnxscript; none of them is a dependency of parc.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import traceback
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+LEGACY_OPSET = 17
+VOCAB = 96
+BATCH, SEQ, TGT = 2, 8, 6  # sample sizes; the batch and sequence dims are exported symbolic
+IMAGE = 32
+
+
+class LossLogits(nn.Module):
+    """Calls a transformers model with keyword inputs; returns (loss, logits) as a tuple."""
+
+    def __init__(self, model: nn.Module, input_names: list[str]) -> None:
+        super().__init__()
+        self.model = model
+        self.input_names = input_names
+
+    def forward(self, *args: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        out = self.model(**dict(zip(self.input_names, args)), return_dict=True)
+        return out.loss, out.logits
+
+
+@dataclass
+class Spec:
+    """A model to export: the module, its sample inputs, and which input axes are symbolic."""
+
+    name: str
+    module: nn.Module
+    inputs: dict[str, torch.Tensor]
+    axes: dict[str, dict[int, str]]  # input name -> {axis: dim name}
+    logits_axes: dict[int, str]
+    dynamo_ok: bool = True
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def dims(self) -> dict[str, int]:
+        sizes: dict[str, int] = {}
+        for name, axes in self.axes.items():
+            for axis, dim in axes.items():
+                sizes[dim] = int(self.inputs[name].shape[axis])
+        return sizes
+
+
+def _eager(cls, config) -> nn.Module:
+    """A random-init model with the eager (plain matmul + softmax) attention."""
+    config._attn_implementation = "eager"
+    return cls(config).eval()
+
+
+def _tokens(gen: torch.Generator, *shape: int) -> torch.Tensor:
+    return torch.randint(0, VOCAB, shape, generator=gen, dtype=torch.int64)
+
+
+def _lm_labels(gen: torch.Generator, ids: torch.Tensor) -> torch.Tensor:
+    labels = ids.clone()
+    labels[:, 0] = -100  # ignored positions exercise ignore_index
+    return labels
+
+
+def gpt2(gen: torch.Generator) -> Spec:
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    cfg = GPT2Config(vocab_size=VOCAB, n_positions=64, n_embd=32, n_layer=2, n_head=4,
+                     bos_token_id=0, eos_token_id=0)
+    ids = _tokens(gen, BATCH, SEQ)
+    return Spec("gpt2", _eager(GPT2LMHeadModel, cfg), {"input_ids": ids, "labels": _lm_labels(gen, ids)},
+                {"input_ids": {0: "batch", 1: "seq"}, "labels": {0: "batch", 1: "seq"}},
+                {0: "batch", 1: "seq"})
+
+
+def bert(gen: torch.Generator) -> Spec:
+    from transformers import BertConfig, BertForMaskedLM
+
+    cfg = BertConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                     intermediate_size=64, max_position_embeddings=64, pad_token_id=0)
+    ids = _tokens(gen, BATCH, SEQ)
+    mask = torch.ones(BATCH, SEQ, dtype=torch.int64)
+    mask[1, -2:] = 0  # padding in the second sequence exercises the extended attention mask
+    labels = torch.full_like(ids, -100)
+    labels[:, 1::3] = ids[:, 1::3]
+    axes = {0: "batch", 1: "seq"}
+    return Spec("bert", _eager(BertForMaskedLM, cfg),
+                {"input_ids": ids, "attention_mask": mask, "labels": labels},
+                {"input_ids": axes, "attention_mask": axes, "labels": axes}, axes)
+
+
+def t5(gen: torch.Generator) -> Spec:
+    from transformers import T5Config, T5ForConditionalGeneration
+
+    cfg = T5Config(vocab_size=VOCAB, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_decoder_layers=2,
+                   num_heads=4, relative_attention_num_buckets=8, relative_attention_max_distance=16,
+                   decoder_start_token_id=0, pad_token_id=0, eos_token_id=1)
+    ids = _tokens(gen, BATCH, SEQ)
+    labels = _tokens(gen, BATCH, TGT)
+    labels[1, -1] = -100
+    return Spec("t5", _eager(T5ForConditionalGeneration, cfg), {"input_ids": ids, "labels": labels},
+                {"input_ids": {0: "batch", 1: "seq"}, "labels": {0: "batch", 1: "tgt"}},
+                {0: "batch", 1: "tgt"})
+
+
+def llama(gen: torch.Generator) -> Spec:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                      bos_token_id=0, eos_token_id=0, pad_token_id=0)
+    ids = _tokens(gen, BATCH, SEQ)
+    return Spec("llama", _eager(LlamaForCausalLM, cfg), {"input_ids": ids, "labels": _lm_labels(gen, ids)},
+                {"input_ids": {0: "batch", 1: "seq"}, "labels": {0: "batch", 1: "seq"}},
+                {0: "batch", 1: "seq"})
+
+
+def vit(gen: torch.Generator) -> Spec:
+    from transformers import ViTConfig, ViTForImageClassification
+
+    cfg = ViTConfig(image_size=IMAGE, patch_size=8, num_channels=3, hidden_size=32, num_hidden_layers=2,
+                    num_attention_heads=4, intermediate_size=64, num_labels=10)
+    pixels = torch.randn(BATCH, 3, IMAGE, IMAGE, generator=gen)
+    labels = torch.randint(0, 10, (BATCH,), generator=gen)
+    return Spec("vit", _eager(ViTForImageClassification, cfg), {"pixel_values": pixels, "labels": labels},
+                {"pixel_values": {0: "batch"}, "labels": {0: "batch"}}, {0: "batch"})
+
+
+def resnet(gen: torch.Generator) -> Spec:
+    from transformers import ResNetConfig, ResNetForImageClassification
+
+    cfg = ResNetConfig(num_channels=3, embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1],
+                       layer_type="basic", num_labels=10)
+    model = ResNetForImageClassification(cfg).eval()
+    with torch.no_grad():  # non-trivial running statistics, so eval-mode BatchNorm is tested
+        for m in model.modules():
+            if isinstance(m, nn.BatchNorm2d):
+                m.running_mean.uniform_(-0.5, 0.5, generator=gen)
+                m.running_var.uniform_(0.5, 1.5, generator=gen)
+    pixels = torch.randn(BATCH, 3, IMAGE, IMAGE, generator=gen)
+    labels = torch.randint(0, 10, (BATCH,), generator=gen)
+    return Spec("resnet", model, {"pixel_values": pixels, "labels": labels},
+                {"pixel_values": {0: "batch"}, "labels": {0: "batch"}}, {0: "batch"})
+
+
+MODELS: dict[str, Callable[[torch.Generator], Spec]] = {
+    "gpt2": gpt2, "bert": bert, "t5": t5, "llama": llama, "vit": vit, "resnet": resnet}
+
+
+def build(name: str, seed: int = 0) -> Spec:
+    """The model `name` with seeded random weights and sample inputs."""
+    torch.manual_seed(seed)
+    gen = torch.Generator().manual_seed(seed)
+    spec = MODELS[name](gen)
+    _perturb(spec.module, gen)
+    return spec
+
+
+def _perturb(module: nn.Module, gen: torch.Generator) -> None:
+    """Add noise to every parameter: freshly initialised LayerNorm weights (all ones) and biases
+    (all zeros) are equal, and both exporters merge equal initializers into one, which would
+    hide parameters from a count and make the numerical checks blind to mixed-up weights."""
+    with torch.no_grad():
+        for p in module.parameters():
+            p.add_(torch.randn(p.shape, generator=gen) * 0.05)
+
+
+def torch_parameters(module: nn.Module) -> int:
+    """Parameter count with tied weights counted once (`parameters()` deduplicates)."""
+    return sum(p.numel() for p in module.parameters())
+
+
+def float_buffers(module: nn.Module) -> dict[str, int]:
+    """Float buffers (BatchNorm statistics, rotary frequencies): ONNX initializers that are not
+    parameters but that an importer cannot tell from parameters."""
+    return {n: b.numel() for n, b in module.named_buffers() if b.is_floating_point() and b.dim() >= 1}
+
+
+def export(spec: Spec, exporter: str, out_dir: Path) -> dict:
+    """Write `<name>-<exporter>.onnx` and its JSON; return the JSON's content."""
+    wrapper = LossLogits(spec.module, list(spec.inputs)).eval()
+    args = tuple(spec.inputs.values())
+    path = out_dir / f"{spec.name}-{exporter}.onnx"
+    start = time.perf_counter()
+    dynamic = True
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")
+        if exporter == "legacy":
+            dynamic_axes = {**spec.axes, "logits": spec.logits_axes}
+            torch.onnx.export(wrapper, args, str(path), dynamo=False, opset_version=LEGACY_OPSET,
+                              input_names=list(spec.inputs), output_names=["loss", "logits"],
+                              dynamic_axes=dynamic_axes)
+        else:
+            dynamic = _export_dynamo(spec, wrapper, args, path)
+    seconds = time.perf_counter() - start
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=False)
+    opset = next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
+    info = {
+        "model": spec.name,
+        "exporter": exporter,
+        "onnx": path.name,
+        "opset": opset,
+        "onnx_nodes": len(model.graph.node),
+        "export_seconds": round(seconds, 2),
+        "torch_parameters": torch_parameters(spec.module),
+        "torch_float_buffers": float_buffers(spec.module),
+        "dims": spec.dims if dynamic else {},
+        "sample_dims": spec.dims,
+        "dynamic": dynamic,
+        "inputs": f"{spec.name}.npz",
+        "torch_outputs": f"{spec.name}.torch.npz",
+        "torch_loss": float(np.load(out_dir / f"{spec.name}.torch.npz")["loss"]),
+        "notes": spec.notes,
+    }
+    (out_dir / f"{spec.name}-{exporter}.json").write_text(json.dumps(info, indent=2) + "\n")
+    return info
+
+
+def _export_dynamo(spec: Spec, wrapper: nn.Module, args: tuple, path: Path) -> bool:
+    """Export with dynamic batch/sequence dims; fall back to static shapes if that fails.
+    Returns whether the export is dynamic."""
+    dims = {name: torch.export.Dim(name, min=1, max=1024) for name in spec.dims}
+    shapes = tuple({axis: dims[d] for axis, d in spec.axes[n].items()} for n in spec.inputs)
+    try:
+        torch.onnx.export(wrapper, args, str(path), dynamo=True, dynamic_shapes=(shapes,),
+                          input_names=list(spec.inputs), output_names=["loss", "logits"],
+                          external_data=False, verbose=False)
+        return True
+    except Exception as e:  # torch.export raises many types for unsupported dynamism
+        spec.notes.append(f"dynamic dynamo export failed ({type(e).__name__}: "
+                          f"{str(e).splitlines()[0][:200]}); exported with static shapes")
+    torch.onnx.export(wrapper, args, str(path), dynamo=True, input_names=list(spec.inputs),
+                      output_names=["loss", "logits"], external_data=False, verbose=False)
+    return False
+
+
+def save_samples(spec: Spec, out_dir: Path) -> None:
+    """`<name>.npz` (inputs) and `<name>.torch.npz` (torch's loss and logits on them)."""
+    np.savez(out_dir / f"{spec.name}.npz", **{k: v.numpy() for k, v in spec.inputs.items()})
+    with torch.no_grad():
+        loss, logits = LossLogits(spec.module, list(spec.inputs))(*spec.inputs.values())
+    np.savez(out_dir / f"{spec.name}.torch.npz", loss=loss.numpy(), logits=logits.numpy())
+
+
+def export_all(out_dir: Path, models: list[str], exporters: list[str]) -> dict[str, dict | str]:
+    """Export every (model, exporter); a failure is recorded as its message, not raised."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    results: dict[str, dict | str] = {}
+    for name in models:
+        spec = build(name)
+        save_samples(spec, out_dir)
+        for exporter in exporters:
+            key = f"{name}-{exporter}"
+            try:
+                results[key] = export(spec, exporter, out_dir)
+            except Exception as e:  # report and go on with the other models
+                results[key] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+                (out_dir / f"{key}.error.txt").write_text(traceback.format_exc())
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("out_dir", type=Path)
+    p.add_argument("--exporter", choices=["legacy", "dynamo", "both"], default="both")
+    p.add_argument("--models", default=",".join(MODELS), help=f"comma-separated subset of {','.join(MODELS)}")
+    a = p.parse_args(argv)
+    models = [m.strip() for m in a.models.split(",") if m.strip()]
+    bad = [m for m in models if m not in MODELS]
+    if bad:
+        p.error(f"unknown model {bad[0]!r} (known: {', '.join(MODELS)})")
+    exporters = ["legacy", "dynamo"] if a.exporter == "both" else [a.exporter]
+    results = export_all(a.out_dir, models, exporters)
+    failed = 0
+    for key, r in results.items():
+        if isinstance(r, str):
+            failed += 1
+            print(f"{key:16s} FAILED {r}")
+        else:
+            print(f"{key:16s} opset {r['opset']:2d}  {r['onnx_nodes']:5d} nodes  dims {r['dims']}  "
+                  f"{r['torch_parameters']} params  {r['export_seconds']:.1f}s"
+                  + (f"  ({'; '.join(r['notes'])})" if r["notes"] else ""))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
