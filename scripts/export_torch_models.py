@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 import time
 import traceback
@@ -190,6 +191,29 @@ def torch_parameters(module: nn.Module) -> int:
     return sum(p.numel() for p in module.parameters())
 
 
+def parameter_differences(module: nn.Module) -> list[dict]:
+    """How the exported file's parameter count differs from torch's, and why; each item has the
+    difference (`delta`, file minus torch) and the `reason`. Both exporters, on these models:
+
+    - a tied input/output embedding is one torch parameter, but the exporters constant-fold the
+      LM head's Transpose of it into a second initializer (the transposed copy);
+    - eval-mode BatchNorm is folded into the Conv before it: its weight and bias (2C) go and
+      the Conv gains a bias (C), so the file has C fewer parameters per BatchNorm.
+    """
+    diffs = []
+    get_in, get_out = getattr(module, "get_input_embeddings", None), getattr(module, "get_output_embeddings", None)
+    if get_in is not None and get_out is not None and get_out() is not None:
+        w = get_in().weight
+        if get_out().weight is w:
+            diffs.append({"delta": w.numel(), "reason": f"tied embedding {tuple(w.shape)}: the exporter "
+                          "constant-folds the LM head's transposed copy into a second initializer"})
+    for name, m in module.named_modules():
+        if isinstance(m, nn.BatchNorm2d) and m.affine:
+            diffs.append({"delta": -m.num_features, "reason": f"{name}: eval-mode BatchNorm folded into "
+                          "the Conv before it (weight and bias replaced by a Conv bias)"})
+    return diffs
+
+
 def float_buffers(module: nn.Module) -> dict[str, int]:
     """Float buffers (BatchNorm statistics, rotary frequencies): ONNX initializers that are not
     parameters but that an importer cannot tell from parameters."""
@@ -226,6 +250,7 @@ def export(spec: Spec, exporter: str, out_dir: Path) -> dict:
         "export_seconds": round(seconds, 2),
         "torch_parameters": torch_parameters(spec.module),
         "torch_float_buffers": float_buffers(spec.module),
+        "parameter_differences": parameter_differences(spec.module),
         "dims": spec.dims if dynamic else {},
         "sample_dims": spec.dims,
         "dynamic": dynamic,
@@ -292,6 +317,7 @@ def main(argv: list[str] | None = None) -> int:
     if bad:
         p.error(f"unknown model {bad[0]!r} (known: {', '.join(MODELS)})")
     exporters = ["legacy", "dynamo"] if a.exporter == "both" else [a.exporter]
+    logging.getLogger("torch.onnx").setLevel(logging.ERROR)  # "torchvision is not installed"
     results = export_all(a.out_dir, models, exporters)
     failed = 0
     for key, r in results.items():

@@ -141,9 +141,10 @@ def build_graph(model: onnx.ModelProto, opts: ImportOptions) -> Graph:
                               f"give each with --dim NAME=VALUE")
 
     scope: dict[str, Value] = {}
+    kinds = _torch_input_kinds(g)
     for t in g.initializer:
         data = TensorData.from_proto(t, opts.base_dir)
-        is_param = data.dtype.is_float and len(data.shape) >= 1
+        is_param = data.dtype.is_float and len(data.shape) >= 1 and kinds.get(t.name, "PARAMETER") == "PARAMETER"
         scope[t.name] = graph.add_constant(data, t.name, is_param=is_param)
     for inp in g.input:
         if inp.name in scope:
@@ -213,6 +214,16 @@ def build_graph(model: onnx.ModelProto, opts: ImportOptions) -> Graph:
             n.name = graph.names.fresh(n.op_type)
     graph.toposort()
     return graph
+
+
+TORCH_INPUT_KIND = "pkg.torch.export.graph_signature.InputSpec.kind"
+
+
+def _torch_input_kinds(g: onnx.GraphProto) -> dict[str, str]:
+    """torch.export's kind of each initializer (PARAMETER, BUFFER, CONSTANT_TENSOR), which the
+    dynamo exporter writes into value_info metadata. Buffers (rotary frequencies, BatchNorm
+    statistics) are read like weights but are not trained, so they are not parameters."""
+    return {vi.name: p.value for vi in g.value_info for p in vi.metadata_props if p.key == TORCH_INPUT_KIND}
 
 
 def _is_constant(proto: onnx.NodeProto) -> bool:

@@ -6,12 +6,15 @@ from onnx import defs
 
 from parc.ir.graph import Graph, Node
 
-_DIFFERENTIABLE = defs.OpSchema.DifferentiationCategory.Differentiable
 _NON_DIFFERENTIABLE = defs.OpSchema.DifferentiationCategory.NonDifferentiable
+# Inputs that are running statistics (buffers), though ONNX calls them differentiable.
+_BUFFERS = {("BatchNormalization", 3), ("BatchNormalization", 4)}
 
 
 def _differentiable_input(node: Node, i: int, opset: dict[str, int]) -> bool:
     """Whether input i of node is a differentiable position (unknown ops: assume yes)."""
+    if (node.op_type, i) in _BUFFERS:
+        return False
     try:
         schema = defs.get_schema(node.op_type, max_inclusive_version=opset.get(node.domain or "", 1),
                                  domain=node.domain or "")
@@ -27,7 +30,8 @@ def _differentiable_input(node: Node, i: int, opset: dict[str, int]) -> bool:
 def mark_params(graph: Graph) -> int:
     """Mark float initializers of rank >= 1 read in a differentiable position as parameters.
 
-    Float constants used only as Resize scales, Clip bounds and the like are not parameters.
+    Float constants used only as Resize scales, Clip bounds, OneHot values and the like are not
+    parameters, nor are BatchNormalization's running mean and variance.
     Returns the number of parameters.
     """
     count = 0

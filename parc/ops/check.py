@@ -180,16 +180,17 @@ class _NodeRunner:
 
 
 def _runtime_opset(node: Node, domain: str, version: int) -> int:
-    """The opset to run the node under: the version that defined its op as of `version`.
+    """The opset to run the node under: one where its op is the same as at `version`.
 
-    The op means the same there, and ONNX Runtime may not know the newest opsets yet.
+    ONNX Runtime may not know the newest opsets yet, so the op's defining version is preferred.
     """
     if domain not in ("", "ai.onnx") or node.domain not in ("", "ai.onnx"):
         return version
     try:
-        return onnx.defs.get_schema(node.op_type, version, "").since_version
+        since = onnx.defs.get_schema(node.op_type, version, "").since_version
     except onnx.defs.SchemaError:
         return version
+    return max(since, min(version, 13))  # any opset in [since, version] means the same
 
 
 # -- the check ---------------------------------------------------------------------------------
