@@ -14,10 +14,10 @@ help:  ## list the targets
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[dev]'
+	$(BIN)/python -m pip install -q -e '.[cpu,dev]'
 	@touch $(STAMP)
 
-setup: $(STAMP)  ## create .venv and install parc with the dev extra
+setup: $(STAMP)  ## create .venv and install parc with the cpu and dev extras
 
 test: $(STAMP)  ## run the fast test suite (what CI runs)
 	$(PYTEST) -q -n 2 -m "not slow"

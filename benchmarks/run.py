@@ -10,7 +10,6 @@ import argparse
 import json
 import os
 import platform
-import resource
 import subprocess
 import sys
 import tempfile
@@ -33,14 +32,11 @@ print(json.dumps({"seconds": dt, "rss_kib": resource.getrusage(resource.RUSAGE_S
 """
 
 
-def run_timed(cmd: list[str]) -> tuple[float, int, str]:
-    """Wall seconds, peak RSS (KiB) of the child, and its stdout."""
-    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+def run_timed(cmd: list[str]) -> tuple[float, str]:
+    """Wall seconds and stdout of a child process."""
     t = time.perf_counter()
     out = subprocess.run(cmd, check=True, capture_output=True, text=True)
-    dt = time.perf_counter() - t
-    after = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    return dt, max(after, before), out.stdout
+    return time.perf_counter() - t, out.stdout
 
 
 def disk_kib(path: Path) -> int:
@@ -57,24 +53,25 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.models.split(","):
             path = Path(tmp) / f"{name}.onnx"
-            build_s, _, _ = run_timed([*parc, "models", "build", name, "-o", str(path)])
+            build_s, _ = run_timed([*parc, "models", "build", name, "-o", str(path)])
             out = subprocess.run([sys.executable, "-c", _CHILD, str(path)], check=True,
                                  capture_output=True, text=True).stdout
             r = json.loads(out)
-            rows.append((name, r["nodes"], r["parameters"], build_s, disk_kib(path), r["seconds"],
+            cli_s, _ = run_timed([*parc, "inspect", str(path), "--json"])
+            rows.append((name, r["nodes"], r["parameters"], build_s, disk_kib(path), r["seconds"], cli_s,
                          r["rss_kib"], r["flops"], r["act"], r["norule"]))
             print(f"{name}: import+inspect {r['seconds']:.2f}s, peak {r['rss_kib'] / 1024:.0f} MiB",
                   file=sys.stderr)
             for p in Path(tmp).glob(f"{name}.onnx*"):
                 p.unlink()
     head = (f"Machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}\n\n"
-            "| model | nodes | parameters | build s | disk KiB | import+inspect s | peak RSS MiB "
-            "| GFLOPs/fwd | act. peak GiB | replicate-only ops |\n"
-            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|\n")
+            "| model | nodes | parameters | build s | disk KiB | import+inspect s | `parc inspect` s "
+            "| peak RSS MiB | GFLOPs/fwd | act. peak GiB | replicate-only ops |\n"
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n")
     body = "".join(
-        f"| {n} | {nodes} | {p / 1e6:,.1f}M | {b:.2f} | {d:,} | {s:.2f} | {rss / 1024:.0f} | "
+        f"| {n} | {nodes} | {p / 1e6:,.1f}M | {b:.2f} | {d:,} | {s:.2f} | {c:.2f} | {rss / 1024:.0f} | "
         f"{(f or 0) / 1e9:,.0f} | {(a or 0) / 2**30:.2f} | {', '.join(nr) or '-'} |\n"
-        for n, nodes, p, b, d, s, rss, f, a, nr in rows)
+        for n, nodes, p, b, d, s, c, rss, f, a, nr in rows)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(head + body)
     print(head + body)

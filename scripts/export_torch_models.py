@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import onnx
 import torch
 from torch import nn
 
@@ -55,7 +56,6 @@ class Spec:
     inputs: dict[str, torch.Tensor]
     axes: dict[str, dict[int, str]]  # input name -> {axis: dim name}
     logits_axes: dict[int, str]
-    dynamo_ok: bool = True
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -83,6 +83,12 @@ def _lm_labels(gen: torch.Generator, ids: torch.Tensor) -> torch.Tensor:
     return labels
 
 
+def _padding_mask(batch: int, seq: int) -> torch.Tensor:
+    mask = torch.ones(batch, seq, dtype=torch.int64)
+    mask[-1, -2:] = 0  # padding in the last sequence exercises the padding part of the mask
+    return mask
+
+
 def gpt2(gen: torch.Generator) -> Spec:
     from transformers import GPT2Config, GPT2LMHeadModel
 
@@ -100,8 +106,7 @@ def bert(gen: torch.Generator) -> Spec:
     cfg = BertConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                      intermediate_size=64, max_position_embeddings=64, pad_token_id=0)
     ids = _tokens(gen, BATCH, SEQ)
-    mask = torch.ones(BATCH, SEQ, dtype=torch.int64)
-    mask[1, -2:] = 0  # padding in the second sequence exercises the extended attention mask
+    mask = _padding_mask(BATCH, SEQ)
     labels = torch.full_like(ids, -100)
     labels[:, 1::3] = ids[:, 1::3]
     axes = {0: "batch", 1: "seq"}
@@ -131,9 +136,10 @@ def llama(gen: torch.Generator) -> Spec:
                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
                       bos_token_id=0, eos_token_id=0, pad_token_id=0)
     ids = _tokens(gen, BATCH, SEQ)
-    return Spec("llama", _eager(LlamaForCausalLM, cfg), {"input_ids": ids, "labels": _lm_labels(gen, ids)},
-                {"input_ids": {0: "batch", 1: "seq"}, "labels": {0: "batch", 1: "seq"}},
-                {0: "batch", 1: "seq"})
+    axes = {0: "batch", 1: "seq"}
+    return Spec("llama", _eager(LlamaForCausalLM, cfg),
+                {"input_ids": ids, "attention_mask": _padding_mask(BATCH, SEQ), "labels": _lm_labels(gen, ids)},
+                {"input_ids": axes, "attention_mask": axes, "labels": axes}, axes)
 
 
 def vit(gen: torch.Generator) -> Spec:
@@ -186,6 +192,32 @@ def _perturb(module: nn.Module, gen: torch.Generator) -> None:
             p.add_(torch.randn(p.shape, generator=gen) * 0.05)
 
 
+def sample_inputs(spec: Spec, dims: dict[str, int], seed: int = 1) -> dict[str, torch.Tensor]:
+    """Inputs like the spec's samples but with the symbolic dims resized to `dims`."""
+    gen = torch.Generator().manual_seed(seed)
+    out = {}
+    for name, t in spec.inputs.items():
+        shape = list(t.shape)
+        for axis, dim in spec.axes.get(name, {}).items():
+            shape[axis] = dims[dim]
+        if name == "attention_mask":
+            out[name] = _padding_mask(*shape)
+        elif t.is_floating_point():
+            out[name] = torch.randn(shape, generator=gen)
+        else:
+            out[name] = torch.randint(0, int(t.max()) + 1, shape, generator=gen, dtype=t.dtype)
+            if name == "labels" and len(shape) == 2:
+                out[name][:, 0] = -100
+    return out
+
+
+def run_torch(spec: Spec, inputs: dict[str, torch.Tensor]) -> tuple[np.ndarray, np.ndarray]:
+    """Torch's (loss, logits) on `inputs`."""
+    with torch.no_grad():
+        loss, logits = LossLogits(spec.module, list(spec.inputs))(*inputs.values())
+    return loss.numpy(), logits.numpy()
+
+
 def torch_parameters(module: nn.Module) -> int:
     """Parameter count with tied weights counted once (`parameters()` deduplicates)."""
     return sum(p.numel() for p in module.parameters())
@@ -215,8 +247,8 @@ def parameter_differences(module: nn.Module) -> list[dict]:
 
 
 def float_buffers(module: nn.Module) -> dict[str, int]:
-    """Float buffers (BatchNorm statistics, rotary frequencies): ONNX initializers that are not
-    parameters but that an importer cannot tell from parameters."""
+    """Float buffers (BatchNorm statistics, rotary frequencies): not parameters, though they may
+    be ONNX initializers read like weights (the dynamo exporter marks them BUFFER)."""
     return {n: b.numel() for n, b in module.named_buffers() if b.is_floating_point() and b.dim() >= 1}
 
 
@@ -237,8 +269,6 @@ def export(spec: Spec, exporter: str, out_dir: Path) -> dict:
         else:
             dynamic = _export_dynamo(spec, wrapper, args, path)
     seconds = time.perf_counter() - start
-    import onnx
-
     model = onnx.load(str(path), load_external_data=False)
     opset = next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
     info = {
@@ -284,9 +314,8 @@ def _export_dynamo(spec: Spec, wrapper: nn.Module, args: tuple, path: Path) -> b
 def save_samples(spec: Spec, out_dir: Path) -> None:
     """`<name>.npz` (inputs) and `<name>.torch.npz` (torch's loss and logits on them)."""
     np.savez(out_dir / f"{spec.name}.npz", **{k: v.numpy() for k, v in spec.inputs.items()})
-    with torch.no_grad():
-        loss, logits = LossLogits(spec.module, list(spec.inputs))(*spec.inputs.values())
-    np.savez(out_dir / f"{spec.name}.torch.npz", loss=loss.numpy(), logits=logits.numpy())
+    loss, logits = run_torch(spec, spec.inputs)
+    np.savez(out_dir / f"{spec.name}.torch.npz", loss=loss, logits=logits)
 
 
 def export_all(out_dir: Path, models: list[str], exporters: list[str]) -> dict[str, dict | str]:

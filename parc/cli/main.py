@@ -15,7 +15,6 @@ import click
 from parc import __version__
 from parc.errors import ParcError
 
-
 _NO_ARGS_IS_HELP = getattr(click.exceptions, "NoArgsIsHelpError", ())
 
 

@@ -4,7 +4,7 @@ Importing the package registers every family; an op without an entry in `RULES` 
 replicate-only.
 """
 
-from parc.ops import conv, elementwise, matmul, norm, reduce, shape  # noqa: F401  (registration)
+from parc.ops import conv, elementwise, index, matmul, norm, reduce, shape  # noqa: F401  (registration)
 from parc.ops.base import RULES, OpRule, RuleBuilder, ShardingRule, get_rule, sharding_rule
 
 __all__ = ["RULES", "OpRule", "RuleBuilder", "ShardingRule", "get_rule", "sharding_rule"]

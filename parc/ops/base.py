@@ -102,6 +102,8 @@ class ShardingRule:
                 if dims is None:
                     continue
                 v = values[i] if i < len(values) else None
+                if kind == "output" and v is not None and not v.name:
+                    continue  # an omitted optional output
                 if v is None or v.shape is None:
                     raise ShapeError(f"node '{node.label}': rule labels missing {kind} {i}")
                 if len(dims) != len(v.shape):
@@ -154,6 +156,8 @@ class RuleBuilder:
         ins = [self._parse(t) for t in lhs.split(",")] if lhs.strip() else []
         outs = [self._parse(t) for t in rhs.split(",")]
         ins += [None] * (len(self.node.inputs) - len(ins))
+        outs = [None if i < len(self.node.outputs) and not self.node.outputs[i].name else dims
+                for i, dims in enumerate(outs)]  # omitted optional outputs carry no labels
         known = dict(sizes or {})
         pending: list[tuple[Dim, int]] = []
         for dims_list, values in ((ins, self.node.inputs), (outs, self.node.outputs)):
@@ -266,7 +270,7 @@ def sharding_rule(node: Node, opset: int | None = None) -> ShardingRule | None:
     (Softmax before 13); it defaults to parc's minimum, 13.
     """
     rule = get_rule(node)
-    if rule is None or any(v.shape is None for v in node.outputs):
+    if rule is None or any(v.shape is None for v in node.outputs if v.name):
         return None
     if any(v is not None and v.shape is None for v in node.inputs):
         return None
@@ -302,3 +306,20 @@ def axes_of(node: Node, input_index: int = 1, attr: str = "axes") -> list[int] |
 
 def labels(n: int, prefix: str = "d") -> list[str]:
     return [f"{prefix}{i}" for i in range(n)]
+
+
+def axis_attr(node: Node, rank: int, default: int = 0, name: str = "axis") -> int | None:
+    """The node's axis attribute normalised to [0, rank), or None if out of range."""
+    axis = node.attr(name, default)
+    return axis % rank if -rank <= axis < rank else None
+
+
+def same_dims_except(node: Node, b: RuleBuilder, fixed: set[int]) -> ShardingRule:
+    """Input 0 and output 0 share a loop label per dim, except `fixed` dims (whole in both);
+    other inputs are replicated."""
+    x = node.inputs[0]
+    assert x is not None
+    names = labels(x.rank)
+    xs = " ".join("_" if d in fixed else names[d] for d in range(x.rank))
+    ys = " ".join("_" if d in fixed else names[d] for d in range(x.rank))
+    return b.einsum(f"{xs} -> {ys}")

@@ -148,14 +148,17 @@ class _NodeRunner:
         del proto.input[:]
         del proto.output[:]
         proto.input.extend(f"x{i}" if v is not None else "" for i, v in enumerate(node.inputs))
-        proto.output.extend(f"y{i}" for i in range(len(node.outputs)))
+        proto.output.extend(f"y{i}" if v.name else "" for i, v in enumerate(node.outputs))
         return proto
 
-    def run(self, arrays: Sequence[np.ndarray | None], fixed: Sequence[bool]) -> list[np.ndarray]:
-        """Run on `arrays` (one per node input); inputs marked `fixed` become initializers."""
+    def run(self, arrays: Sequence[np.ndarray | None], fixed: Sequence[bool]) -> list[np.ndarray | None]:
+        """Run on `arrays` (one per node input); inputs marked `fixed` become initializers.
+
+        Returns one array per node output, None for omitted optional outputs.
+        """
         import onnxruntime as ort
 
-        key = tuple((a.dtype.str, a.shape, f and a.tobytes()) if a is not None else None
+        key = tuple((a.dtype.str, a.shape, f and _identity(a)) if a is not None else None
                     for a, f in zip(arrays, fixed))
         session = self.sessions.get(key)
         if session is None:
@@ -168,15 +171,22 @@ class _NodeRunner:
                 else:
                     elem = helper.np_dtype_to_tensor_dtype(a.dtype)
                     inputs.append(helper.make_tensor_value_info(f"x{i}", elem, list(a.shape)))
-            outputs = [onnx.ValueInfoProto(name=f"y{i}") for i in range(len(self.node.outputs))]
+            outputs = [onnx.ValueInfoProto(name=name) for name in self.proto.output if name]
             graph = helper.make_graph([self.proto], "check", inputs, outputs, initializer=inits)
             model = helper.make_model(graph, opset_imports=self.opsets)
-            model.ir_version = helper.find_min_ir_version_for(self.opsets)
+            model.ir_version = helper.find_min_ir_version_for(self.opsets, ignore_unknown=True)
             session = ort.InferenceSession(model.SerializeToString(), self.options,
                                            providers=["CPUExecutionProvider"])
             self.sessions[key] = session
         feeds = {f"x{i}": a for i, (a, f) in enumerate(zip(arrays, fixed)) if a is not None and not f}
-        return [np.asarray(o) for o in session.run(None, feeds)]  # type: ignore[attr-defined]
+        results = iter(session.run(None, feeds))  # type: ignore[attr-defined]
+        return [np.asarray(next(results)) if name else None for name in self.proto.output]
+
+
+def _identity(a: np.ndarray) -> bytes | int:
+    """What tells two initializer values apart: small ones by value, large (IR constants,
+    alive for the whole check) by object."""
+    return a.tobytes() if a.nbytes <= 4096 else id(a)
 
 
 def _runtime_opset(node: Node, domain: str, version: int) -> int:
@@ -281,14 +291,14 @@ def check_rule(node: Node, inputs: Sequence[np.ndarray | None], opset: dict[str,
 
 
 def _check_split(runner: _NodeRunner, rule: ShardingRule, label: str, n: int,
-                 arrays: list[np.ndarray | None], const: list[bool], full: list[np.ndarray],
+                 arrays: list[np.ndarray | None], const: list[bool], full: list[np.ndarray | None],
                  ins: list[TensorDims | None], outs: list[TensorDims | None],
                  shape_args: dict[int, int], rtol: float, atol: float) -> list[str]:
     split_out = label in rule.output_labels
     kind = None if split_out else dict(rule.reduce).get(label)
     if not split_out and kind is None:
         return ["label is in no output and has no reduce kind"]
-    shard_outputs: list[list[np.ndarray]] = []
+    shard_outputs: list[list[np.ndarray | None]] = []
     for k in range(n):
         local: list[np.ndarray | None] = []
         fixed: list[bool] = []
@@ -298,7 +308,8 @@ def _check_split(runner: _NodeRunner, rule: ShardingRule, label: str, n: int,
                 fixed.append(False)
             elif i in shape_args:
                 j = shape_args[i]
-                local.append(np.array(local_shape(full[j].shape, outs[j], label, n), dtype=np.int64))
+                local.append(np.array(local_shape(full[j].shape, outs[j], label, n),  # type: ignore[union-attr]
+                                      dtype=np.int64))
                 fixed.append(True)
             else:
                 try:
@@ -312,6 +323,8 @@ def _check_split(runner: _NodeRunner, rule: ShardingRule, label: str, n: int,
             return [f"shard {k} does not run in onnxruntime: {_first_line(e)}"]
     failures = []
     for j, want in enumerate(full):
+        if want is None:
+            continue  # an omitted optional output
         parts = [s[j] for s in shard_outputs]
         dims = outs[j]
         if kind is not None:

@@ -1,11 +1,20 @@
-"""Convolutions and pools: batch and channels are loop dims, spatial dims stay whole."""
+"""Convolutions, pools and resampling: batch and channels are loop dims, spatial dims stay whole."""
 
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 from parc.ir.graph import Node
-from parc.ops.base import RuleBuilder, ShardingRule, register
+from parc.ops.base import (
+    RuleBuilder,
+    ShardingRule,
+    const_array,
+    labels,
+    register,
+    same_dims_except,
+    zero_flops,
+)
 
 
 def _spatial(rank: int) -> str:
@@ -124,3 +133,64 @@ register("GlobalMaxPool", flops=_global_flops, notes="spatial dims reduced by ma
 @register("GlobalLpPool", flops=_global_flops, notes="spatial dims whole, except p=1 (a sum)")
 def _global_lp(node: Node, b: RuleBuilder) -> ShardingRule | None:
     return _global("sum" if node.attr("p", 2) == 1 else None)(node, b)
+
+
+# Resize: coordinate modes under which a dim with scale 1 maps each output index to itself.
+_IDENTITY_AT_SCALE_1 = {"half_pixel", "half_pixel_symmetric", "pytorch_half_pixel",
+                        "align_corners", "asymmetric"}
+
+
+@register("Resize", notes="resized dims are whole; a dim with scale exactly 1 (or outside `axes`) "
+                          "is a loop dim, except under tf_crop_and_resize / tf_half_pixel_for_nn; "
+                          "`sizes` (without `axes`) is a shape argument")
+def _resize(node: Node, b: RuleBuilder) -> ShardingRule | None:
+    x, y = node.inputs[0], node.outputs[0]
+    assert x is not None
+    if x.rank != y.rank:
+        return None
+    axes = node.attr("axes")
+    axes = list(range(x.rank)) if axes is None else [a % x.rank for a in axes]
+    mode = node.attr("coordinate_transformation_mode", "half_pixel")
+    scales = const_array(node, 2)
+    if node.input(2) is not None and scales is None:
+        scales_known = False  # computed at run time
+    else:
+        scales_known = scales is not None and scales.size > 0
+    by_sizes = not scales_known and node.input(3) is not None and (node.input(2) is None or scales is not None)
+    stretch = node.attr("keep_aspect_ratio_policy", "stretch") == "stretch"
+    identity = set(range(x.rank)) - set(axes)
+    # tf_half_pixel_for_nn samples x + 0.5 at scale 1: nearest rounding down keeps x.
+    shifted = mode == "tf_half_pixel_for_nn" and node.attr("mode", "nearest") == "nearest" and \
+        node.attr("nearest_mode", "round_prefer_floor") in ("round_prefer_floor", "floor")
+    if mode in _IDENTITY_AT_SCALE_1 or shifted:
+        for i, d in enumerate(axes):
+            if scales_known and i < scales.size:  # type: ignore[union-attr]
+                if float(scales.reshape(-1)[i]) == 1.0:  # type: ignore[union-attr]
+                    identity.add(d)
+            elif by_sizes and stretch and x.shape[d] == y.shape[d]:
+                identity.add(d)  # sizes given: the scale is y/x = 1
+    rule = same_dims_except(node, b, set(range(x.rank)) - identity)
+    if node.input(3) is not None and node.attr("axes") is None:
+        # `sizes` is the output shape: a shard needs its local one (scale 1 on split dims).
+        rule = replace(rule, shape_args=((3, 0),))
+    return rule
+
+
+@register("DepthToSpace", "SpaceToDepth", flops=zero_flops, notes="batch is the only loop dim")
+def _depth_space(node: Node, b: RuleBuilder) -> ShardingRule | None:
+    x = node.inputs[0]
+    assert x is not None
+    if x.rank != 4:
+        return None
+    return b.einsum("n _ _ _ -> n _ _ _")
+
+
+@register("GridSample", notes="batch and channel are loop dims; the grid's output positions too")
+def _grid_sample(node: Node, b: RuleBuilder) -> ShardingRule | None:
+    x, grid = node.inputs[0], node.inputs[1]
+    assert x is not None and grid is not None
+    if x.rank < 3 or grid.rank != x.rank:
+        return None
+    sp = " ".join(["_"] * (x.rank - 2))
+    outs = " ".join(labels(x.rank - 2, "o"))
+    return b.einsum(f"n c {sp}, n {outs} _ -> n c {outs}")

@@ -146,11 +146,11 @@ def _einsum(node: Node, b: RuleBuilder) -> ShardingRule | None:
         dims = []
         for lbl, extent in zip(subs, v.shape):
             full = max(sizes[lbl] | {out_size.get(lbl, 1)})
-            dims.append(f"L{lbl}" if extent == full else "1")  # a broadcast size-1 dim
+            dims.append(lbl if extent == full else "1")  # a broadcast size-1 dim
         specs.append(" ".join(dims))
-    reduce = {f"L{lbl}": "sum" for lbl in sizes if lbl not in out}
-    spec = ", ".join(specs) + " -> " + " ".join(f"L{lbl}" for lbl in out)
-    return b.einsum(spec, reduce=reduce, unsplittable=[f"L{lbl}" for lbl in repeated])
+    reduce = {lbl: "sum" for lbl in sizes if lbl not in out}
+    spec = ", ".join(specs) + " -> " + " ".join(out)
+    return b.einsum(spec, reduce=reduce, unsplittable=list(repeated))
 
 
 @register("Det", notes="batch dims are loop dims; the matrix dims are whole")

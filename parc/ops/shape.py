@@ -13,10 +13,11 @@ from parc.ir.graph import Node
 from parc.ops.base import (
     RuleBuilder,
     ShardingRule,
-    const_array,
+    axis_attr,
     const_ints,
     labels,
     register,
+    same_dims_except,
     zero_flops,
 )
 
@@ -141,25 +142,27 @@ def _flatten(node: Node, b: RuleBuilder) -> ShardingRule | None:
     return b.einsum(f"{xs} -> {_dim(outer)} {_dim(inner)}")
 
 
-@register("Squeeze", flops=zero_flops)
+@register("Squeeze", flops=zero_flops,
+          notes="without axes nothing splits: a shard whose piece of a dim has size 1 would "
+                "squeeze it too")
 def _squeeze(node: Node, b: RuleBuilder) -> ShardingRule | None:
     x = node.inputs[0]
     assert x is not None
     axes = node.attr("axes")
-    if axes is None:
-        if node.input(1) is not None:
-            axes = const_ints(node, 1)
-            if axes is None:
-                return None
-        else:
-            axes = [d for d, e in enumerate(x.shape) if e == 1]
+    if axes is None and node.input(1) is not None:
+        axes = const_ints(node, 1)
+        if axes is None:
+            return None
+    implicit = axes is None
+    if implicit:
+        axes = [d for d, e in enumerate(x.shape) if e == 1]
     if any(not -x.rank <= a < x.rank for a in axes):
         return None
     axes = {a % x.rank for a in axes}
     names = labels(x.rank)
     xs = " ".join("1" if d in axes else names[d] for d in range(x.rank))
     ys = " ".join(names[d] for d in range(x.rank) if d not in axes)
-    return b.einsum(f"{xs}, - -> {ys}")
+    return b.einsum(f"{xs}, - -> {ys}", unsplittable=names if implicit else ())
 
 
 @register("Unsqueeze", flops=zero_flops)
@@ -222,15 +225,10 @@ def _tile(node: Node, b: RuleBuilder) -> ShardingRule | None:
     return b.einsum(f"{' '.join(names)}, - -> {' '.join(out)}", sizes=sizes)
 
 
-def _axis(node: Node, rank: int, default: int = 0) -> int | None:
-    axis = node.attr("axis", default)
-    return axis % rank if -rank <= axis < rank else None
-
-
 @register("Concat", flops=zero_flops, notes="the concatenated axis is whole")
 def _concat(node: Node, b: RuleBuilder) -> ShardingRule | None:
     y = node.outputs[0]
-    axis = _axis(node, y.rank)
+    axis = axis_attr(node, y.rank)
     if axis is None:
         return None
     names = labels(y.rank)
@@ -245,7 +243,7 @@ def _concat(node: Node, b: RuleBuilder) -> ShardingRule | None:
 def _split(node: Node, b: RuleBuilder) -> ShardingRule | None:
     x = node.inputs[0]
     assert x is not None
-    axis = _axis(node, x.rank)
+    axis = axis_attr(node, x.rank)
     if axis is None:
         return None
     names = labels(x.rank)
@@ -253,16 +251,6 @@ def _split(node: Node, b: RuleBuilder) -> ShardingRule | None:
     def spec() -> str:
         return " ".join("_" if d == axis else names[d] for d in range(x.rank))
     return b.einsum(f"{spec()}, - -> " + ", ".join(spec() for _ in node.outputs))
-
-
-def _whole_except(node: Node, b: RuleBuilder, fixed: set[int]) -> ShardingRule:
-    """Input 0 and output 0 share labels except on `fixed` dims; other inputs replicated."""
-    x = node.inputs[0]
-    assert x is not None
-    names = labels(x.rank)
-    xs = " ".join("_" if d in fixed else names[d] for d in range(x.rank))
-    ys = " ".join("_" if d in fixed else names[d] for d in range(x.rank))
-    return b.einsum(f"{xs} -> {ys}")
 
 
 @register("Slice", flops=zero_flops, notes="sliced axes are whole (an axis taken whole with step 1 "
@@ -281,7 +269,7 @@ def _slice(node: Node, b: RuleBuilder) -> ShardingRule | None:
         if node.input(3) is not None:
             axes = const_ints(node, 3)
             if axes is None:
-                return _whole_except(node, b, set(range(x.rank)))
+                return same_dims_except(node, b, set(range(x.rank)))
         else:
             axes = list(range(starts.shape[0] if starts.rank else 1))
         steps = const_ints(node, 4) if node.input(4) is not None else [1] * len(axes)
@@ -292,7 +280,7 @@ def _slice(node: Node, b: RuleBuilder) -> ShardingRule | None:
         d = a % x.rank
         if steps is None or i >= len(steps) or steps[i] != 1 or x.shape[d] != y.shape[d]:
             sliced.add(d)
-    return _whole_except(node, b, sliced)
+    return same_dims_except(node, b, sliced)
 
 
 @register("Pad", flops=zero_flops, notes="padded axes are whole")
@@ -307,98 +295,11 @@ def _pad(node: Node, b: RuleBuilder) -> ShardingRule | None:
     else:
         axes = list(range(x.rank))
     if pads is None or axes is None:
-        return _whole_except(node, b, set(range(x.rank)))
+        return same_dims_except(node, b, set(range(x.rank)))
     if len(pads) != 2 * len(axes) or any(not -x.rank <= a < x.rank for a in axes):
         return None
     padded = {a % x.rank for i, a in enumerate(axes) if pads[i] or pads[i + len(axes)]}
-    return _whole_except(node, b, padded)
-
-
-@register("Gather", flops=zero_flops,
-          notes="the gathered data axis is whole; indices dims and other data dims are loop dims")
-def _gather(node: Node, b: RuleBuilder) -> ShardingRule | None:
-    data, idx = node.inputs[0], node.inputs[1]
-    assert data is not None and idx is not None
-    axis = _axis(node, data.rank)
-    if axis is None:
-        return None
-    d = labels(data.rank, "d")
-    i = labels(idx.rank, "i")
-    ds = " ".join("_" if k == axis else d[k] for k in range(data.rank))
-    ys = " ".join(d[:axis] + i + d[axis + 1:])
-    return b.einsum(f"{ds}, {' '.join(i)} -> {ys}")
-
-
-def _elements_rule(node: Node, b: RuleBuilder, scatter: bool) -> ShardingRule | None:
-    """GatherElements / ScatterElements: dims other than axis are shared where the data and
-    indices extents agree, else whole; the axis is whole."""
-    data, idx = node.inputs[0], node.inputs[1]
-    assert data is not None and idx is not None
-    if data.rank != idx.rank or data.rank == 0:
-        return None
-    axis = _axis(node, data.rank)
-    if axis is None:
-        return None
-    ds, js = [], []
-    for k in range(data.rank):
-        if k != axis and data.shape[k] == idx.shape[k]:
-            ds.append(f"d{k}")
-            js.append(f"d{k}")
-        else:
-            ds.append(f"_d{k}")
-            js.append(f"_i{k}")
-    dspec, ispec = " ".join(ds), " ".join(js)
-    if scatter:
-        return b.einsum(f"{dspec}, {ispec}, {ispec} -> {dspec}")
-    return b.einsum(f"{dspec}, {ispec} -> {ispec}")
-
-
-@register("GatherElements", flops=zero_flops,
-          notes="axis whole; other dims loop only where data and indices extents agree")
-def _gather_elements(node: Node, b: RuleBuilder) -> ShardingRule | None:
-    return _elements_rule(node, b, scatter=False)
-
-
-@register("ScatterElements", flops=zero_flops,
-          notes="axis whole; other dims loop only where data and indices extents agree")
-def _scatter_elements(node: Node, b: RuleBuilder) -> ShardingRule | None:
-    return _elements_rule(node, b, scatter=True)
-
-
-@register("GatherND", flops=zero_flops,
-          notes="batch dims and trailing slice dims are loop dims; indexed data dims are whole")
-def _gather_nd(node: Node, b: RuleBuilder) -> ShardingRule | None:
-    data, idx, y = node.inputs[0], node.inputs[1], node.outputs[0]
-    assert data is not None and idx is not None
-    nb = node.attr("batch_dims", 0)
-    if idx.rank < 1 or not 0 <= nb < min(data.rank, idx.rank):
-        return None
-    m = idx.shape[-1]
-    if nb + m > data.rank or data.shape[:nb] != idx.shape[:nb]:
-        return None
-    bs = labels(nb, "b")
-    ts = labels(data.rank - nb - m, "t")
-    ls = labels(idx.rank - nb - 1, "l")
-    ds = " ".join(bs + ["_"] * m + ts)
-    js = " ".join(bs + ls + ["_"])
-    return b.einsum(f"{ds}, {js} -> {' '.join(bs + ls + ts)}")
-
-
-@register("ScatterND", flops=zero_flops,
-          notes="trailing slice dims are loop dims of data, updates and output; indexed dims and "
-                "the update index dims are whole")
-def _scatter_nd(node: Node, b: RuleBuilder) -> ShardingRule | None:
-    data, idx, upd = node.inputs[0], node.inputs[1], node.inputs[2]
-    assert data is not None and idx is not None and upd is not None
-    if idx.rank < 1:
-        return None
-    m = idx.shape[-1]
-    if m > data.rank or upd.rank != idx.rank - 1 + data.rank - m:
-        return None
-    ts = labels(data.rank - m, "t")
-    us = labels(idx.rank - 1, "_u")
-    ds = " ".join(["_"] * m + ts)
-    return b.einsum(f"{ds}, {' '.join(us + ['_'])}, {' '.join(us + ts)} -> {' '.join(['_'] * m + ts)}")
+    return same_dims_except(node, b, padded)
 
 
 @register("ConstantOfShape", flops=zero_flops,
@@ -413,76 +314,10 @@ def _range(node: Node, b: RuleBuilder) -> ShardingRule | None:
     return b.einsum("-, -, - -> _")
 
 
-@register("OneHot", flops=zero_flops, notes="the depth dim is whole; indices dims are loop dims")
-def _one_hot(node: Node, b: RuleBuilder) -> ShardingRule | None:
-    idx, y = node.inputs[0], node.outputs[0]
-    assert idx is not None
-    axis = node.attr("axis", -1)
-    if not -y.rank <= axis < y.rank:
-        return None
-    axis %= y.rank
-    names = labels(idx.rank)
-    ys = names[:axis] + ["_"] + names[axis:]
-    return b.einsum(f"{' '.join(names)}, -, - -> {' '.join(ys)}")
-
-
 @register("Trilu", flops=zero_flops, notes="the last two dims are whole")
 def _trilu(node: Node, b: RuleBuilder) -> ShardingRule | None:
     x = node.inputs[0]
     assert x is not None
     if x.rank < 2:
         return None
-    return _whole_except(node, b, {x.rank - 2, x.rank - 1})
-
-
-# Resize: coordinate modes under which a dim with scale 1 maps each output index to itself.
-_IDENTITY_AT_SCALE_1 = {"half_pixel", "half_pixel_symmetric", "pytorch_half_pixel",
-                        "align_corners", "asymmetric"}
-
-
-@register("Resize", notes="resized dims are whole; a dim with scale exactly 1 (or outside `axes`) "
-                          "is a loop dim, except under tf_crop_and_resize / tf_half_pixel_for_nn")
-def _resize(node: Node, b: RuleBuilder) -> ShardingRule | None:
-    x, y = node.inputs[0], node.outputs[0]
-    assert x is not None
-    if x.rank != y.rank:
-        return None
-    axes = node.attr("axes")
-    axes = list(range(x.rank)) if axes is None else [a % x.rank for a in axes]
-    mode = node.attr("coordinate_transformation_mode", "half_pixel")
-    scales = const_array(node, 2)
-    if node.input(2) is not None and scales is None:
-        scales_known = False  # computed at run time
-    else:
-        scales_known = scales is not None and scales.size > 0
-    by_sizes = not scales_known and node.input(3) is not None and (node.input(2) is None or scales is not None)
-    stretch = node.attr("keep_aspect_ratio_policy", "stretch") == "stretch"
-    identity = set(range(x.rank)) - set(axes)
-    if mode in _IDENTITY_AT_SCALE_1:
-        for i, d in enumerate(axes):
-            if scales_known and i < scales.size:  # type: ignore[union-attr]
-                if float(scales.reshape(-1)[i]) == 1.0:  # type: ignore[union-attr]
-                    identity.add(d)
-            elif by_sizes and stretch and x.shape[d] == y.shape[d]:
-                identity.add(d)  # sizes given: the scale is y/x = 1
-    return _whole_except(node, b, set(range(x.rank)) - identity)
-
-
-@register("DepthToSpace", "SpaceToDepth", flops=zero_flops, notes="batch is the only loop dim")
-def _depth_space(node: Node, b: RuleBuilder) -> ShardingRule | None:
-    x = node.inputs[0]
-    assert x is not None
-    if x.rank != 4:
-        return None
-    return b.einsum("n _ _ _ -> n _ _ _")
-
-
-@register("GridSample", notes="batch and channel are loop dims; the grid's output positions too")
-def _grid_sample(node: Node, b: RuleBuilder) -> ShardingRule | None:
-    x, grid = node.inputs[0], node.inputs[1]
-    assert x is not None and grid is not None
-    if x.rank < 3 or grid.rank != x.rank:
-        return None
-    sp = " ".join(["_"] * (x.rank - 2))
-    outs = " ".join(labels(x.rank - 2, "o"))
-    return b.einsum(f"n c {sp}, n {outs} _ -> n c {outs}")
+    return same_dims_except(node, b, {x.rank - 2, x.rank - 1})

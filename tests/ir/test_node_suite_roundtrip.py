@@ -13,7 +13,6 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-
 from onnx.reference import ReferenceEvaluator
 
 from parc.errors import ParcError

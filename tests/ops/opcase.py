@@ -41,8 +41,9 @@ class Case:
 
 
 def build(op: str, inputs: Sequence[np.ndarray | Arg | None], n_outputs: int = 1, *,
-          opset: int = 18, **attrs) -> Case:
-    """A one-node model: arrays are graph inputs, `Arg`s initializers, None omitted inputs."""
+          opset: int = 18, omit: Sequence[int] = (), **attrs) -> Case:
+    """A one-node model: arrays are graph inputs, `Arg`s initializers, None omitted inputs;
+    outputs listed in `omit` are omitted optional outputs."""
     names, graph_inputs, inits = [], [], []
     for i, a in enumerate(inputs):
         if a is None:
@@ -56,8 +57,9 @@ def build(op: str, inputs: Sequence[np.ndarray | Arg | None], n_outputs: int = 1
             a = np.asarray(a)
             graph_inputs.append(helper.make_tensor_value_info(
                 name, helper.np_dtype_to_tensor_dtype(a.dtype), list(a.shape)))
-    outs = [f"out{j}" for j in range(n_outputs)]
-    node = helper.make_node(op, names, outs, **attrs)
+    outs = [f"out{j}" for j in range(n_outputs) if j not in omit]
+    node = helper.make_node(op, names, [f"out{j}" if j not in omit else "" for j in range(n_outputs)],
+                            **attrs)
 
     def model(outputs: list[onnx.ValueInfoProto]) -> onnx.ModelProto:
         g = helper.make_graph([node], "case", graph_inputs, outputs, initializer=inits)

@@ -19,7 +19,7 @@ from onnx import helper, numpy_helper
 
 from parc.errors import ParcError, ShapeError
 from parc.ir.importer import from_model
-from parc.ops import RULES, sharding_rule
+from parc.ops import RULES, get_rule, sharding_rule
 from parc.ops.check import ReferenceRunError, check_rule
 
 # Inputs that carry shapes, axes, counts or pads: given as initializers, as exporters do.
@@ -131,6 +131,8 @@ def prepare(case) -> tuple:
 def run_case(case, ns=(2, 3)) -> list[str]:
     """Check one case's rule; raise Skip with the reason when it cannot be checked."""
     graph, node, arrays = prepare(case)
+    op_rule = get_rule(node)
+    assert op_rule is not None and op_rule.flops(node) >= 0
     rule = sharding_rule(node, graph.opset.get(""))
     if rule is None:
         raise Skip("rule declines this node (replicate-only)")

@@ -37,6 +37,7 @@ CASES = [f"{m}-{e}" for m in MODELS for e in EXPORTERS]
 SHAPE_ARGS = {"Reshape": (1,), "Expand": (1,), "Tile": (1,), "ConstantOfShape": (0,), "Range": (0, 1, 2),
               "Slice": (1, 2, 3, 4), "Pad": (1, 3)}
 RTOL, ATOL = 1e-4, 1e-5
+OTHER_DIMS = {"batch": 3, "seq": 13, "tgt": 5}  # not the traced sizes: nothing may be baked in
 
 
 def _script():
@@ -48,9 +49,13 @@ def _script():
 
 
 @pytest.fixture(scope="session")
-def exports(tmp_path_factory) -> tuple[Path, dict]:
+def script():
+    return _script()
+
+
+@pytest.fixture(scope="session")
+def exports(tmp_path_factory, script) -> tuple[Path, dict]:
     """Every (model, exporter) exported once: the folder and the script's results."""
-    script = _script()
     exporters = list(EXPORTERS)
     if importlib.util.find_spec("onnxscript") is None:
         exporters.remove("dynamo")
@@ -141,6 +146,32 @@ def test_round_trip_matches_onnxruntime_and_torch(case):
     torch_out = np.load(case["dir"] / case["torch_outputs"])
     np.testing.assert_allclose(got["loss"], torch_out["loss"], rtol=RTOL, atol=ATOL)
     np.testing.assert_allclose(got["logits"], torch_out["logits"], rtol=RTOL, atol=ATOL * 10)
+
+
+@cases
+def test_other_dims_match_onnxruntime_and_torch(case, script):
+    if not case["dims"]:
+        pytest.skip("exported with static shapes")
+    dims = {k: OTHER_DIMS[k] for k in case["dims"]}
+    spec = script.build(case["model"])
+    inputs = script.sample_inputs(spec, dims)
+    feeds = {k: v.numpy() for k, v in inputs.items()}
+    graph = load(_path(case), dims)
+    verify(graph)
+    got = _run(to_onnx(graph), feeds)
+    want = _run(onnx.load(str(_path(case))), feeds)
+    loss, logits = script.run_torch(spec, inputs)
+    assert got["logits"].shape == logits.shape
+    for name in ("loss", "logits"):
+        np.testing.assert_allclose(got[name], want[name], rtol=RTOL, atol=ATOL, err_msg=name)
+    np.testing.assert_allclose(got["loss"], loss, rtol=RTOL, atol=ATOL)
+    np.testing.assert_allclose(got["logits"], logits, rtol=RTOL, atol=ATOL * 10)
+
+
+@cases
+def test_import_is_deterministic(case):
+    first = to_onnx(load(_path(case), case["dims"])).SerializeToString()
+    assert to_onnx(load(_path(case), case["dims"])).SerializeToString() == first
 
 
 @cases
