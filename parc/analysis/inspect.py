@@ -10,6 +10,7 @@ from typing import Any
 from parc.errors import UnboundDimError
 from parc.ir import importer
 from parc.ir.graph import Graph, Value
+from parc.ir.params import mark_params
 from parc.ops import get_rule
 from parc.ops.base import output_elements
 from parc.passes.fold_shapes import shape_dependent_values
@@ -109,34 +110,33 @@ def inspect_file(path: str | Path, dims: dict[str, int] | None = None) -> dict[s
 
 
 def _unbound_report(path: Path, unbound: list[str]) -> dict[str, Any]:
+    """A partial report of a model whose dims are unbound: structure, parameters and ops.
+
+    The graph is built with every symbolic dim set to a placeholder 1 and not folded; only
+    what does not depend on shapes is reported.
+    """
     model = importer.normalize(importer.read_model(path), str(path))
-    g = model.graph
-    init = [t for t in g.initializer]
-    from parc.ir.dtypes import DType
-    floats = [t for t in init if DType(t.data_type).is_float and len(t.dims) >= 1]
-    count = sum(int(_prod(t.dims)) for t in floats)
-    ops = Counter(n.op_type for n in g.node if n.op_type != "Constant")
-    tainted: set[str] = set()
-    for n in g.node:
-        if n.op_type == "Shape" or any(i in tainted for i in n.input):
-            tainted.update(n.output)
-    from parc.ops.base import RULES
+    placeholders = {d: 1 for d in importer.symbolic_dims(model)}
+    graph = importer.build_graph(model, importer.ImportOptions(placeholders, path.parent, str(path)))
+    mark_params(graph)
+    params = parameter_values(graph)
+    ops = Counter(n.op_type if not n.domain else f"{n.domain}.{n.op_type}" for n in graph.nodes)
+    declared = {vi.name: [d.dim_param or d.dim_value for d in vi.type.tensor_type.shape.dim]
+                for vi in (*model.graph.input, *model.graph.output)
+                if vi.type.tensor_type.HasField("shape")}
     return {
-        "model": str(path), "opset": importer.opset_version(model), "nodes": len(g.node),
-        "inputs": [], "outputs": [], "training": False, "phases": {},
-        "parameters": count,
-        "parameter_bytes": sum(int(_prod(t.dims)) * DType(t.data_type).itemsize for t in floats),
-        "parameter_tensors": len(floats),
+        "model": str(path), "opset": importer.opset_version(model), "nodes": len(graph.nodes),
+        "inputs": [{"name": v.name, "dtype": str(v.dtype), "shape": declared.get(v.name)}
+                   for v in graph.inputs],
+        "outputs": [{"name": v.name, "dtype": str(v.dtype), "shape": declared.get(v.name)}
+                    for v in graph.outputs],
+        "training": False, "phases": {},
+        "parameters": sum(v.size for v in params),
+        "parameter_bytes": sum(v.nbytes for v in params),
+        "parameter_tensors": len(params),
         "flops_forward": None, "flops_step": None, "activation_bytes_peak": None,
         "ops": dict(sorted(ops.items(), key=lambda kv: (-kv[1], kv[0]))),
-        "replicate_only_ops": sorted({op for op in ops if op not in RULES}),
+        "replicate_only_ops": sorted({n.op_type for n in graph.nodes if get_rule(n) is None}),
         "unbound_dims": unbound,
-        "shape_dependent_values": len(tainted),
+        "shape_dependent_values": shape_dependent_values(graph),
     }
-
-
-def _prod(dims: Any) -> int:
-    out = 1
-    for d in dims:
-        out *= int(d)
-    return out

@@ -45,6 +45,12 @@ def inspect(model: str, dims: tuple[str, ...], as_json: bool, dump_ir: bool) -> 
     _print_report(report)
 
 
+def _fmt_io(x: dict) -> str:
+    dtype = x["dtype"] if x["dtype"] not in (None, "None") else "?"
+    shape = "[" + ", ".join(map(str, x["shape"])) + "]" if x["shape"] is not None else ""
+    return f"{x['name']} {dtype}{shape}"
+
+
 def _print_report(r: dict) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -56,7 +62,7 @@ def _print_report(r: dict) -> None:
     summary.add_row("opset / nodes", f"{r['opset']} / {r['nodes']}")
     for io in ("inputs", "outputs"):
         if r[io]:
-            summary.add_row(io, ", ".join(f"{x['name']} {x['dtype']}{x['shape']}" for x in r[io]))
+            summary.add_row(io, ", ".join(_fmt_io(x) for x in r[io]))
     summary.add_row("parameters", f"{_fmt_count(r['parameters'])} ({r['parameters']:,}) in "
                     f"{r['parameter_tensors']} tensors, {_fmt_bytes(r['parameter_bytes'])}")
     summary.add_row("FLOPs / forward", _fmt_count(r["flops_forward"]))

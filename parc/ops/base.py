@@ -13,7 +13,8 @@ Labels in ``unsplittable`` (softmax axis, normalised dims, sliced or gathered ax
 labels of size 1 cannot be split. A tensor given as ``None`` is replicated whole (shape
 arguments, scalars). ``shape_args`` maps an input that carries an output's shape (Reshape's
 ``shape``, Expand's ``shape``, ConstantOfShape's input) to that output: a shard gets the local
-shape there.
+shape there. ``size_args`` maps an input that lists every output's extent along one axis
+(Split's ``split``) to that axis: a shard gets the local extents.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ class ShardingRule:
     reduce: tuple[tuple[str, str], ...] = ()
     unsplittable: frozenset[str] = frozenset()
     shape_args: tuple[tuple[int, int], ...] = ()
+    size_args: tuple[tuple[int, int], ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "sizes", tuple(sorted(dict(self.sizes).items())))
@@ -151,7 +153,8 @@ class RuleBuilder:
 
     def einsum(self, spec: str, reduce: dict[str, str] | None = None,
                unsplittable: Sequence[str] = (), shape_args: dict[int, int] | None = None,
-               sizes: dict[str, int] | None = None) -> ShardingRule:
+               sizes: dict[str, int] | None = None,
+               size_args: dict[int, int] | None = None) -> ShardingRule:
         lhs, _, rhs = spec.partition("->")
         ins = [self._parse(t) for t in lhs.split(",")] if lhs.strip() else []
         outs = [self._parse(t) for t in rhs.split(",")]
@@ -186,7 +189,7 @@ class RuleBuilder:
                     fixed.add(lbl)
         rule = ShardingRule(tuple(ins), tuple(outs), tuple(known.items()),
                             tuple((reduce or {}).items()), frozenset(fixed),
-                            tuple((shape_args or {}).items()))
+                            tuple((shape_args or {}).items()), tuple((size_args or {}).items()))
         rule.check(self.node)
         return rule
 

@@ -277,6 +277,7 @@ def check_rule(node: Node, inputs: Sequence[np.ndarray | None], opset: dict[str,
     ins = list(rule.inputs) + [None] * (len(node.inputs) - len(rule.inputs))
     outs = list(rule.outputs) + [None] * (len(node.outputs) - len(rule.outputs))
     shape_args = dict(rule.shape_args)
+    size_args = dict(rule.size_args)
     failures: list[str] = []
     for label in (labels if labels is not None else rule.splittable()):
         size = rule.size(label)
@@ -286,14 +287,15 @@ def check_rule(node: Node, inputs: Sequence[np.ndarray | None], opset: dict[str,
             where = f"{node.op_type} '{node.label}' rule [{rule}]: label {label} (size {size}) split {n} ways"
             failures.extend(f"{where}: {m}" for m in
                             _check_split(runner, rule, label, n, arrays, const, full, ins, outs,
-                                         shape_args, rtol, atol))
+                                         shape_args, size_args, rtol, atol))
     return failures
 
 
 def _check_split(runner: _NodeRunner, rule: ShardingRule, label: str, n: int,
                  arrays: list[np.ndarray | None], const: list[bool], full: list[np.ndarray | None],
                  ins: list[TensorDims | None], outs: list[TensorDims | None],
-                 shape_args: dict[int, int], rtol: float, atol: float) -> list[str]:
+                 shape_args: dict[int, int], size_args: dict[int, int], rtol: float,
+                 atol: float) -> list[str]:
     split_out = label in rule.output_labels
     kind = None if split_out else dict(rule.reduce).get(label)
     if not split_out and kind is None:
@@ -310,6 +312,11 @@ def _check_split(runner: _NodeRunner, rule: ShardingRule, label: str, n: int,
                 j = shape_args[i]
                 local.append(np.array(local_shape(full[j].shape, outs[j], label, n),  # type: ignore[union-attr]
                                       dtype=np.int64))
+                fixed.append(True)
+            elif i in size_args:  # every output's local extent along one axis (Split's sizes)
+                axis = size_args[i]
+                local.append(np.array([local_shape(full[j].shape, outs[j], label, n)[axis]  # type: ignore[union-attr]
+                                       for j in range(len(outs))], dtype=np.int64))
                 fixed.append(True)
             else:
                 try:

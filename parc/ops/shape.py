@@ -225,13 +225,22 @@ def _tile(node: Node, b: RuleBuilder) -> ShardingRule | None:
     return b.einsum(f"{' '.join(names)}, - -> {' '.join(out)}", sizes=sizes)
 
 
-@register("Concat", flops=zero_flops, notes="the concatenated axis is whole")
+@register("Concat", flops=zero_flops,
+          notes="equal parts: the output axis is (parts q) and q splits, strided in the output "
+                "(Rhino 4.1); unequal parts: the axis is whole")
 def _concat(node: Node, b: RuleBuilder) -> ShardingRule | None:
     y = node.outputs[0]
     axis = axis_attr(node, y.rank)
     if axis is None:
         return None
+    parts = [v for v in node.inputs if v is not None]
     names = labels(y.rank)
+    if len(parts) > 1 and len({v.shape[axis] for v in parts}) == 1:
+        q = names[axis]
+        part = " ".join(names)
+        whole = " ".join(f"(_p {q})" if d == axis else names[d] for d in range(y.rank))
+        ins = [part if v is not None else "-" for v in node.inputs]
+        return b.einsum(", ".join(ins) + " -> " + whole, sizes={"_p": len(parts)})
 
     def spec() -> str:
         return " ".join("_" if d == axis else names[d] for d in range(y.rank))
@@ -239,7 +248,9 @@ def _concat(node: Node, b: RuleBuilder) -> ShardingRule | None:
     return b.einsum(", ".join(ins) + " -> " + spec())
 
 
-@register("Split", flops=zero_flops, notes="the split axis is whole")
+@register("Split", flops=zero_flops,
+          notes="equal parts: the input axis is (parts q) and q splits, strided in the input, so a "
+                "fused QKV projection splits per head group (Rhino 4.1); unequal parts: whole")
 def _split(node: Node, b: RuleBuilder) -> ShardingRule | None:
     x = node.inputs[0]
     assert x is not None
@@ -247,6 +258,13 @@ def _split(node: Node, b: RuleBuilder) -> ShardingRule | None:
     if axis is None:
         return None
     names = labels(x.rank)
+    outs = [v for v in node.outputs if v.name]
+    if len(outs) == len(node.outputs) > 1 and len({v.shape[axis] for v in outs}) == 1:
+        q = names[axis]
+        whole = " ".join(f"(_p {q})" if d == axis else names[d] for d in range(x.rank))
+        part = " ".join(names)
+        return b.einsum(f"{whole}, - -> " + ", ".join(part for _ in outs), sizes={"_p": len(outs)},
+                        size_args={1: axis} if node.input(1) is not None else None)
 
     def spec() -> str:
         return " ".join("_" if d == axis else names[d] for d in range(x.rank))

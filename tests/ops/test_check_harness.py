@@ -132,3 +132,21 @@ def test_wrong_strided_mapping_is_caught():
     (a, b), = good.inputs[0]
     wrong = ShardingRule((((b, a),), None), good.outputs, good.sizes, shape_args=good.shape_args)
     assert case.check(rule=wrong)
+
+
+def test_fused_qkv_split_is_strided_and_holds(tmp_path):
+    """Rhino 4.1: splitting a fused QKV projection's per-part dim is a strided split of its input."""
+    from parc.ir import load
+    from parc.models import build_model
+    from parc.ops import sharding_rule
+    from parc.ops.check import check_rule
+    import numpy as np
+
+    graph = load(build_model("gpt-tiny", tmp_path / "g.onnx"))
+    split = next(n for n in graph.nodes if n.op_type == "Split")
+    rule = sharding_rule(split)
+    x = split.inputs[0]
+    q = rule.outputs[0][-1][0]
+    assert rule.inputs[0][-1] == ("_p", q) and q in rule.splittable()
+    data = np.random.default_rng(0).standard_normal(x.shape).astype(np.float32)
+    assert check_rule(split, [data, split.inputs[1].const.numpy()], graph.opset, labels=[q]) == []

@@ -471,7 +471,7 @@ def test_concat_split(data):
         case = build("Concat", parts, opset=OPSET, axis=axis)
     else:
         shape[axis] = 6
-        sizes = data.draw(st.sampled_from([[6], [3, 3], [2, 4], [1, 2, 3]]))
+        sizes = data.draw(st.sampled_from([[6], [3, 3], [2, 4], [1, 2, 3], [2, 2, 2]]))
         if data.draw(st.booleans()):
             case = build("Split", [randn(rng, shape), Arg(np.array(sizes, dtype=np.int64))],
                          len(sizes), opset=OPSET, axis=axis)
@@ -479,7 +479,12 @@ def test_concat_split(data):
             case = build("Split", [randn(rng, shape)], len(sizes), opset=18, axis=axis,
                          num_outputs=len(sizes))
     rule = assert_rule_holds(case)
-    assert len(rule.splittable()) == sum(1 for d, e in enumerate(shape) if e > 1 and d != axis % len(shape))
+    # Equal parts (Rhino's strided case: a fused QKV split) also split the part dim q.
+    node, ax = case.node, axis % len(shape)
+    pieces = [v for v in (node.inputs if node.op_type == "Concat" else node.outputs) if v is not None]
+    q = {v.shape[ax] for v in pieces}
+    strided = int(len(pieces) > 1 and len(q) == 1 and q.pop() > 1)
+    assert len(rule.splittable()) == strided + sum(1 for d, e in enumerate(shape) if e > 1 and d != ax)
 
 
 @props

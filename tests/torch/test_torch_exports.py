@@ -19,7 +19,7 @@ import onnxruntime as ort
 import pytest
 from click.testing import CliRunner
 
-torch = pytest.importorskip("torch")
+pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from parc.cli.main import cli  # noqa: E402
