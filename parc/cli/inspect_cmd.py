@@ -46,17 +46,20 @@ def inspect(model: str, dims: tuple[str, ...], as_json: bool, dump_ir: bool) -> 
 
 
 def _fmt_io(x: dict) -> str:
+    from rich.markup import escape
+
     dtype = x["dtype"] if x["dtype"] not in (None, "None") else "?"
     shape = "[" + ", ".join(map(str, x["shape"])) + "]" if x["shape"] is not None else ""
-    return f"{x['name']} {dtype}{shape}"
+    return escape(f"{x['name']} {dtype}{shape}")
 
 
 def _print_report(r: dict) -> None:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     console = Console(highlight=False)
-    summary = Table(title=f"{r['model']}", show_header=False, box=None, pad_edge=False)
+    summary = Table(title=escape(str(r["model"])), show_header=False, box=None, pad_edge=False)
     summary.add_column(style="bold")
     summary.add_column()
     summary.add_row("opset / nodes", f"{r['opset']} / {r['nodes']}")

@@ -26,6 +26,7 @@ def list_cmd(as_json: bool) -> None:
                                 "params_paper": m.params_paper} for m in infos], indent=2))
         return
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     table = Table(box=None)
@@ -33,7 +34,7 @@ def list_cmd(as_json: bool) -> None:
         table.add_column(col)
     for m in infos:
         table.add_row(m.name, m.family, f"{m.params_paper / 1e6:,.0f}M" if m.params_paper else "-",
-                      m.description)
+                      escape(m.description))
     Console(highlight=False).print(table)
 
 
