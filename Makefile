@@ -36,10 +36,10 @@ bench: $(STAMP)  ## import + inspect time and peak memory per zoo model (docs/be
 	$(BIN)/python benchmarks/run.py
 
 lint: $(STAMP)  ## ruff lint
-	$(BIN)/ruff check parc tests benchmarks
+	$(BIN)/ruff check parc tests benchmarks scripts
 
 format: $(STAMP)  ## ruff format
-	$(BIN)/ruff format parc tests benchmarks
+	$(BIN)/ruff format parc tests benchmarks scripts
 
 clean:  ## remove build outputs (keeps .venv)
 	rm -rf out build *.egg-info .pytest_cache .ruff_cache

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -33,8 +32,6 @@ def tensor_proto(v: Value, external: dict[str, tuple[str, int]] | None = None) -
     """The constant as a TensorProto; external data is referenced (`external`: name->(file, offset))."""
     data = v.const
     assert data is not None
-    if data.proto is not None and data.proto.name == v.name:
-        return data.proto
     if external is not None and v.name in external:
         location, offset = external[v.name]
         t = onnx.TensorProto(name=v.name, data_type=data.dtype.onnx_type, dims=list(data.shape))
@@ -42,6 +39,9 @@ def tensor_proto(v: Value, external: dict[str, tuple[str, int]] | None = None) -
         for key, val in (("location", location), ("offset", str(offset)), ("length", str(data.nbytes))):
             t.external_data.add(key=key, value=val)
         return t
+    if data.proto is not None and data.proto.name == v.name and \
+            data.proto.data_location != onnx.TensorProto.EXTERNAL:
+        return data.proto
     return numpy_helper.from_array(np.asarray(data.numpy()), v.name)
 
 
@@ -75,36 +75,38 @@ def to_onnx(graph: Graph, *, external: dict[str, tuple[str, int]] | None = None,
     return model
 
 
-def save(graph: Graph, path: str | Path, *, external_min_bytes: int = 1 << 20) -> Path:
-    """Write the graph as ONNX; large constants go to `<name>.data` beside it, copied lazily."""
+def save(graph: Graph, path: str | Path, *, external_min_bytes: int = 1 << 20,
+         external_total_bytes: int = 1 << 30) -> Path:
+    """Write the graph as ONNX, atomically (temp file + rename).
+
+    When constants of at least `external_min_bytes` add up to `external_total_bytes` or more
+    (protobuf's 2 GB limit is near), they go to `<name>.data` beside the model, copied from
+    their source a chunk at a time with zero runs left sparse.
+    """
     path = Path(path)
     big = [v for v in graph.constants.values() if v.const is not None and v.const.nbytes >= external_min_bytes]
-    if sum(v.const.nbytes for v in big) < (1 << 30):  # type: ignore[union-attr]
-        onnx.save(to_onnx(graph), path)
+    tmp_model = path.parent / (path.name + ".tmp")
+    if not big or sum(v.const.nbytes for v in big) < external_total_bytes:  # type: ignore[union-attr]
+        onnx.save(to_onnx(graph), tmp_model)
+        tmp_model.replace(path)
         return path
     data_name = path.name + ".data"
     layout = external_layout(graph, data_name, external_min_bytes)
-    model = to_onnx(graph, external=layout)
-    tmp = path.parent / (data_name + ".tmp")
-    with open(tmp, "wb") as f:
+    tmp_data = path.parent / (data_name + ".tmp")
+    with open(tmp_data, "wb") as f:
         end = 0
         for v in big:
             offset = layout[v.name][1]
             f.seek(offset)
-            arr = np.ascontiguousarray(v.const.numpy())  # type: ignore[union-attr]
-            for chunk in np.array_split(arr.reshape(-1), max(1, arr.nbytes >> 26)):
+            flat = np.ascontiguousarray(v.const.numpy()).reshape(-1)  # type: ignore[union-attr]
+            for chunk in np.array_split(flat, max(1, flat.nbytes >> 26)):
                 if chunk.any():
                     f.write(chunk.tobytes())
                 else:
-                    f.seek(chunk.nbytes, 1)  # keep zero runs sparse
+                    f.seek(chunk.nbytes, 1)
             end = offset + v.const.nbytes  # type: ignore[union-attr]
         f.truncate(end)
-    tmp.replace(path.parent / data_name)
-    onnx.save(model, path)
+    onnx.save(to_onnx(graph, external=layout), tmp_model)
+    tmp_data.replace(path.parent / data_name)
+    tmp_model.replace(path)
     return path
-
-
-def state_json(graph: Graph) -> dict | None:
-    """The parc.state metadata of a training graph, parsed, or None."""
-    raw = graph.metadata.get("parc.state")
-    return json.loads(raw) if raw else None

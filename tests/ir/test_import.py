@@ -149,3 +149,21 @@ def test_resize_scales_are_constants_not_parameters():
     graph = from_model(model)
     assert [v.name for v in graph.params()] == ["gain"]
     assert graph.outputs[0].shape == (1, 1, 4, 4)
+
+
+def test_save_with_external_data_round_trips(tmp_path):
+    from parc.ir import save
+    from parc.models import build_model
+
+    src = build_model("gpt-tiny", tmp_path / "src.onnx")
+    graph = load(src)
+    out = save(graph, tmp_path / "out.onnx", external_min_bytes=1024, external_total_bytes=0)
+    assert (tmp_path / "out.onnx.data").stat().st_size > 0
+    reloaded = load(out)
+    assert any(v.const.is_external for v in reloaded.params())
+    feeds = {"input_ids": np.zeros((2, 16), np.int64), "labels": np.ones((2, 16), np.int64)}
+    want = ort.InferenceSession(str(src)).run(None, feeds)
+    got = ort.InferenceSession(str(out)).run(None, feeds)
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(a, b, rtol=1e-6)
+    assert not list(tmp_path.glob("*.tmp"))

@@ -136,11 +136,12 @@ def test_wrong_strided_mapping_is_caught():
 
 def test_fused_qkv_split_is_strided_and_holds(tmp_path):
     """Rhino 4.1: splitting a fused QKV projection's per-part dim is a strided split of its input."""
+    import numpy as np
+
     from parc.ir import load
     from parc.models import build_model
     from parc.ops import sharding_rule
     from parc.ops.check import check_rule
-    import numpy as np
 
     graph = load(build_model("gpt-tiny", tmp_path / "g.onnx"))
     split = next(n for n in graph.nodes if n.op_type == "Split")
