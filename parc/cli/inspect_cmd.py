@@ -32,13 +32,15 @@ def _fmt_bytes(n: int | None) -> str:
 @click.argument("model", type=click.Path(dir_okay=False))
 @click.option("--dim", "dims", multiple=True, metavar="NAME=VALUE", help="Bind a symbolic dim.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON (stable keys).")
-@click.option("--dump-ir", is_flag=True, help="Also print the IR after import and shape folding.")
-def inspect(model: str, dims: tuple[str, ...], as_json: bool, dump_ir: bool) -> None:
+@click.option("--dump-after", type=click.Choice(["import", "fold-shapes"]),
+              help="Also print the IR (to stderr) after this step.")
+def inspect(model: str, dims: tuple[str, ...], as_json: bool, dump_after: str | None) -> None:
     """Report what MODEL is made of: ops, parameters, FLOPs, activation memory."""
     bound = importer.parse_dims(dims)
     report = inspect_file(model, bound)
-    if dump_ir and not report["unbound_dims"]:
-        click.echo(print_graph(importer.load(model, bound)), err=True)
+    if dump_after and not report["unbound_dims"]:
+        graph = importer.load(model, bound, fold=dump_after != "import")
+        click.echo(print_graph(graph), err=True)
     if as_json:
         click.echo(json.dumps(report, indent=2))
         return
