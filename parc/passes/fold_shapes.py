@@ -150,7 +150,8 @@ def infer_types(node: Node, opset: dict[str, int], required: bool = True) -> boo
             return False
         raise ShapeError(f"node '{node.label}' ({node.domain + '.' if node.domain else ''}"
                          f"{node.op_type}): unknown op and the model declares no static output shapes")
-    if any(s is None for v, (_, s) in zip(node.outputs, types) if v.name) and _is_function_op(node, opset):
+    if any(s is None for v, (_, s) in zip(node.outputs, types) if v.name) and (
+            node.op_type in SHAPE_FROM_SHAPES or _is_function_op(node, opset)):
         types = _types_by_evaluation(node, opset) or types
     complete = True
     for v, (dtype, shape) in zip(node.outputs, types):
@@ -169,6 +170,9 @@ def infer_types(node: Node, opset: dict[str, int], required: bool = True) -> boo
 
 
 MAX_EVAL_ELEMS = 1 << 24
+# Ops whose output shape follows from input shapes alone but whose ONNX inference can leave it
+# unknown (GatherND with a scalar result): typed by running them on zeros.
+SHAPE_FROM_SHAPES = {"GatherND"}
 
 
 def _is_function_op(node: Node, opset: dict[str, int]) -> bool:
@@ -181,9 +185,9 @@ def _is_function_op(node: Node, opset: dict[str, int]) -> bool:
 
 
 def _types_by_evaluation(node: Node, opset: dict[str, int]) -> list[tuple[DType | None, Shape | None]] | None:
-    """Output types of a function-defined op (GroupNormalization, MVN, ...) whose schema has no
-    shape inference: run it on zeros (constants as they are); such ops' shapes follow from
-    their input shapes, not values."""
+    """Output types of a function-defined op (GroupNormalization, MVN, ...) or one in
+    SHAPE_FROM_SHAPES whose schema inference gives no shape: run it on zeros (constants as they
+    are); such ops' shapes follow from their input shapes, not values."""
     ins = [v for v in node.inputs if v is not None]
     if sum(v.size for v in ins) > MAX_EVAL_ELEMS:
         return None

@@ -167,3 +167,12 @@ def test_save_with_external_data_round_trips(tmp_path):
     for a, b in zip(got, want):
         np.testing.assert_allclose(a, b, rtol=1e-6)
     assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_gathernd_with_scalar_result_gets_its_shape():
+    # ONNX's own inference leaves a rank-0 GatherND result unshaped.
+    model = make_model([helper.make_node("GatherND", ["x", "idx"], ["y"])],
+                       [inp("x", [2, 3]), inp("idx", [2], TensorProto.INT64)], [inp("y", None)])
+    graph = from_model(model)
+    assert graph.outputs[0].shape == () and str(graph.outputs[0].dtype) == "float"
+    verify(graph)
