@@ -190,7 +190,8 @@ def build_graph(model: onnx.ModelProto, opts: ImportOptions) -> Graph:
                                           f"'{proto.name or proto.op_type}')")
                 scope[name] = v
         graph.nodes.append(node)
-        graph.names.claim(proto.name) if proto.name else None
+        if proto.name:
+            graph.names.claim(proto.name)
 
     # Wire inputs after all outputs exist, so unsorted graphs import and cycles are caught.
     for node, proto in zip(graph.nodes, [p for p in g.node if not _is_constant(p)]):
