@@ -76,17 +76,23 @@ def inspect_graph(graph: Graph) -> dict[str, Any]:
     ops = Counter(n.op_type if not n.domain else f"{n.domain}.{n.op_type}" for n in graph.nodes)
     no_rule = sorted({n.op_type for n in graph.nodes if get_rule(n) is None})
     phases = Counter(n.meta.get("parc.phase") for n in graph.nodes if "parc.phase" in n.meta)
+    names = {v.name for v in params}
+    state = [v for v in graph.input_constants if v.name not in names]
+    training = "parc.state" in graph.metadata
     return {
         "model": graph.name,
         "opset": graph.opset.get("", graph.opset.get("ai.onnx")),
         "nodes": len(graph.nodes),
         "inputs": [{"name": v.name, "dtype": str(v.dtype), "shape": list(v.shape or ())} for v in graph.inputs],
         "outputs": [{"name": v.name, "dtype": str(v.dtype), "shape": list(v.shape or ())} for v in graph.outputs],
-        "training": bool(phases),
+        "training": training,
         "phases": dict(sorted(phases.items())),
         "parameters": sum(v.size for v in params),
         "parameter_bytes": sum(v.nbytes for v in params),
         "parameter_tensors": len(params),
+        "gradient_bytes": sum(v.nbytes for v in params) if training else None,
+        "optimizer_state_bytes": sum(v.nbytes for v in state) if training else None,
+        "optimizer": json.loads(graph.metadata["parc.state"])["optimizer"] if training else None,
         "flops_forward": fwd,
         "flops_step": step,
         "activation_bytes_peak": activation_peak(graph),

@@ -67,13 +67,19 @@ def _print_report(r: dict) -> None:
     summary.add_row("opset / nodes", f"{r['opset']} / {r['nodes']}")
     for io in ("inputs", "outputs"):
         if r[io]:
-            summary.add_row(io, ", ".join(_fmt_io(x) for x in r[io]))
+            shown = ", ".join(_fmt_io(x) for x in r[io][:6])
+            more = f" ... and {len(r[io]) - 6} more" if len(r[io]) > 6 else ""
+            summary.add_row(io, shown + more)
     summary.add_row("parameters", f"{_fmt_count(r['parameters'])} ({r['parameters']:,}) in "
                     f"{r['parameter_tensors']} tensors, {_fmt_bytes(r['parameter_bytes'])}")
     summary.add_row("FLOPs / forward", _fmt_count(r["flops_forward"]))
     if r["training"]:
         summary.add_row("FLOPs / step", _fmt_count(r["flops_step"]))
-        summary.add_row("phases", ", ".join(f"{k}: {v}" for k, v in r["phases"].items()))
+        summary.add_row("phases", ", ".join(f"{k}: {v} nodes" for k, v in r["phases"].items()))
+        opt = r["optimizer"]
+        summary.add_row("optimizer", f"{opt['name']} lr={opt['lr']:g} weight_decay={opt['weight_decay']:g}")
+        summary.add_row("gradients", _fmt_bytes(r["gradient_bytes"]))
+        summary.add_row("optimizer state", _fmt_bytes(r["optimizer_state_bytes"]))
     summary.add_row("activation peak", _fmt_bytes(r["activation_bytes_peak"]))
     summary.add_row("shape-derived values", str(r["shape_dependent_values"]))
     if r["unbound_dims"]:

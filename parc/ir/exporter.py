@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
 from parc.ir.graph import Graph, Node, Value
+from parc.ir.tensor import TensorData
 
 PARC_PRODUCER = "parc"
 
@@ -60,7 +63,8 @@ def to_onnx(graph: Graph, *, external: dict[str, tuple[str, int]] | None = None,
     """Build a ModelProto; constants named in `external` are referenced, not embedded."""
     g = helper.make_graph(
         [node_proto(n) for n in graph.nodes], graph.name,
-        [value_info(v) for v in graph.inputs], [value_info(v) for v in graph.outputs],
+        [value_info(v) for v in (*graph.inputs, *graph.input_constants)],
+        [value_info(v) for v in graph.outputs],
         initializer=[tensor_proto(v, external) for v in graph.constants.values()],
         value_info=[value_info(v) for n in graph.nodes for v in n.outputs
                     if v.name and v.dtype is not None and v not in graph.outputs],
@@ -96,17 +100,47 @@ def save(graph: Graph, path: str | Path, *, external_min_bytes: int = 1 << 20,
     with open(tmp_data, "wb") as f:
         end = 0
         for v in big:
-            offset = layout[v.name][1]
-            f.seek(offset)
-            flat = np.ascontiguousarray(v.const.numpy()).reshape(-1)  # type: ignore[union-attr]
-            for chunk in np.array_split(flat, max(1, flat.nbytes >> 26)):
-                if chunk.any():
-                    f.write(chunk.tobytes())
-                else:
-                    f.seek(chunk.nbytes, 1)
-            end = offset + v.const.nbytes  # type: ignore[union-attr]
+            data, offset = v.const, layout[v.name][1]
+            assert data is not None
+            if data.zeros:
+                pass  # a hole reads as zeros
+            elif data.is_external:
+                _copy_sparse(data, f, offset)
+            else:
+                f.seek(offset)
+                flat = np.ascontiguousarray(data.numpy()).reshape(-1)
+                for chunk in np.array_split(flat, max(1, flat.nbytes >> 26)):
+                    if chunk.any():
+                        f.write(chunk.tobytes())
+                    else:
+                        f.seek(chunk.nbytes, 1)
+            end = max(end, offset + data.nbytes)
         f.truncate(end)
     onnx.save(to_onnx(graph, external=layout), tmp_model)
     tmp_data.replace(path.parent / data_name)
     tmp_model.replace(path)
     return path
+
+
+def _copy_sparse(data: TensorData, out: BinaryIO, offset: int) -> None:
+    """Copy an external tensor's bytes, only the regions of its file that hold data (files
+    made by `parc models build` are sparse: reading their holes would read gigabytes of zeros)."""
+    assert data.path is not None
+    start = data.offset
+    end = start + data.nbytes
+    with open(data.path, "rb") as src:
+        fd, pos = src.fileno(), start
+        while pos < end:
+            try:
+                pos = os.lseek(fd, pos, os.SEEK_DATA)
+            except OSError:  # ENXIO: no data after pos
+                break
+            if pos >= end:
+                break
+            stop = min(os.lseek(fd, pos, os.SEEK_HOLE), end)
+            src.seek(pos)
+            out.seek(offset + pos - start)
+            while pos < stop:
+                chunk = src.read(min(stop - pos, 1 << 26))
+                out.write(chunk)
+                pos += len(chunk)

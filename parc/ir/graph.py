@@ -155,6 +155,9 @@ class Graph:
         self.inputs: list[Value] = []
         self.outputs: list[Value] = []
         self.constants: dict[str, Value] = {}
+        # Constants that are also graph inputs (ONNX initializers listed as inputs): a training
+        # step's parameters and optimizer state, fed anew each step, with their initial values.
+        self.input_constants: list[Value] = []
         self.opset: dict[str, int] = dict(opset or {"": 18})
         self.metadata: dict[str, str] = {}
         self.names = NameAuthority()
@@ -245,4 +248,5 @@ class Graph:
         unused = [k for k, v in self.constants.items() if not v.uses and id(v) not in live]
         for k in unused:
             del self.constants[k]
+        self.input_constants = [v for v in self.input_constants if v.name in self.constants]
         return len(dead) + len(unused)

@@ -147,7 +147,9 @@ def build_graph(model: onnx.ModelProto, opts: ImportOptions) -> Graph:
         is_param = data.dtype.is_float and len(data.shape) >= 1 and kinds.get(t.name, "PARAMETER") == "PARAMETER"
         scope[t.name] = graph.add_constant(data, t.name, is_param=is_param)
     for inp in g.input:
-        if inp.name in scope:
+        if inp.name in scope:  # an initializer listed as an input: a constant fed anew each run
+            if scope[inp.name].is_const:
+                graph.input_constants.append(scope[inp.name])
             continue
         tt = inp.type.tensor_type
         if not inp.type.HasField("tensor_type"):

@@ -31,9 +31,17 @@ def mark_params(graph: Graph) -> int:
     """Mark float initializers of rank >= 1 read in a differentiable position as parameters.
 
     Float constants used only as Resize scales, Clip bounds, OneHot values and the like are not
-    parameters, nor are BatchNormalization's running mean and variance.
+    parameters, nor are BatchNormalization's running mean and variance. In a training step
+    (parc.state metadata) the parameters are the ones it lists.
     Returns the number of parameters.
     """
+    state = graph.metadata.get("parc.state")
+    if state:  # a training step names its parameters
+        import json
+        names = set(json.loads(state).get("params", []))
+        for v in graph.constants.values():
+            v.is_param = v.name in names
+        return len(names)
     count = 0
     for v in graph.constants.values():
         if not v.is_param:

@@ -29,12 +29,18 @@ class TensorData:
     path: Path | None = None
     offset: int = 0
     length: int | None = None
+    zeros: bool = False
     _cache: np.ndarray | None = field(default=None, repr=False)
 
     @staticmethod
     def from_array(array: np.ndarray) -> TensorData:
         array = np.asarray(array)
         return TensorData(DType.from_numpy(array.dtype), tuple(array.shape), array=array)
+
+    @staticmethod
+    def zeros_of(dtype: DType, shape: tuple[int, ...]) -> TensorData:
+        """A tensor of zeros that takes no memory until read (optimizer state of big models)."""
+        return TensorData(dtype, tuple(shape), zeros=True)
 
     @staticmethod
     def from_proto(proto: onnx.TensorProto, base_dir: Path | None) -> TensorData:
@@ -75,6 +81,8 @@ class TensorData:
         return self._cache
 
     def _load(self) -> np.ndarray:
+        if self.zeros:
+            return np.zeros(self.shape, self.dtype.numpy)
         if self.proto is not None:
             return numpy_helper.to_array(self.proto)
         assert self.path is not None

@@ -35,6 +35,9 @@ def verify(graph: Graph, *, types: bool = True) -> None:
         if name != v.name or v.const is None:
             raise VerifyError(f"constant table entry '{name}' is not the constant it names")
         define(v, "constant")
+    for v in graph.input_constants:
+        if graph.constants.get(v.name) is not v:
+            raise VerifyError(f"input constant '{v.name}' is not one of the graph's constants")
     for node in graph.nodes:
         for i, v in enumerate(node.inputs):
             if v is None:

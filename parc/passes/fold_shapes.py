@@ -4,7 +4,8 @@ Walks the graph in topological order. `Shape`/`Size` of a statically shaped valu
 constants; a node whose inputs are all constants is evaluated (ONNX's reference evaluator) and
 replaced by its results, so PyTorch's Shape -> Gather -> Unsqueeze -> Concat -> Reshape chains,
 ConstantOfShape, Range and Expand of computed shapes all end as constants. Nodes reading a
-parameter are never folded (parameters stay parameters), nor are random ops, nor results
+parameter or a constant that is also a graph input (a training step's state) are never folded,
+nor are random ops, nor results
 larger than `max_fold_bytes` unless their shape can only be learnt by evaluating them. Every
 other node gets its output types from the op's ONNX schema, fed the constant inputs.
 """
@@ -27,13 +28,14 @@ MAX_DATA_ELEMS = 1 << 16  # constant inputs handed to ONNX shape inference
 
 def fold_shapes(graph: Graph, max_fold_bytes: int = MAX_FOLD_BYTES) -> PassResult:
     folded = inferred = 0
+    fed = {id(v) for v in graph.input_constants}
     for node in list(graph.nodes):
         if node.op_type in ("Shape", "Size") and node.domain in ("", "ai.onnx"):
             _make_const(graph, node, [_shape_of(node)])
             folded += 1
             continue
         known = infer_types(node, graph.opset, required=False)
-        if _foldable(node) and (not known or _small(node, max_fold_bytes)):
+        if _foldable(node, fed) and (not known or _small(node, max_fold_bytes)):
             arrays = [v.const.numpy() if v is not None else None for v in node.inputs]  # type: ignore[union-attr]
             _make_const(graph, node, evaluate(node, arrays, graph.opset))
             folded += 1
@@ -72,11 +74,12 @@ def _shape_of(node: Node) -> np.ndarray:
     return np.array(v.shape[start:end], dtype=np.int64)
 
 
-def _foldable(node: Node) -> bool:
+def _foldable(node: Node, fed: set[int]) -> bool:
+    """Constant inputs only, none a parameter or a constant fed as an input (training state)."""
     if node.domain not in ("", "ai.onnx") or node.op_type in NONDETERMINISTIC:
         return False
     ins = [v for v in node.inputs if v is not None]
-    return all(v.is_const and not v.is_param for v in ins) and all(
+    return all(v.is_const and not v.is_param and id(v) not in fed for v in ins) and all(
         v.const.nbytes <= MAX_FOLD_BYTES or not v.const.is_external for v in ins)  # type: ignore[union-attr]
 
 

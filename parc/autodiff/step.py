@@ -1,0 +1,177 @@
+"""Build a training step from a forward graph: forward, backward and optimizer in one program.
+
+Signature of the result: inputs = data inputs + parameters + optimizer state (+ step counter),
+each parameter and state tensor an initializer that is also a graph input; outputs = loss + new
+parameters + new state (+ next step). Model metadata `parc.state` records which output feeds
+which input on the next step, the parameters, their gradients, the optimizer and the loss.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from dataclasses import dataclass
+
+import numpy as np
+
+from parc.autodiff.context import PHASE
+from parc.autodiff.engine import differentiate
+from parc.autodiff.optimizers import STEP, OptimizerConfig, apply_update
+from parc.errors import UsageError
+from parc.ir import dtypes
+from parc.ir.graph import Graph, Value
+from parc.ir.tensor import TensorData
+
+log = logging.getLogger("parc.grad")
+STATE_KEY = "parc.state"
+MIN_OPSET = 16  # ScatterND with reduction="add" (embedding gradients)
+
+
+@dataclass(frozen=True)
+class TrainingStep:
+    """What make_training_step decided: names only, for callers and tests."""
+
+    loss: str
+    params: tuple[str, ...]
+    grads: dict[str, str]  # parameter -> gradient value
+    bindings: dict[str, str]  # output -> input it feeds next step
+
+
+def pick_loss(graph: Graph, name: str | None) -> Value:
+    """The loss output: `name`, else the output called `loss`, else the only scalar float one."""
+    outs = {v.name: v for v in graph.outputs}
+    if name is not None:
+        if name not in outs:
+            raise UsageError(f"--loss {name}: no graph output of that name (outputs: {', '.join(outs)})")
+        return outs[name]
+    if "loss" in outs:
+        return outs["loss"]
+    scalars = [v for v in graph.outputs if v.dtype is not None and v.dtype.is_float and v.size == 1]
+    if len(scalars) != 1:
+        found = ", ".join(v.name for v in scalars) or "none"
+        raise UsageError(f"no output named 'loss' and {len(scalars)} scalar float outputs ({found}); "
+                         f"name the loss with --loss OUTPUT")
+    return scalars[0]
+
+
+def pick_params(graph: Graph, include: str | None, frozen: str | None) -> list[Value]:
+    """Parameters (float initializers read in a differentiable position), narrowed by regexes."""
+    def compile_(flag: str, pattern: str | None) -> re.Pattern | None:
+        try:
+            return re.compile(pattern) if pattern is not None else None
+        except re.error as e:
+            raise UsageError(f"{flag} {pattern!r}: not a regular expression ({e})") from None
+
+    inc, frz = compile_("--params", include), compile_("--frozen", frozen)
+    if inc is not None:
+        for v in graph.constants.values():
+            if inc.search(v.name) and v.dtype is not None and not v.dtype.is_float and v.uses:
+                raise UsageError(f"--params {include!r} matches '{v.name}', a {v.dtype} tensor: "
+                                 f"integer tensors cannot be trained")
+    params = [v for v in graph.params()
+              if (inc is None or inc.search(v.name)) and (frz is None or not frz.search(v.name))]
+    if not params:
+        raise UsageError("no parameters to train (check --params/--frozen)")
+    return params
+
+
+def make_training_step(graph: Graph, optimizer: OptimizerConfig, *, loss: str | None = None,
+                       params: str | None = None, frozen: str | None = None) -> TrainingStep:
+    """Turn a forward graph with a scalar loss into a training step, in place."""
+    if STATE_KEY in graph.metadata:
+        raise UsageError("the model is already a training step (it has parc.state metadata)")
+    if graph.opset.get("", 0) < MIN_OPSET:
+        graph.opset[""] = MIN_OPSET  # every op's opset-13 form means the same at 16
+    loss_v = pick_loss(graph, loss)
+    trainable = pick_params(graph, params, frozen)
+    for n in graph.nodes:
+        n.meta[PHASE] = "forward"
+    grads = differentiate(graph, loss_v, trainable)
+    dropped = [p.name for p in trainable if p.name not in grads]
+    if dropped:
+        log.warning("%d parameters do not affect the loss and are left untrained: %s",
+                    len(dropped), ", ".join(dropped[:5]) + (" ..." if len(dropped) > 5 else ""))
+    trained = [p for p in trainable if p.name in grads]
+    for p in trained:  # gradients are named values, so a step splits into compute and apply
+        grads[p.name] = _rename(graph, grads[p.name], f"{p.name}.grad")
+
+    step_in = step_out = step_f = None
+    if optimizer.uses_step:
+        step_in = graph.add_constant(TensorData.from_array(np.array(0, np.int64)), STEP)
+        n = graph.add_node("Add", [step_in, _const(graph, np.array(1, np.int64))],
+                           name=graph.names.fresh("parc.step.increment"), output_names=[f"{STEP}.next"])
+        step_out = n.outputs[0]
+        cast = graph.add_node("Cast", [step_in], attrs={"to": dtypes.FLOAT.onnx_type},
+                              name=graph.names.fresh("parc.step.cast"),
+                              output_names=[graph.names.fresh(f"{STEP}.float")])
+        step_f = cast.outputs[0]
+        for node in (n, cast):
+            node.meta[PHASE] = "optimizer"
+            _type(graph, node)
+
+    bindings: dict[str, str] = {}
+    new_outputs = [loss_v]
+    for p in trained:
+        state = {}
+        for suffix in optimizer.state_names:
+            data = TensorData.zeros_of(p.dtype, p.shape)  # type: ignore[arg-type]
+            state[suffix] = graph.add_constant(data, f"{p.name}.{suffix}")
+        step_p = step_f
+        if step_f is not None and p.dtype != step_f.dtype:
+            step_p = _cast(graph, step_f, p)
+        new_p, new_state = apply_update(graph, optimizer, p, grads[p.name], state, step_p)
+        new_p = _rename(graph, new_p, f"{p.name}.new")
+        new_outputs.append(new_p)
+        bindings[new_p.name] = p.name
+        graph.input_constants.append(p)
+        for suffix, v in new_state.items():
+            v = _rename(graph, v, f"{p.name}.{suffix}.new")
+            new_outputs.append(v)
+            bindings[v.name] = state[suffix].name
+            graph.input_constants.append(state[suffix])
+    if step_in is not None and step_out is not None:
+        new_outputs.append(step_out)
+        bindings[step_out.name] = step_in.name
+        graph.input_constants.append(step_in)
+    graph.outputs = new_outputs
+    graph.dead_code_elimination()
+    record = {"bindings": bindings, "params": [p.name for p in trained],
+              "grads": {p.name: grads[p.name].name for p in trained},
+              "optimizer": optimizer.to_json(), "loss": loss_v.name,
+              "step": STEP if step_in is not None else None}
+    graph.metadata[STATE_KEY] = json.dumps(record, sort_keys=True)
+    return TrainingStep(loss_v.name, tuple(record["params"]), record["grads"], bindings)
+
+
+def _rename(graph: Graph, v: Value, name: str) -> Value:
+    """Give a node output a stable name (gradients, new parameters); constants and inputs
+    keep theirs behind an Identity."""
+    if name in graph.names.used:
+        raise UsageError(f"the model already has a value named '{name}'")
+    graph.names.claim(name)
+    if v.producer is not None and v not in graph.outputs:
+        v.name = name
+        return v
+    n = graph.add_node("Identity", [v], name=graph.names.fresh(f"{name}.identity"), output_names=[name])
+    n.meta[PHASE] = v.producer.meta.get(PHASE, "backward") if v.producer else "backward"
+    _type(graph, n)
+    return n.outputs[0]
+
+
+def _const(graph: Graph, a: np.ndarray) -> Value:
+    return graph.add_constant(TensorData.from_array(a), graph.names.fresh("parc.const"))
+
+
+def _cast(graph: Graph, v: Value, like: Value) -> Value:
+    n = graph.add_node("Cast", [v], attrs={"to": like.dtype.onnx_type},  # type: ignore[union-attr]
+                       name=graph.names.fresh(f"{v.name}.cast"))
+    n.meta[PHASE] = "optimizer"
+    _type(graph, n)
+    return n.outputs[0]
+
+
+def _type(graph: Graph, node) -> None:
+    from parc.passes.fold_shapes import infer_types
+
+    infer_types(node, graph.opset)
