@@ -25,10 +25,12 @@ test: $(STAMP)  ## run the fast test suite (what CI runs)
 test-all: $(STAMP)  ## run every test, slow ones included (large models, full ONNX node suite)
 	$(PYTEST) -q -n 2
 
-demo: $(STAMP)  ## build a small GPT from the zoo and inspect it
+demo: $(STAMP)  ## build GPTs from the zoo, inspect them, make and inspect a training step
 	@mkdir -p $(DEMO)
 	$(BIN)/parc models build gpt-tiny -o $(DEMO)/gpt-tiny.onnx
 	$(BIN)/parc inspect $(DEMO)/gpt-tiny.onnx
+	$(BIN)/parc grad $(DEMO)/gpt-tiny.onnx --optimizer adamw --lr 1e-3 -o $(DEMO)/gpt-tiny.train.onnx
+	$(BIN)/parc inspect $(DEMO)/gpt-tiny.train.onnx
 	$(BIN)/parc models build gpt-medium -o $(DEMO)/gpt-medium.onnx
 	$(BIN)/parc inspect $(DEMO)/gpt-medium.onnx
 

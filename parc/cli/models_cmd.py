@@ -42,8 +42,14 @@ def list_cmd(as_json: bool) -> None:
 @click.argument("name")
 @click.option("--set", "sets", multiple=True, metavar="KEY=VALUE", help="Override a config field.")
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="Output .onnx file.")
-def build_cmd(name: str, sets: tuple[str, ...], output: str) -> None:
+@click.option("--train", "optimizer", type=click.Choice(["sgd", "momentum", "adam", "adamw"]),
+              help="Write the training step (as `parc grad` would) with this optimizer instead.")
+@click.option("--lr", default=1e-3, type=float, show_default=True, help="Learning rate for --train.")
+def build_cmd(name: str, sets: tuple[str, ...], output: str, optimizer: str | None, lr: float) -> None:
     """Write zoo model NAME as ONNX (large weights as a sparse external-data file)."""
+    import tempfile
+    from pathlib import Path
+
     from parc.models import build_model
 
     overrides = {}
@@ -52,5 +58,15 @@ def build_cmd(name: str, sets: tuple[str, ...], output: str) -> None:
         if not sep or not key:
             raise UsageError(f"--set {item!r}: expected KEY=VALUE")
         overrides[key.strip()] = value.strip()
-    path = build_model(name, output, overrides)
-    click.echo(f"wrote {path}")
+    if optimizer is None:
+        click.echo(f"wrote {build_model(name, output, overrides)}")
+        return
+    from parc.autodiff import OptimizerConfig, make_training_step
+    from parc.ir import load, save
+
+    cfg = OptimizerConfig(optimizer, lr)
+    with tempfile.TemporaryDirectory(dir=Path(output).resolve().parent) as tmp:
+        graph = load(build_model(name, Path(tmp) / "forward.onnx", overrides))
+        step = make_training_step(graph, cfg)
+        save(graph, output)
+    click.echo(f"wrote {output}: training step of {name} ({optimizer}, {len(step.params)} parameters)")
