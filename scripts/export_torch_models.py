@@ -8,6 +8,9 @@ Each model is wrapped so that its ONNX outputs are `loss` and `logits`, and is w
 count, the symbolic dims and their sample sizes, the ONNX file's opset) and `<model>.npz` (the
 sample inputs) and `<model>.torch.npz` (torch's outputs on them). Needs torch, transformers and,
 for the dynamo exporter, onnxscript; none of them is a dependency of parc.
+
+For gradient cross-checks, `torch_gradients` gives torch's d loss / d parameter and
+`match_parameters` says which torch parameter each ONNX initializer holds.
 """
 
 from __future__ import annotations
@@ -244,6 +247,58 @@ def parameter_differences(module: nn.Module) -> list[dict]:
             diffs.append({"delta": -m.num_features, "reason": f"{name}: eval-mode BatchNorm folded into "
                           "the Conv before it (weight and bias replaced by a Conv bias)"})
     return diffs
+
+
+def torch_gradients(spec: Spec, inputs: dict[str, torch.Tensor] | None = None) -> dict[str, np.ndarray]:
+    """d loss / d p for every parameter, by the `LossLogits` names (`model.` + the module's own),
+    on the sample inputs or `inputs`. The models are in eval mode, so dropout is off, as in the
+    exported graph; a parameter the loss does not use gets zeros."""
+    wrapper = LossLogits(spec.module, list(spec.inputs))
+    assert not spec.module.training, "dropout must be off: the exported graph has none"
+    params = dict(wrapper.named_parameters())  # tied weights once, under their first name
+    loss, _ = wrapper(*(inputs or spec.inputs).values())
+    grads = torch.autograd.grad(loss, list(params.values()), allow_unused=True)
+    return {n: (g if g is not None else torch.zeros_like(p)).detach().numpy()
+            for (n, p), g in zip(params.items(), grads)}
+
+
+def padding_rows(spec: Spec) -> dict[str, int]:
+    """Embedding weights with a `padding_idx`, by `LossLogits` name: torch gives their padding
+    row no gradient, but the exported graph reads it with a plain Gather, which knows nothing
+    of that (so the row's gradient differs by design where the inputs hold the padding id)."""
+    wrapper = LossLogits(spec.module, list(spec.inputs))
+    names = {id(p): n for n, p in wrapper.named_parameters()}
+    return {names[id(m.weight)]: int(m.padding_idx) for m in wrapper.modules()
+            if isinstance(m, nn.Embedding) and m.padding_idx is not None}
+
+
+def match_parameters(spec: Spec, arrays: dict[str, np.ndarray]) -> dict[str, tuple[str, bool]]:
+    """Which torch parameter each ONNX initializer in `arrays` holds: name -> (torch name,
+    transposed). Matched by value, since the exporters rename what they constant-fold:
+
+    - a Linear weight folded into its MatMul's transposed operand becomes `onnx::MatMul_N`
+      (legacy) or `val_N` (dynamo), holding the weight transposed;
+    - a tied input/output embedding is one torch parameter but two initializers: the embedding
+      as is (legacy: under torch's name; dynamo: maybe under the LM head's alias) and the LM
+      head's transposed copy. Both map to the one torch parameter.
+
+    `_perturb` made every parameter distinct, so a value match is unambiguous. Initializers that
+    hold no torch parameter (buffers, folded constants) are left out.
+    """
+    params = {n: p.detach().numpy() for n, p in LossLogits(spec.module, list(spec.inputs)).named_parameters()}
+    by_shape: dict[tuple[int, ...], list[tuple[str, np.ndarray, bool]]] = {}
+    for n, p in params.items():
+        by_shape.setdefault(p.shape, []).append((n, p, False))
+        if p.ndim == 2 and not np.array_equal(p, p.T):  # a symmetric one matches once
+            by_shape.setdefault(p.T.shape, []).append((n, p.T, True))
+    found = {}
+    for name, a in arrays.items():
+        hits = [(n, t) for n, p, t in by_shape.get(a.shape, []) if a.dtype == p.dtype and np.array_equal(a, p)]
+        if len(hits) > 1:
+            raise ValueError(f"initializer {name} equals several torch parameters: {hits}")
+        if hits:
+            found[name] = hits[0]
+    return found
 
 
 def float_buffers(module: nn.Module) -> dict[str, int]:

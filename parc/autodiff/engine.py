@@ -62,10 +62,12 @@ def differentiate(graph: Graph, loss: Value, params: list[Value]) -> dict[str, V
                     raise AssertionError(f"gradient rule of {node.op_type} gave {g.shape} for {v.shape}")
                 contribs.setdefault(id(v), []).append(g)
     result = {}
+    order = {id(n): i for i, n in enumerate(forward)}
     for p in params:
         parts = contribs.get(id(p))
-        if parts:
-            result[p.name] = _total(graph, None, parts)  # type: ignore[assignment]
+        if parts:  # the sum over a parameter's uses belongs where it is first read
+            owner = min((n for n, _ in p.uses if id(n) in order), key=lambda n: order[id(n)], default=None)
+            result[p.name] = _total(graph, owner, parts)  # type: ignore[assignment]
     return result
 
 

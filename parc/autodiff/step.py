@@ -17,9 +17,8 @@ import numpy as np
 
 from parc.autodiff.context import PHASE
 from parc.autodiff.engine import differentiate
-from parc.autodiff.optimizers import STEP, OptimizerConfig, apply_update
+from parc.autodiff.optimizers import STEP, OptimizerConfig, apply_update, bias_corrections
 from parc.errors import UsageError
-from parc.ir import dtypes
 from parc.ir.graph import Graph, Value
 from parc.ir.tensor import TensorData
 
@@ -96,19 +95,16 @@ def make_training_step(graph: Graph, optimizer: OptimizerConfig, *, loss: str | 
     for p in trained:  # gradients are named values, so a step splits into compute and apply
         grads[p.name] = _rename(graph, grads[p.name], f"{p.name}.grad")
 
-    step_in = step_out = step_f = None
+    step_in = step_out = None
+    scalars: dict = {}
+    corrections: dict = {}  # dtype -> Adam's bias corrections, emitted once
     if optimizer.uses_step:
         step_in = graph.add_constant(TensorData.from_array(np.array(0, np.int64)), STEP)
         n = graph.add_node("Add", [step_in, _const(graph, np.array(1, np.int64))],
                            name=graph.names.fresh("parc.step.increment"), output_names=[f"{STEP}.next"])
+        n.meta[PHASE] = "optimizer"
+        _type(graph, n)
         step_out = n.outputs[0]
-        cast = graph.add_node("Cast", [step_in], attrs={"to": dtypes.FLOAT.onnx_type},
-                              name=graph.names.fresh("parc.step.cast"),
-                              output_names=[graph.names.fresh(f"{STEP}.float")])
-        step_f = cast.outputs[0]
-        for node in (n, cast):
-            node.meta[PHASE] = "optimizer"
-            _type(graph, node)
 
     bindings: dict[str, str] = {}
     new_outputs = [loss_v]
@@ -117,10 +113,12 @@ def make_training_step(graph: Graph, optimizer: OptimizerConfig, *, loss: str | 
         for suffix in optimizer.state_names:
             data = TensorData.zeros_of(p.dtype, p.shape)  # type: ignore[arg-type]
             state[suffix] = graph.add_constant(data, f"{p.name}.{suffix}")
-        step_p = step_f
-        if step_f is not None and p.dtype != step_f.dtype:
-            step_p = _cast(graph, step_f, p)
-        new_p, new_state = apply_update(graph, optimizer, p, grads[p.name], state, step_p)
+        c = None
+        if step_in is not None:
+            if p.dtype not in corrections:
+                corrections[p.dtype] = bias_corrections(graph, optimizer, step_in, p.dtype, scalars)
+            c = corrections[p.dtype]
+        new_p, new_state = apply_update(graph, optimizer, p, grads[p.name], state, c, scalars)
         new_p = _rename(graph, new_p, f"{p.name}.new")
         new_outputs.append(new_p)
         bindings[new_p.name] = p.name
@@ -161,14 +159,6 @@ def _rename(graph: Graph, v: Value, name: str) -> Value:
 
 def _const(graph: Graph, a: np.ndarray) -> Value:
     return graph.add_constant(TensorData.from_array(a), graph.names.fresh("parc.const"))
-
-
-def _cast(graph: Graph, v: Value, like: Value) -> Value:
-    n = graph.add_node("Cast", [v], attrs={"to": like.dtype.onnx_type},  # type: ignore[union-attr]
-                       name=graph.names.fresh(f"{v.name}.cast"))
-    n.meta[PHASE] = "optimizer"
-    _type(graph, n)
-    return n.outputs[0]
 
 
 def _type(graph: Graph, node) -> None:
