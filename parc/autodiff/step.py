@@ -21,6 +21,7 @@ from parc.autodiff.optimizers import STEP, OptimizerConfig, apply_update, bias_c
 from parc.errors import UsageError
 from parc.ir.graph import Graph, Value
 from parc.ir.tensor import TensorData
+from parc.passes.fold_shapes import fold_shapes
 
 log = logging.getLogger("parc.grad")
 STATE_KEY = "parc.state"
@@ -133,7 +134,7 @@ def make_training_step(graph: Graph, optimizer: OptimizerConfig, *, loss: str | 
         bindings[step_out.name] = step_in.name
         graph.input_constants.append(step_in)
     graph.outputs = new_outputs
-    graph.dead_code_elimination()
+    fold_shapes(graph, typed=True)  # constant-only backward nodes (zeros, the loss seed's scaling)
     record = {"bindings": bindings, "params": [p.name for p in trained],
               "grads": {p.name: grads[p.name].name for p in trained},
               "optimizer": optimizer.to_json(), "loss": loss_v.name,

@@ -26,10 +26,14 @@ MAX_FOLD_BYTES = 4 << 20  # results larger than this stay computed (masks, big c
 MAX_DATA_ELEMS = 1 << 16  # constant inputs handed to ONNX shape inference
 
 
-def fold_shapes(graph: Graph, max_fold_bytes: int = MAX_FOLD_BYTES) -> PassResult:
+def fold_shapes(graph: Graph, max_fold_bytes: int = MAX_FOLD_BYTES, *, typed: bool = False) -> PassResult:
+    """The pass. With `typed` (every value already has its type, as after autodiff) only
+    constant-only nodes are visited, to fold them."""
     folded = inferred = 0
     fed = {id(v) for v in graph.input_constants}
     for node in list(graph.nodes):
+        if typed and not _foldable(node, fed):
+            continue
         if node.op_type in ("Shape", "Size") and node.domain in ("", "ai.onnx"):
             _make_const(graph, node, [_shape_of(node)])
             folded += 1
