@@ -23,7 +23,7 @@ NON_DIFFERENTIABLE = {
     "IsNaN", "IsInf", "Shape", "Size", "ArgMax", "ArgMin", "NonZero", "OneHot", "Range",
     "ConstantOfShape", "BitShift", "BitwiseAnd", "BitwiseOr", "BitwiseXor", "BitwiseNot",
     "Sign", "Floor", "Ceil", "Round", "RandomNormal", "RandomUniform", "RandomNormalLike",
-    "RandomUniformLike", "Bernoulli", "Multinomial", "EyeLike",
+    "RandomUniformLike", "Bernoulli", "Multinomial", "EyeLike", "Hardmax",
 }
 
 

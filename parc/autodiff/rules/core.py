@@ -8,6 +8,7 @@ import numpy as np
 
 from parc.autodiff.context import GradContext
 from parc.autodiff.rules.base import grad
+from parc.errors import UnsupportedOpError
 from parc.ir.graph import Node, Value
 from parc.ops.base import axes_of
 
@@ -22,8 +23,36 @@ def _in(node: Node, i: int) -> Value:
 
 @grad("Identity", "Dropout")
 def _identity(ctx: GradContext, node: Node, dys: Grads) -> Grads:
-    # Dropout: inference form (ratio 0 or training_mode off) passes gradients through.
+    # Dropout passes gradients through in inference form (training_mode absent or off, or
+    # ratio 0); in training mode they go through its mask.
+    if node.op_type == "Dropout" and _dropout_active(node):
+        return [_dropout(ctx, node, dys[0])] + [None] * (len(node.inputs) - 1)
     return [dys[0]] + [None] * (len(node.inputs) - 1)
+
+
+def _dropout_active(node: Node) -> bool:
+    """Whether a Dropout drops: training_mode (input 2) on and ratio (input 1) not 0."""
+    mode, ratio = node.input(2), node.input(1)
+    if mode is None:
+        return False
+    if mode.const is None or (ratio is not None and ratio.const is None):
+        raise UnsupportedOpError(f"node '{node.label}' (Dropout): ratio or training_mode computed at "
+                                 f"run time; parc differentiates constant ones only")
+    p = float(ratio.const.numpy()) if ratio is not None else 0.5  # type: ignore[union-attr]
+    return bool(mode.const.numpy()) and p != 0.0
+
+
+def _dropout(ctx: GradContext, node: Node, dy: Value | None) -> Value:
+    """Training-mode Dropout: y = x mask / (1 - ratio), so dx = dy mask / (1 - ratio)."""
+    mask = node.outputs[1] if len(node.outputs) > 1 and node.outputs[1].name else None
+    if mask is None:
+        raise UnsupportedOpError(f"node '{node.label}' (Dropout): training mode without the mask "
+                                 f"output; its gradient needs the mask")
+    ratio = node.input(1)
+    p = float(ratio.const.numpy()) if ratio is not None else 0.5  # type: ignore[union-attr]
+    x = _in(node, 0)
+    kept = ctx.op("Cast", [mask], to=x.dtype.onnx_type)  # type: ignore[union-attr]
+    return ctx.op("Mul", [ctx.op("Mul", [dy, kept]), ctx.scalar(1 / (1 - p), x)])
 
 
 @grad("Cast")
@@ -299,8 +328,11 @@ def _log_softmax(ctx: GradContext, node: Node, dys: Grads) -> Grads:
 def _reduce_sum(ctx: GradContext, node: Node, dys: Grads) -> Grads:
     x, dy = _in(node, 0), dys[0]
     axes = axes_of(node)
-    if axes is None:
-        return [None] * len(node.inputs)
+    if axes is None:  # no axes input: reduce over all (unless noop_with_empty_axes)
+        if node.input(1) is not None:
+            raise UnsupportedOpError(f"node '{node.label}' ({node.op_type}): axes are computed at "
+                                     f"run time; parc differentiates constant axes only")
+        axes = []
     if not axes and not node.attr("noop_with_empty_axes", 0):
         axes = list(range(x.rank))
     kept = tuple(1 if d in axes else s for d, s in enumerate(x.shape))
@@ -317,6 +349,9 @@ def _layer_norm(ctx: GradContext, node: Node, dys: Grads) -> Grads:
     x, scale = _in(node, 0), _in(node, 1)
     bias = node.input(2)
     dy = dys[0]
+    if any(d is not None for d in dys[1:]):
+        raise UnsupportedOpError(f"node '{node.label}' (LayerNormalization): gradients flowing into its "
+                                 f"Mean or InvStdDev outputs")
     axis = node.attr("axis", -1) % x.rank
     norm_axes = list(range(axis, x.rank))
     eps = node.attr("epsilon", 1e-5)
@@ -375,8 +410,10 @@ def _softmax_cross_entropy(ctx: GradContext, node: Node, dys: Grads) -> Grads:
         upstream = ctx.op("Mul", [w, dy])
     else:
         upstream = ctx.op("Mul", [w, dy])
-    onehot = ctx.op("OneHot", [safe, ctx.const(np.array(c, dtype=np.int64)),
-                               ctx.const(np.array([0, 1], dtype=scores.dtype.numpy))], axis=1)  # type: ignore[union-attr]
+    # Equal against the class ids, not OneHot: onnxruntime's OneHot has no float64/float16 kernel.
+    classes = ctx.const(np.arange(c, dtype=labels.dtype.numpy).reshape((1, c) + (1,) * (labels.rank - 1)))  # type: ignore[union-attr]
+    onehot = ctx.op("Cast", [ctx.op("Equal", [ctx.op("Unsqueeze", [safe, ctx.ints([1])]), classes])],
+                    to=scores.dtype.onnx_type)  # type: ignore[union-attr]
     prob = ctx.op("Softmax", [scores], axis=1)
     d = ctx.op("Mul", [ctx.op("Sub", [prob, onehot]), ctx.op("Unsqueeze", [upstream, ctx.ints([1])])])
     if len(dys) > 1 and dys[1] is not None:  # log_prob is also used downstream

@@ -1,0 +1,94 @@
+"""The cost formulas: alpha-beta collectives per mesh axis, and a roofline per op.
+
+Collectives use ring algorithms. For a group of n devices on a link with latency alpha and
+per-device bandwidth beta (bytes/s), moving a tensor of B bytes:
+
+    kind            steps      bytes each device sends       B is
+    all_reduce      2(n-1)     2(n-1)/n B                    the tensor (same on every device)
+    all_gather      n-1        (n-1)/n B                     the gathered (full) tensor
+    reduce_scatter  n-1        (n-1)/n B                     the input (full) tensor
+    all_to_all      n-1        (n-1)/n^2 B                   the full tensor (B/n per device)
+    send_recv       1          B                             the message
+
+and time = steps * alpha + volume / beta. A group of one device costs nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from parc.cluster.devices import DeviceSpec
+from parc.cluster.links import LinkSpec
+from parc.cluster.mesh import Mesh
+
+
+def all_reduce_time(link: LinkSpec, n: int, nbytes: float) -> float:
+    """Ring all-reduce of a B-byte tensor held by each of n devices."""
+    if n <= 1:
+        return 0.0
+    return 2 * (n - 1) * link.latency + 2 * (n - 1) / n * nbytes / link.bandwidth
+
+
+def all_gather_time(link: LinkSpec, n: int, nbytes: float) -> float:
+    """Ring all-gather into a B-byte tensor (each device holds B/n)."""
+    if n <= 1:
+        return 0.0
+    return (n - 1) * link.latency + (n - 1) / n * nbytes / link.bandwidth
+
+
+def reduce_scatter_time(link: LinkSpec, n: int, nbytes: float) -> float:
+    """Ring reduce-scatter of a B-byte tensor (each device ends with B/n)."""
+    if n <= 1:
+        return 0.0
+    return (n - 1) * link.latency + (n - 1) / n * nbytes / link.bandwidth
+
+
+def all_to_all_time(link: LinkSpec, n: int, nbytes: float) -> float:
+    """All-to-all of a B-byte tensor split over n devices: each sends (n-1)/n of its B/n."""
+    if n <= 1:
+        return 0.0
+    return (n - 1) * link.latency + (n - 1) / n**2 * nbytes / link.bandwidth
+
+
+def send_recv_time(link: LinkSpec, n: int, nbytes: float) -> float:
+    """One point-to-point message of B bytes (n is ignored: a pair)."""
+    return link.latency + nbytes / link.bandwidth
+
+
+COLLECTIVES: dict[str, Callable[[LinkSpec, int, float], float]] = {
+    "all_reduce": all_reduce_time,
+    "all_gather": all_gather_time,
+    "reduce_scatter": reduce_scatter_time,
+    "all_to_all": all_to_all_time,
+    "send_recv": send_recv_time,
+}
+
+
+def collective_time(kind: str, link: LinkSpec, n: int, nbytes: float) -> float:
+    """Seconds for collective `kind` (a COLLECTIVES key) over n devices moving B = nbytes."""
+    try:
+        formula = COLLECTIVES[kind]
+    except KeyError:
+        raise ValueError(f"unknown collective '{kind}' (known: {', '.join(COLLECTIVES)})") from None
+    if n < 1 or nbytes < 0:
+        raise ValueError(f"{kind}: need n >= 1 and nbytes >= 0, got n={n}, nbytes={nbytes}")
+    return formula(link, n, nbytes)
+
+
+def axis_collective_time(mesh: Mesh, axis: int, kind: str, nbytes: float) -> float:
+    """Seconds for collective `kind` along mesh axis `axis` (all its groups at once)."""
+    return collective_time(kind, mesh.links[axis], mesh.shape[axis], nbytes)
+
+
+def compute_time(flops: float, nbytes: float, device: DeviceSpec, dtype: object = "float32") -> float:
+    """Roofline time of one op: the slower of compute and memory traffic, plus the launch floor.
+
+    max(flops / (peak[dtype] * compute_efficiency), bytes / (memory_bandwidth * memory_efficiency))
+    + launch_floor. `dtype` is a DType or a name ('float32', 'tf32', 'bf16', ...); a dtype the
+    device lists no peak for runs at its float32 peak.
+    """
+    if flops < 0 or nbytes < 0:
+        raise ValueError(f"compute_time: need flops >= 0 and bytes >= 0, got {flops}, {nbytes}")
+    compute = flops / (device.peak(dtype) * device.compute_efficiency)
+    memory = nbytes / (device.memory_bandwidth * device.memory_efficiency)
+    return max(compute, memory) + device.launch_floor

@@ -1,0 +1,203 @@
+"""Devices: what one rank can compute and hold, and the built-in catalogue of common GPUs.
+
+Units: memory capacities are binary (GiB = 2**30 bytes; a "16 GB" HBM2 or GDDR6 part holds
+16 GiB, which is also what nvidia-smi reports in MiB); rates are decimal (GB/s = 1e9 bytes/s,
+TFLOP/s = 1e12 FLOP/s), as on the datasheets.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from parc.errors import UsageError
+
+GiB = 2**30
+GB = 1e9
+TFLOPS = 1e12
+
+# The element types a device may list a peak for, in canonical order. Tensor-core dtypes (tf32,
+# float16, bfloat16, int8, float8) give the dense matrix-multiply peak, the rate a large GEMM can
+# reach; float32/float64 give the peak of the plain (or FP64 tensor-core) units.
+PEAK_DTYPES = ("float64", "float32", "tf32", "float16", "bfloat16", "float8", "int8")
+
+_DTYPE_ALIASES = {
+    "double": "float64", "fp64": "float64", "f64": "float64",
+    "float": "float32", "fp32": "float32", "f32": "float32", "single": "float32",
+    "half": "float16", "fp16": "float16", "f16": "float16",
+    "bf16": "bfloat16",
+    "fp8": "float8", "float8e4m3fn": "float8", "float8e4m3fnuz": "float8", "float8e5m2": "float8",
+    "float8e5m2fnuz": "float8",
+}
+
+
+def dtype_key(dtype: object) -> str:
+    """The PEAK_DTYPES key for a DType, an ONNX dtype name or a common short name ('fp16')."""
+    name = str(getattr(dtype, "name", dtype)).strip().lower()
+    return _DTYPE_ALIASES.get(name, name)
+
+
+@dataclass(frozen=True)
+class DeviceSpec:
+    """One device type: peak FLOP/s per dtype, memory, memory bandwidth, and cost constants.
+
+    `peak_flops` may be given as a mapping; it is stored as (dtype, FLOP/s) pairs in
+    PEAK_DTYPES order, so equal specs are equal and hashable.
+    """
+
+    name: str
+    peak_flops: tuple[tuple[str, float], ...]  # dense peak FLOP/s (OP/s for int8) per dtype
+    memory_bytes: int  # device memory capacity, bytes
+    memory_bandwidth: float  # device memory bandwidth, bytes/s
+    launch_floor: float = 5e-6  # seconds every kernel costs however small (launch + tail)
+    compute_efficiency: float = 1.0  # fraction of peak FLOP/s an op reaches (calibrate)
+    memory_efficiency: float = 1.0  # fraction of peak memory bandwidth an op reaches (calibrate)
+    default_link: str = "pcie4"  # the catalogue link joining devices of this type in one node
+
+    def __post_init__(self) -> None:
+        name = str(self.name).strip().lower()
+        if not name:
+            raise ValueError("a device needs a name")
+        pairs = self.peak_flops.items() if isinstance(self.peak_flops, Mapping) else self.peak_flops
+        peaks: dict[str, float] = {}
+        for dtype, value in pairs:
+            key = dtype_key(dtype)
+            if key not in PEAK_DTYPES:
+                raise ValueError(f"device {name}: unknown dtype {dtype!r} (known: {', '.join(PEAK_DTYPES)})")
+            if key in peaks:
+                raise ValueError(f"device {name}: dtype {key} given twice")
+            peaks[key] = _positive(f"device {name}: peak {key}", value)
+        if "float32" not in peaks:
+            raise ValueError(f"device {name}: needs a float32 peak (other dtypes fall back to it)")
+        object.__setattr__(self, "name", name)
+        object.__setattr__(self, "peak_flops", tuple((k, peaks[k]) for k in PEAK_DTYPES if k in peaks))
+        object.__setattr__(self, "memory_bytes", int(_positive(f"device {name}: memory", self.memory_bytes)))
+        object.__setattr__(self, "memory_bandwidth", _positive(f"device {name}: memory bandwidth",
+                                                               self.memory_bandwidth))
+        object.__setattr__(self, "launch_floor", _non_negative(f"device {name}: launch floor", self.launch_floor))
+        for field in ("compute_efficiency", "memory_efficiency"):
+            value = _positive(f"device {name}: {field}", getattr(self, field))
+            if value > 1.0:
+                raise ValueError(f"device {name}: {field} must be in (0, 1], got {value}")
+            object.__setattr__(self, field, value)
+        object.__setattr__(self, "default_link", str(self.default_link).strip().lower())
+
+    def peak(self, dtype: object) -> float:
+        """Peak FLOP/s for `dtype`; types the device has no fast path for run at its float32 rate."""
+        table = dict(self.peak_flops)
+        return table.get(dtype_key(dtype), table["float32"])
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "peak_flops": dict(self.peak_flops), "memory_bytes": self.memory_bytes,
+                "memory_bandwidth": self.memory_bandwidth, "launch_floor": self.launch_floor,
+                "compute_efficiency": self.compute_efficiency, "memory_efficiency": self.memory_efficiency,
+                "default_link": self.default_link}
+
+    @staticmethod
+    def from_json(data: Mapping) -> DeviceSpec:
+        return DeviceSpec(**data)
+
+    def __str__(self) -> str:
+        return self.name
+
+
+def _positive(what: str, value: object) -> float:
+    number = _number(what, value)
+    if not number > 0:
+        raise ValueError(f"{what} must be > 0, got {value}")
+    return number
+
+
+def _non_negative(what: str, value: object) -> float:
+    number = _number(what, value)
+    if not number >= 0:
+        raise ValueError(f"{what} must be >= 0, got {value}")
+    return number
+
+
+def _number(what: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"{what} must be a number, got {value!r}")
+    return float(value)
+
+
+def _tf(**peaks: float) -> dict[str, float]:
+    return {dtype: value * TFLOPS for dtype, value in peaks.items()}
+
+
+# Datasheet figures, dense (the "with sparsity" numbers halved). "SXM" parts are the NVLink
+# versions. Sources:
+#   P100: NVIDIA Tesla P100 datasheet (2016), "NVLink" (SXM2) column.
+#   V100: NVIDIA V100 Tensor Core GPU datasheet (2020), "V100 SXM2" column.
+#   T4:   NVIDIA T4 Tensor Core GPU datasheet (2019). FP64 is not listed: Turing runs FP64 at 1/32
+#         of FP32 (Turing architecture whitepaper).
+#   A10:  NVIDIA A10 Tensor Core GPU datasheet (2021). FP64 is not listed: GA102 runs FP64 at
+#         1/64 of FP32 (Ampere GA102 whitepaper).
+#   A100: NVIDIA A100 Tensor Core GPU datasheet (2021), "A100 40GB SXM" / "A100 80GB SXM"
+#         columns; float64 is the FP64 Tensor Core peak.
+#   H100: NVIDIA H100 Tensor Core GPU datasheet (2023), "H100 SXM" column; float64 is FP64 Tensor.
+#   H200: NVIDIA H200 Tensor Core GPU datasheet (2024), "H200 SXM" column; float64 is FP64 Tensor.
+#         "141 GB" is taken as 141 GiB (nvidia-smi reports 143,771 MiB = 140.4 GiB).
+#   cpu:  not a product: a modest host, about 16 AVX2 cores at 2 GHz (16 x 2 x 16 FLOP/cycle x
+#         2e9 = 1.0 TFLOP/s float32) with 4-6 DDR4 channels (~100 GB/s) and 64 GiB. Used for CPU
+#         ranks in tests and `parc run` on one machine.
+_CATALOGUE = (
+    DeviceSpec("p100-16g", _tf(float64=5.3, float32=10.6, float16=21.2),
+               16 * GiB, 732 * GB, default_link="nvlink1"),
+    DeviceSpec("v100-16g", _tf(float64=7.8, float32=15.7, float16=125),
+               16 * GiB, 900 * GB, default_link="nvlink2"),
+    DeviceSpec("v100-32g", _tf(float64=7.8, float32=15.7, float16=125),
+               32 * GiB, 900 * GB, default_link="nvlink2"),
+    DeviceSpec("t4-16g", _tf(float64=8.1 / 32, float32=8.1, float16=65, int8=130),
+               16 * GiB, 320 * GB, default_link="pcie3"),
+    DeviceSpec("a10-24g", _tf(float64=31.2 / 64, float32=31.2, tf32=62.5, float16=125, bfloat16=125, int8=250),
+               24 * GiB, 600 * GB, default_link="pcie4"),
+    DeviceSpec("a100-40g", _tf(float64=19.5, float32=19.5, tf32=156, float16=312, bfloat16=312, int8=624),
+               40 * GiB, 1555 * GB, default_link="nvlink3"),
+    DeviceSpec("a100-80g", _tf(float64=19.5, float32=19.5, tf32=156, float16=312, bfloat16=312, int8=624),
+               80 * GiB, 2039 * GB, default_link="nvlink3"),
+    DeviceSpec("h100-80g", _tf(float64=67, float32=67, tf32=494.5, float16=989.5, bfloat16=989.5,
+                               float8=1979, int8=1979),
+               80 * GiB, 3350 * GB, default_link="nvlink4"),
+    DeviceSpec("h200-141g", _tf(float64=67, float32=67, tf32=494.5, float16=989.5, bfloat16=989.5,
+                                float8=1979, int8=1979),
+               141 * GiB, 4800 * GB, default_link="nvlink4"),
+    DeviceSpec("cpu", _tf(float64=0.5, float32=1.0), 64 * GiB, 100 * GB, launch_floor=2e-6,
+               default_link="shm"),
+)
+
+DEVICES: dict[str, DeviceSpec] = {spec.name: spec for spec in _CATALOGUE}
+
+# Other spellings people use. A bare family name ("v100", "a100") is accepted only when the
+# catalogue has one member of that family; otherwise the error lists the members.
+DEVICE_ALIASES = {
+    "t4": "t4-16g", "a10": "a10-24g", "p100": "p100-16g", "h100": "h100-80g", "h100-sxm": "h100-80g",
+    "h200": "h200-141g", "v100m16": "v100-16g", "v100m32": "v100-32g",
+}
+
+
+def normalise_device_name(name: str) -> str:
+    """The lookup key of a device name: lower case, '-' for '_', a trailing 'gb' shortened to 'g'."""
+    key = name.strip().lower().replace("_", "-")
+    return key[:-1] if key.endswith("gb") else key  # "a100-80gb" -> "a100-80g"
+
+
+def lookup_device(name: str, where: str, extra: Mapping[str, DeviceSpec] | None = None) -> DeviceSpec:
+    """The device called `name` (case-insensitive, aliases allowed), from `extra` or the catalogue.
+
+    `where` names the flag or file location for the UsageError raised when nothing matches.
+    """
+    table = {**DEVICES, **(extra or {})}
+    key = normalise_device_name(name)
+    key = DEVICE_ALIASES.get(key, key) if key not in table else key
+    if key in table:
+        return table[key]
+    family = sorted(n for n in table if n.split("-")[0] == key)
+    if family:
+        raise UsageError(f"{where}: device type '{name}' is ambiguous: say which of {', '.join(family)}")
+    raise UsageError(f"{where}: unknown device type '{name}' (known: {', '.join(known_devices(extra))})")
+
+
+def known_devices(extra: Iterable[str] | None = None) -> list[str]:
+    """Catalogue names (and `extra` custom names) for error messages, sorted."""
+    return sorted({*DEVICES, *(extra or ())})

@@ -1,0 +1,118 @@
+"""Links: the bandwidth and latency between devices, and the built-in catalogue of common links."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from parc.errors import UsageError
+
+GB = 1e9
+Gbit = 1e9 / 8  # bytes/s in one Gb/s
+
+
+@dataclass(frozen=True)
+class LinkSpec:
+    """A link as the alpha-beta model sees it.
+
+    `bandwidth` is bytes/s per direction available to one device (a device sends and receives
+    at this rate at once); `latency` is the seconds one step of a collective costs (alpha).
+    """
+
+    name: str
+    bandwidth: float  # bytes/s, per direction, per device
+    latency: float  # seconds per message / collective step
+
+    def __post_init__(self) -> None:
+        name = str(self.name).strip().lower()
+        if not name:
+            raise ValueError("a link needs a name")
+        for field in ("bandwidth", "latency"):
+            value = getattr(self, field)
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise ValueError(f"link {name}: {field} must be a number, got {value!r}")
+            if not (value > 0 if field == "bandwidth" else value >= 0):
+                raise ValueError(f"link {name}: {field} must be {'> 0' if field == 'bandwidth' else '>= 0'}, "
+                                 f"got {value}")
+            object.__setattr__(self, field, float(value))
+        object.__setattr__(self, "name", name)
+
+    def slower_than(self, other: LinkSpec) -> bool:
+        """True when this link is the bottleneck of the two: lower bandwidth, then higher latency."""
+        return (self.bandwidth, -self.latency) < (other.bandwidth, -other.latency)
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "bandwidth": self.bandwidth, "latency": self.latency}
+
+    @staticmethod
+    def from_json(data: Mapping) -> LinkSpec:
+        return LinkSpec(**data)
+
+    def __str__(self) -> str:
+        return self.name
+
+
+def slowest(links: Iterable[LinkSpec]) -> LinkSpec:
+    """The bottleneck among `links` (see LinkSpec.slower_than); ties keep the first."""
+    result: LinkSpec | None = None
+    for link in links:
+        if result is None or link.slower_than(result):
+            result = link
+    if result is None:
+        raise ValueError("slowest() of no links")
+    return result
+
+
+# Bandwidths are the datasheet's bidirectional per-GPU figure halved (per direction):
+#   nvlink1: P100 SXM2, 4 links, 160 GB/s bidirectional (Tesla P100 datasheet).
+#   nvlink2: V100 SXM2, 6 links, 300 GB/s (V100 datasheet).
+#   nvlink3: A100 SXM, 12 links, 600 GB/s (A100 datasheet).
+#   nvlink4: H100/H200 SXM, 18 links, 900 GB/s (H100 and H200 datasheets).
+#   pcie3/4/5: x16 slots, 32/64/128 GB/s bidirectional (T4, A10 and H100 PCIe datasheets).
+#   net-*: the line rate of one NIC port (Ethernet, RoCE or InfiniBand alike: the model cannot
+#          tell them apart), Gb/s / 8.
+# Latencies are not datasheet figures: they are NCCL's own per-step estimates for the ring
+# algorithm with the Simple protocol (hwLat in NCCL's src/graph/tuning.cc: NVLink 3.4 us, PCIe
+# 5.7 us, network 14 us). shm (CPU ranks on one host exchanging through shared memory under MPI)
+# is an estimate: ~10 GB/s per rank pair for large messages, ~1 us per message.
+_CATALOGUE = (
+    LinkSpec("nvlink1", 80 * GB, 3.4e-6),
+    LinkSpec("nvlink2", 150 * GB, 3.4e-6),
+    LinkSpec("nvlink3", 300 * GB, 3.4e-6),
+    LinkSpec("nvlink4", 450 * GB, 3.4e-6),
+    LinkSpec("pcie3", 16 * GB, 5.7e-6),
+    LinkSpec("pcie4", 32 * GB, 5.7e-6),
+    LinkSpec("pcie5", 64 * GB, 5.7e-6),
+    LinkSpec("net-25g", 25 * Gbit, 14e-6),
+    LinkSpec("net-50g", 50 * Gbit, 14e-6),
+    LinkSpec("net-100g", 100 * Gbit, 14e-6),
+    LinkSpec("net-200g", 200 * Gbit, 14e-6),
+    LinkSpec("net-400g", 400 * Gbit, 14e-6),
+    LinkSpec("shm", 10 * GB, 1e-6),
+)
+
+LINKS: dict[str, LinkSpec] = {link.name: link for link in _CATALOGUE}
+
+LINK_ALIASES = {
+    "loopback": "shm", "shared-memory": "shm",
+    "pcie-3": "pcie3", "pcie-4": "pcie4", "pcie-5": "pcie5",
+    "pcie3x16": "pcie3", "pcie4x16": "pcie4", "pcie5x16": "pcie5",
+    **{f"{rate}gbe": f"net-{rate}g" for rate in (25, 50, 100, 200, 400)},
+    **{f"{rate}g": f"net-{rate}g" for rate in (25, 50, 100, 200, 400)},
+    **{f"roce-{rate}g": f"net-{rate}g" for rate in (25, 50, 100, 200, 400)},
+    **{f"ib-{rate}g": f"net-{rate}g" for rate in (100, 200, 400)},
+    "edr": "net-100g", "ib-edr": "net-100g", "hdr": "net-200g", "ib-hdr": "net-200g",
+    "ndr": "net-400g", "ib-ndr": "net-400g",
+}
+
+DEFAULT_INTER_LINK = "net-100g"
+
+
+def lookup_link(name: str, where: str) -> LinkSpec:
+    """The catalogue link called `name` (case-insensitive, aliases allowed)."""
+    key = name.strip().lower().replace("_", "-")
+    key = LINK_ALIASES.get(key, key)
+    if key not in LINKS:
+        raise UsageError(f"{where}: unknown link '{name}' (known: {', '.join(sorted(LINKS))}; "
+                         f"or give {{bandwidth_gbs: ..., latency_us: ...}})")
+    return LINKS[key]

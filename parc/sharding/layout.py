@@ -1,0 +1,157 @@
+"""What each device holds under a ShardSpec: local shapes, global indices, split and assemble.
+
+Everything here follows one primitive, `positions`: the level positions (see `spec.py`) a
+device holds along the dim an axis splits. Mesh axes apply in order, axis 0 first, so a
+device's shard is the global tensor cut by axis 0, then by axis 1, and so on; `assemble`
+undoes the cuts from the last axis back, reducing partial axes with their op.
+
+`split` turns a whole array into shards; for a partial axis it must choose summands: P(sum)
+gives the value to the device at coordinate 0 of that axis and zeros to the others, P(max)
+and P(min) give every device the value (both exact for any dtype; the same choice as the
+free R -> P step of `reshard`).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from parc.sharding.spec import Partial, ShardSpec, ShardSpecError, Split, as_spec, level_extents
+
+Coords = tuple[int, ...]
+
+
+def positions(extent: int, ax: Split, n: int, c: int) -> np.ndarray:
+    """Sorted level positions device `c` of `n` holds along a dim of level extent `extent`."""
+    if ax.sizes is not None:
+        start = sum(ax.sizes[:c])
+        return np.arange(start, start + ax.sizes[c])
+    s = ax.stride if ax.stride is not None else extent // n
+    if s * n == extent:
+        return np.arange(c * s, (c + 1) * s)
+    return np.arange(extent).reshape(-1, n, s)[:, c, :].ravel()
+
+
+def devices(mesh_shape: Sequence[int]) -> list[Coords]:
+    """Every device's coordinates, in row-major order."""
+    return list(itertools.product(*(range(n) for n in mesh_shape)))
+
+
+def _check_coords(spec: ShardSpec, mesh_shape: tuple[int, ...], coords: Sequence[int]) -> Coords:
+    coords = tuple(coords)
+    if len(coords) != len(mesh_shape) or any(not 0 <= c < n for c, n in zip(coords, mesh_shape)):
+        raise ShardSpecError(f"sharding spec {spec} on mesh {mesh_shape}: no device at coordinates {coords}")
+    return coords
+
+
+def local_shape(global_shape: Sequence[int], spec: ShardSpec | str, mesh_shape: Sequence[int],
+                coords: Sequence[int]) -> tuple[int, ...]:
+    """The shape of the shard that the device at `coords` holds."""
+    spec, shape, mesh = as_spec(spec), tuple(global_shape), tuple(mesh_shape)
+    level_extents(spec, shape, mesh)
+    coords = _check_coords(spec, mesh, coords)
+    out = list(shape)
+    for ax, n, c in zip(spec.axes, mesh, coords):
+        if isinstance(ax, Split):
+            out[ax.dim] = ax.sizes[c] if ax.sizes is not None else out[ax.dim] // n
+    return tuple(out)
+
+
+def shard_index(global_shape: Sequence[int], spec: ShardSpec | str, mesh_shape: Sequence[int],
+                coords: Sequence[int]) -> tuple[np.ndarray, ...]:
+    """Per tensor dim, the global indices (in local order) the device at `coords` holds.
+
+    ``x[np.ix_(*shard_index(...))]`` is the device's shard (before any partial reduction).
+    """
+    spec, shape, mesh = as_spec(spec), tuple(global_shape), tuple(mesh_shape)
+    level_extents(spec, shape, mesh)
+    return _index(shape, spec, mesh, _check_coords(spec, mesh, coords))
+
+
+def _index(shape: tuple[int, ...], spec: ShardSpec, mesh: tuple[int, ...], coords: Coords) -> tuple[np.ndarray, ...]:
+    """`shard_index` without the checks (the spec is known to be valid)."""
+    index = [np.arange(e) for e in shape]
+    for ax, n, c in zip(spec.axes, mesh, coords):
+        if isinstance(ax, Split):
+            index[ax.dim] = index[ax.dim][positions(len(index[ax.dim]), ax, n, c)]
+    return tuple(index)
+
+
+def split(array: np.ndarray, spec: ShardSpec | str, mesh_shape: Sequence[int]) -> dict[Coords, np.ndarray]:
+    """Every device's shard of `array`, keyed by mesh coordinates."""
+    array = np.asarray(array)
+    spec, mesh = as_spec(spec), tuple(mesh_shape)
+    level_extents(spec, array.shape, mesh)
+    shards: dict[Coords, np.ndarray] = {(): array}
+    for ax, n in zip(spec.axes, mesh):
+        shards = {key + (c,): _cut(a, ax, n, c) for key, a in shards.items() for c in range(n)}
+    return {key: np.array(a) for key, a in shards.items()}
+
+
+def _cut(a: np.ndarray, ax, n: int, c: int) -> np.ndarray:
+    if isinstance(ax, Split):
+        return np.take(a, positions(a.shape[ax.dim], ax, n, c), axis=ax.dim)
+    if isinstance(ax, Partial) and ax.op == "sum" and c != 0:
+        return np.zeros_like(a)
+    return a
+
+
+def reduce_parts(parts: Sequence[np.ndarray], op: str) -> np.ndarray:
+    """Combine partial values with `op` (sum, max, min), keeping the dtype."""
+    stack = np.stack([np.asarray(p) for p in parts])
+    if op == "sum":
+        return stack.sum(axis=0, dtype=stack.dtype)
+    return stack.max(axis=0) if op == "max" else stack.min(axis=0)
+
+
+def place(parts: Sequence[np.ndarray], ax: Split, n: int) -> np.ndarray:
+    """The level tensor whose pieces under `ax` are `parts` (one per device of the axis)."""
+    d = ax.dim
+    extent = sum(p.shape[d] for p in parts)
+    shape = list(parts[0].shape)
+    shape[d] = extent
+    out = np.empty(shape, dtype=parts[0].dtype)
+    for c, p in enumerate(parts):
+        pos = positions(extent, ax, n, c)
+        if len(pos) != p.shape[d] or p.shape[:d] + p.shape[d + 1:] != parts[0].shape[:d] + parts[0].shape[d + 1:]:
+            raise ShardSpecError(f"shard {c} of {ax} has shape {p.shape}; expected {len(pos)} along dim {d} "
+                                 f"and the other dims of {parts[0].shape}")
+        index: list[slice | np.ndarray] = [slice(None)] * len(shape)
+        index[d] = pos
+        out[tuple(index)] = p
+    return out
+
+
+def assemble(shards: Mapping[Coords, np.ndarray], spec: ShardSpec | str, mesh_shape: Sequence[int]) -> np.ndarray:
+    """The global tensor from every device's shard: the inverse of `split`.
+
+    Split axes concatenate (at the positions the layout gives), partial axes reduce with their
+    op, replicated axes must agree (ShardSpecError if replicas differ).
+    """
+    spec, mesh = as_spec(spec), tuple(mesh_shape)
+    if len(spec.axes) != len(mesh):
+        raise ShardSpecError(f"sharding spec {spec} on mesh {mesh}: {len(spec.axes)} axis specs for a "
+                             f"{len(mesh)}-axis mesh")
+    if set(shards) != set(devices(mesh)):
+        raise ShardSpecError(f"sharding spec {spec} on mesh {mesh}: shards given for {sorted(shards)}, "
+                             f"expected one per device")
+    level: dict[Coords, np.ndarray] = {k: np.asarray(v) for k, v in shards.items()}
+    for k in reversed(range(len(mesh))):
+        ax, n = spec.axes[k], mesh[k]
+        merged: dict[Coords, np.ndarray] = {}
+        for key in devices(mesh[:k]):
+            parts = [level[key + (c,)] for c in range(n)]
+            if isinstance(ax, Split):
+                merged[key] = place(parts, ax, n)
+            elif isinstance(ax, Partial):
+                merged[key] = reduce_parts(parts, ax.op)
+            else:
+                for c, p in enumerate(parts[1:], 1):
+                    if p.shape != parts[0].shape or not np.array_equal(p, parts[0], equal_nan=p.dtype.kind in "fc"):
+                        raise ShardSpecError(f"sharding spec {spec} on mesh {mesh}: mesh axis {k} is "
+                                             f"replicated but the devices {key + (0,)} and {key + (c,)} differ")
+                merged[key] = parts[0]
+        level = merged
+    return level[()]

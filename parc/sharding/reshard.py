@@ -1,0 +1,260 @@
+"""Resharding: the collectives that turn one layout of a tensor into another.
+
+One mesh axis of ``n`` devices, ``B`` the bytes of the tensor the axis acts on (the whole
+tensor on a 1-D mesh; on more axes, a device's shard with this axis replicated):
+
+==========  ==========  ================  ===================================================
+src         dst         step              bytes received per device
+==========  ==========  ================  ===================================================
+X           X           none              0 (also Whale's bridge S(d) -> S(d), see below)
+R           S(d,..)     local_slice       0
+R           P(op)       local_partial     0: P(sum) keeps the value on coordinate 0, zeros
+                                          elsewhere; P(max), P(min) keep it everywhere
+S(d,..)     P(op)       local_partial     0: own piece, the rest filled with op's identity
+S(d,..)     R           all_gather        (n-1)/n B
+S(i,..)     S(j,..)     all_to_all        (n-1)/n^2 B for i != j, even; in general what the
+                                          device needs minus what it holds (same dim, other
+                                          stride or sizes: a permutation)
+P(op)       R           all_reduce        2(n-1)/n B
+P(op)       S(d,..)     reduce_scatter    (n-1)/n B
+P(op)       P(op')      all_reduce + local_partial  2(n-1)/n B
+==========  ==========  ================  ===================================================
+
+Uneven splits use the exact counts: all_gather and all_to_all charge the elements a device
+needs and does not hold, reduce_scatter ``B - own piece``; `bytes_per_device` is the largest
+over devices (the straggler sets the time).
+
+Several axes: each step changes one mesh axis and is a collective among the devices that share
+their other coordinates. Axes nest (`spec.py`), so changing axis k is such a 1-D step only if
+no later axis splits a dim the step touches (and no later axis holds partials of another op
+when axis k reduces; and no later P(sum) when a split becomes P(max/min)). `reshard` searches
+(Dijkstra on bytes, weighted per axis) over the states whose axis k is src[k], dst[k] or R;
+one always exists: gather the innermost axes first, then slice outermost first. Limits: no
+intermediate layouts other than those, no collective over several axes at once (e.g. one
+all-to-all on the flattened mesh), and volumes only (the alpha-beta time is the cost model's).
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+
+from parc.sharding.layout import Coords, devices, positions
+from parc.sharding.spec import AxisSpec, Partial, R, Replicated, ShardSpec, ShardSpecError, Split, as_spec
+
+COMM_KINDS = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all")
+LOCAL_KINDS = ("local_slice", "local_partial")
+
+
+@dataclass(frozen=True)
+class Collective:
+    """One resharding step on mesh axis `axis` (`n` devices): `before` becomes `after`."""
+
+    kind: str
+    axis: int
+    bytes_per_device: float
+    n: int
+    before: ShardSpec
+    after: ShardSpec
+
+    def __post_init__(self) -> None:
+        if self.kind not in COMM_KINDS + LOCAL_KINDS:
+            raise ShardSpecError(f"unknown collective kind {self.kind!r}")
+
+    @property
+    def src(self) -> AxisSpec:
+        return self.before[self.axis]
+
+    @property
+    def dst(self) -> AxisSpec:
+        return self.after[self.axis]
+
+    @property
+    def is_local(self) -> bool:
+        return self.kind in LOCAL_KINDS
+
+    @property
+    def op(self) -> str | None:
+        """The reduction (all_reduce, reduce_scatter) or the partial op made (local_partial)."""
+        if self.kind == "local_partial":
+            return self.dst.op  # type: ignore[union-attr]
+        return self.src.op if isinstance(self.src, Partial) else None
+
+    def __str__(self) -> str:
+        return (f"{self.kind}[axis {self.axis}, n={self.n}] {self.before} -> {self.after}: "
+                f"{self.bytes_per_device:g} B/device")
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": self.kind, "axis": self.axis, "bytes_per_device": self.bytes_per_device,
+                "n": self.n, "before": self.before.to_json(), "after": self.after.to_json()}
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any]) -> Collective:
+        return cls(obj["kind"], obj["axis"], obj["bytes_per_device"], obj["n"],
+                   ShardSpec.from_json(obj["before"]), ShardSpec.from_json(obj["after"]))
+
+
+def step_kind(a: AxisSpec, b: AxisSpec) -> str | None:
+    """The one-axis step from `a` to `b` (a != b); None for P -> P' (that goes through R)."""
+    if isinstance(a, Replicated):
+        return "local_slice" if isinstance(b, Split) else "local_partial"
+    if isinstance(a, Split):
+        return {Replicated: "all_gather", Split: "all_to_all", Partial: "local_partial"}[type(b)]
+    if isinstance(b, Partial):
+        return None
+    return "all_reduce" if isinstance(b, Replicated) else "reduce_scatter"
+
+
+def blocked(state: ShardSpec, k: int, a: AxisSpec, b: AxisSpec) -> str | None:
+    """Why changing axis k of `state` from `a` to `b` is not a 1-D step (None if it is)."""
+    touched = {x.dim for x in (a, b) if isinstance(x, Split)}
+    for j in range(k + 1, len(state)):
+        inner = state[j]
+        if isinstance(inner, Split) and inner.dim in touched:
+            return f"mesh axis {j} splits dim {inner.dim} inside axis {k}"
+        if isinstance(inner, Partial):
+            if isinstance(a, Partial) and inner.op != a.op:
+                return f"mesh axis {j} holds P({inner.op}) inside the P({a.op}) being reduced"
+            if isinstance(a, Split) and isinstance(b, Partial) and b.op != "sum" and inner.op == "sum":
+                return f"mesh axis {j} holds P(sum): the {b} fill would be summed"
+    return None
+
+
+class _Steps:
+    """Volumes of steps between states of one tensor on one mesh (index sets memoised per call).
+
+    A step on axis k changes only the dims its src and dst split; on every other dim a device
+    holds the same indices before and after, so only the touched dims need index arrays, and
+    those depend only on the coordinates of the axes that split them.
+    """
+
+    def __init__(self, shape: tuple[int, ...], mesh: tuple[int, ...], dtype_bytes: int) -> None:
+        self.shape, self.mesh, self.dtype_bytes = shape, mesh, dtype_bytes
+        self.devices = devices(mesh)
+        self._index: dict[tuple, np.ndarray] = {}
+        self._overlap: dict[tuple, int] = {}
+
+    def _key(self, spec: ShardSpec, d: int, coords: Coords) -> tuple:
+        return (spec, d, tuple(c if isinstance(ax, Split) and ax.dim == d else 0 for ax, c in zip(spec, coords)))
+
+    def dim_index(self, spec: ShardSpec, d: int, coords: Coords) -> np.ndarray:
+        """The global indices along dim `d` the device at `coords` holds under `spec`."""
+        key = self._key(spec, d, coords)
+        if key not in self._index:
+            index = np.arange(self.shape[d])
+            for ax, n, c in zip(spec, self.mesh, coords):
+                if isinstance(ax, Split) and ax.dim == d:
+                    index = index[positions(len(index), ax, n, c)]
+            self._index[key] = index
+        return self._index[key]
+
+    def overlap(self, before: ShardSpec, after: ShardSpec, d: int, coords: Coords) -> int:
+        key = (self._key(before, d, coords), self._key(after, d, coords))
+        if key not in self._overlap:
+            held, need = self.dim_index(before, d, coords), self.dim_index(after, d, coords)
+            self._overlap[key] = len(np.intersect1d(held, need, assume_unique=True))
+        return self._overlap[key]
+
+    def local(self, spec: ShardSpec, coords: Coords) -> list[int]:
+        out = list(self.shape)
+        for ax, n, c in zip(spec, self.mesh, coords):
+            if isinstance(ax, Split):
+                out[ax.dim] = ax.sizes[c] if ax.sizes is not None else out[ax.dim] // n
+        return out
+
+    def bytes(self, kind: str, before: ShardSpec, after: ShardSpec, k: int) -> float:
+        """Bytes the busiest device receives in the step (0 for local steps)."""
+        if kind in LOCAL_KINDS:
+            return 0.0
+        n, worst = self.mesh[k], 0.0
+        touched = {x.dim for x in (before[k], after[k]) if isinstance(x, Split)}
+        for coords in self.devices:
+            held, need = self.local(before, coords), self.local(after, coords)
+            h, m = math.prod(held), math.prod(need)
+            if kind == "all_reduce":
+                v = 2 * (n - 1) / n * h
+            elif kind == "reduce_scatter":
+                v = h - m
+            else:  # all_gather, all_to_all: what the device needs and does not hold
+                v = m - math.prod(self.overlap(before, after, d, coords) if d in touched else e
+                                  for d, e in enumerate(need))
+            worst = max(worst, float(v))
+        return worst * self.dtype_bytes
+
+
+def _canonical(spec: ShardSpec, shape: tuple[int, ...], mesh: tuple[int, ...]) -> ShardSpec | None:
+    try:
+        return spec.canonical(shape, mesh)
+    except ShardSpecError:
+        return None
+
+
+@lru_cache(maxsize=1 << 14)  # a pure function of hashable arguments; the planner asks repeatedly
+def _plan(src: ShardSpec, dst: ShardSpec, shape: tuple[int, ...], dtype_bytes: int,
+          mesh: tuple[int, ...], weights: tuple[float, ...]) -> tuple[Collective, ...]:
+    src, dst = src.canonical(shape, mesh), dst.canonical(shape, mesh)
+    if src == dst:
+        return ()
+    steps = _Steps(shape, mesh, dtype_bytes)
+    options = [tuple(dict.fromkeys((src[k], dst[k], R))) for k in range(len(mesh))]
+    best: dict[ShardSpec, tuple[float, int]] = {src: (0.0, 0)}
+    back: dict[ShardSpec, tuple[ShardSpec, Collective]] = {}
+    order = itertools.count()
+    heap: list[tuple[float, int, int, ShardSpec]] = [(0.0, 0, next(order), src)]
+    while heap:
+        cost, nsteps, _, state = heapq.heappop(heap)
+        if state == dst:
+            break
+        if (cost, nsteps) > best[state]:
+            continue
+        for k, opts in enumerate(options):
+            for opt in opts:
+                nxt = _canonical(state.replace(k, opt), shape, mesh)
+                if nxt is None or nxt == state or any(nxt[j] != state[j] for j in range(len(mesh)) if j != k):
+                    continue
+                kind = step_kind(state[k], nxt[k])
+                if kind is None or blocked(state, k, state[k], nxt[k]):
+                    continue
+                step = Collective(kind, k, steps.bytes(kind, state, nxt, k), mesh[k], state, nxt)
+                reached = (cost + weights[k] * step.bytes_per_device, nsteps + 1)
+                if nxt not in best or reached < best[nxt]:
+                    best[nxt], back[nxt] = reached, (state, step)
+                    heapq.heappush(heap, (*reached, next(order), nxt))
+    assert dst in back, f"no resharding path {src} -> {dst}"  # gather-all then slice always exists
+    path: list[Collective] = []
+    state = dst
+    while state != src:
+        state, step = back[state]
+        path.append(step)
+    return tuple(reversed(path))
+
+
+def reshard(src: ShardSpec | str, dst: ShardSpec | str, shape: Sequence[int], dtype_bytes: int,
+            mesh_shape: Sequence[int], axis_weights: Sequence[float] | None = None) -> list[Collective]:
+    """The cheapest sequence of steps that turns layout `src` of a `shape` tensor into `dst`.
+
+    Both specs are checked and canonicalised for the shape and mesh (ShardSpecError if they do
+    not fit); equal layouts need no step. The plan minimises the sum over steps of
+    ``axis_weights[axis] * bytes_per_device`` (default weight 1 per axis), then the step count.
+    Local steps (slices, partial fills) appear in the list with 0 bytes: they change the data.
+    """
+    mesh = tuple(mesh_shape)
+    weights = tuple(float(w) for w in axis_weights) if axis_weights is not None else (1.0,) * len(mesh)
+    if len(weights) != len(mesh):
+        raise ShardSpecError(f"{len(weights)} axis weights for a mesh of shape {mesh}")
+    return list(_plan(as_spec(src), as_spec(dst), tuple(shape), int(dtype_bytes), mesh, weights))
+
+
+def reshard_bytes(src: ShardSpec | str, dst: ShardSpec | str, shape: Sequence[int], dtype_bytes: int,
+                  mesh_shape: Sequence[int], axis_weights: Sequence[float] | None = None) -> float:
+    """The weighted bytes per device of `reshard(...)`: what the planner's edge cost starts from."""
+    steps = reshard(src, dst, shape, dtype_bytes, mesh_shape, axis_weights)
+    weights = tuple(axis_weights) if axis_weights is not None else (1.0,) * len(tuple(mesh_shape))
+    return sum(weights[s.axis] * s.bytes_per_device for s in steps)

@@ -1,0 +1,259 @@
+"""Cluster files and calibration: the YAML format, and errors that name the file, line and key."""
+
+from __future__ import annotations
+
+import dataclasses
+import textwrap
+
+import pytest
+
+from parc.cluster import (
+    DEVICES,
+    LINKS,
+    Calibration,
+    LinkSpec,
+    enumerate_meshes,
+    load_cluster,
+    load_constants,
+    override_fields,
+    parse_devices,
+)
+from parc.errors import UsageError
+
+EXAMPLE = """\
+devices:
+  mygpu: {fp32_tflops: 20, fp16_tflops: 80, memory_gib: 24, bandwidth_gbs: 900}
+  v100-30g: {base: v100-32g, memory_gib: 30}
+nodes:
+  - gpus: 8xv100-32g
+    intra_link: nvlink2
+    count: 2
+  - gpus: [mygpu, 2xv100-30g]
+    intra_link: {bandwidth_gbps: 256, latency_us: 5}
+    nics: 2
+inter_link: 100gbe
+calibration:
+  devices:
+    v100-32g: {launch_floor_us: 8, compute_efficiency: 0.6}
+  links:
+    nvlink2: {bandwidth_gbs: 130}
+  constants:
+    memory: {activation_factor: 1.2}
+"""
+
+
+def write(tmp_path, text: str, name: str = "cluster.yaml") -> str:
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(text))
+    return str(path)
+
+
+def test_example_file(tmp_path):
+    cluster = load_cluster(write(tmp_path, EXAMPLE))
+    assert cluster.node_sizes == (8, 8, 3)
+    v100 = cluster.devices[0]
+    assert v100 == dataclasses.replace(DEVICES["v100-32g"], launch_floor=8e-6, compute_efficiency=0.6)
+    mygpu, v100_30 = cluster.nodes[2].devices[:2]
+    assert mygpu.name == "mygpu" and mygpu.peak_flops == (("float32", 20e12), ("float16", 80e12))
+    assert mygpu.memory_bytes == 24 * 2**30 and mygpu.memory_bandwidth == 900e9
+    assert mygpu.launch_floor == 5e-6 and mygpu.default_link == "pcie4"  # DeviceSpec defaults
+    assert v100_30 == dataclasses.replace(DEVICES["v100-32g"], name="v100-30g", memory_bytes=30 * 2**30)
+    assert cluster.nodes[0].intra_link == LinkSpec("nvlink2", 130e9, 3.4e-6)  # calibrated
+    assert cluster.nodes[2].intra_link == LinkSpec("custom-intra", 32e9, 5e-6)
+    assert [n.nics for n in cluster.nodes] == [1, 1, 2]
+    assert cluster.inter_link == LINKS["net-100g"]
+    assert cluster.min_memory == 24 * 2**30
+
+
+def test_minimal_file_matches_the_spec(tmp_path):
+    path = write(tmp_path, "nodes:\n  - gpus: 8xa100-80g\n    count: 2\n")
+    assert load_cluster(path) == parse_devices("2x8xa100-80g")
+    path = write(tmp_path, "nodes: [{gpus: 4xv100-32g+4xp100-16g}]\n")
+    assert load_cluster(path) == parse_devices("(4xv100-32g+4xp100-16g)")
+
+
+def test_links_by_mapping_and_base(tmp_path):
+    path = write(tmp_path, """\
+        nodes:
+          - gpus: [t4, t4]
+            intra_link: {base: pcie4, latency_us: 2, name: my-pcie}
+        inter_link: {bandwidth: 5.0e9, latency: 2.0e-5}
+        """)
+    cluster = load_cluster(path)
+    assert cluster.nodes[0].intra_link == LinkSpec("my-pcie", 32e9, 2e-6)
+    assert cluster.inter_link == LinkSpec("custom-inter", 5e9, 2e-5)
+
+
+def test_si_field_names_and_peak_table(tmp_path):
+    path = write(tmp_path, """\
+        devices:
+          g: {peak_flops: {float32: 1.0e13, bf16: 4.0e13}, memory_bytes: 1073741824, memory_bandwidth: 5.0e11,
+              launch_floor: 0, default_link: 25gbe}
+        nodes: [{gpus: 2xg}]
+        """)
+    cluster = load_cluster(path)
+    g = cluster.devices[0]
+    assert g.peak_flops == (("float32", 1e13), ("bfloat16", 4e13)) and g.launch_floor == 0.0
+    assert cluster.nodes[0].intra_link == LINKS["net-25g"]
+
+
+def test_load_constants_and_apply(tmp_path):
+    path = write(tmp_path, """\
+        devices:
+          a100: {compute_efficiency: 0.5}
+        """)
+    with pytest.raises(UsageError, match="ambiguous"):
+        load_constants(path)
+    path = write(tmp_path, """\
+        devices:
+          A100-80GB: {compute_efficiency: 0.5, memory_efficiency: 0.8, bf16_tflops: 250}
+        links:
+          100gbe: {latency_us: 20}
+        constants:
+          memory: {activation_factor: 1.5, reserved_gib: 1}
+        """, "calib.yaml")
+    calibration = load_constants(path)
+    assert calibration.section("memory") == {"activation_factor": 1.5, "reserved_gib": 1.0}
+    assert calibration.section("solver") == {}
+    cluster = calibration.apply(parse_devices("2x8xa100-80g"))
+    a100 = cluster.devices[0]
+    assert (a100.compute_efficiency, a100.memory_efficiency) == (0.5, 0.8)
+    assert a100.peak("bfloat16") == 250e12 and a100.peak("float16") == 312e12  # peaks merge
+    assert cluster.inter_link == LinkSpec("net-100g", 12.5e9, 20e-6)
+    assert cluster.nodes[0].intra_link == LINKS["nvlink3"]
+    assert hash(calibration) == hash(load_constants(path))
+    untouched = parse_devices("8xv100-32g", inter_link=LINKS["net-200g"])
+    assert calibration.apply(untouched) == untouched
+
+
+def test_override_fields():
+    @dataclasses.dataclass(frozen=True)
+    class Constants:
+        name: str = "memory"
+        activation_factor: float = 1.0
+
+    assert override_fields(Constants(), {"activation_factor": 2.0}, "f.yaml: memory").activation_factor == 2.0
+    assert override_fields(Constants(), {}, "f.yaml: memory") == Constants()
+    with pytest.raises(UsageError, match=r"^f\.yaml: memory: no constant named 'activation' \(known: activation_factor\)$"):
+        override_fields(Constants(), {"activation": 2.0}, "f.yaml: memory")
+    with pytest.raises(UsageError, match="^f.yaml: device cpu: launch floor must be >= 0, got -1.0$"):
+        override_fields(DEVICES["cpu"], {"launch_floor": -1.0}, "f.yaml")
+
+
+def test_calibrated_cluster_changes_mesh_links(tmp_path):
+    path = write(tmp_path, """\
+        nodes: [{gpus: 8xa100-80g, count: 2, nics: 8}]
+        inter_link: ndr
+        calibration: {links: {ndr: {bandwidth_gbs: 40}}}
+        """)
+    meshes = {str(m): m for m in enumerate_meshes(load_cluster(path))}
+    assert meshes["2x8"].links[0] == LinkSpec("net-400g", 40e9, 14e-6)  # 8 NICs: no sharing
+
+
+ERRORS = [
+    # (file text, expected message after the path)
+    ("nodes: [{gpus: 8xfoo}]\n", ":1: nodes[0].gpus: unknown device type 'foo' (known: a10-24g, "),
+    ("nodes:\n  - gpus: 8xv100\n", ":2: nodes[0].gpus: device type 'v100' is ambiguous: say which of "
+                                   "v100-16g, v100-32g"),
+    ("nodes: []\n", ":1: nodes: expected at least one node"),
+    ("nodes: {gpus: 8xv100-32g}\n", ":1: nodes: expected a list, found a mapping"),
+    ("nodes:\n  - gpu: 8xv100-32g\n", ":2: nodes[0].gpu: unknown key (expected one of gpus, intra_link, nics, count)"),
+    ("nodes:\n  - {}\n", ":2: nodes[0]: missing key 'gpus'"),
+    ("nodes:\n  - gpus: 0xv100-32g\n", ":2: nodes[0].gpus: counts must be between 1 and 65536, got 0"),
+    ("nodes:\n  - gpus: 8x\n", ":2: nodes[0].gpus: expected a device type after '8x'"),
+    ("nodes: [{gpus: 2x8xv100-32g}]\n", ":1: nodes[0].gpus: '2x8xv100-32g' gives a node count inside a node"),
+    ("nodes: [{gpus: 8}]\n", ":1: nodes[0].gpus: expected COUNTxTYPE (e.g. 8xv100-32g) or a list of device types"),
+    ("nodes: [{gpus: []}]\n", ":1: nodes[0].gpus: expected COUNTxTYPE"),
+    ("nodes: [{gpus: [t4, 3]}]\n", ":1: nodes[0].gpus[1]: expected a non-empty string, found 3"),
+    ("nodes: [{gpus: t4, count: 0}]\n", ":1: nodes[0].count: expected an integer from 1 to 65536, found 0"),
+    ("nodes:\n  - {gpus: 8xt4, count: 65536}\n", ":2: nodes[0]: 524288 devices; parc plans for at most 65536"),
+    ("nodes: [{gpus: t4, nics: 1.5}]\n", ":1: nodes[0].nics: expected an integer from 1 to 65536, found 1.5"),
+    ("nodes: [{gpus: t4, count: 1000000000000}]\n", ":1: nodes[0].count: expected an integer from 1 to 65536, "
+                                                     "found 1000000000000"),
+    ("nodes:\n  - gpus: t4\n    intra_link: nvlink\n", ":3: nodes[0].intra_link: unknown link 'nvlink' (known: "),
+    ("nodes:\n  - gpus: t4\n    intra_link: {bandwidth_gbs: 5}\n",
+     ":3: nodes[0].intra_link: missing key 'latency_us' (or give base: a catalogue link)"),
+    ("nodes:\n  - gpus: t4\n    intra_link: {latency_us: 5}\n", ":3: nodes[0].intra_link: missing key 'bandwidth_gbs'"),
+    ("nodes:\n  - gpus: t4\n    intra_link: {bandwidth_gbs: 5, bandwidth_gbps: 40, latency_us: 1}\n",
+     ":3: nodes[0].intra_link.bandwidth_gbps: bandwidth given twice"),
+    ("nodes: [{gpus: t4}]\ninter_link: {bandwidth_gbps: 100, latency_us: -1}\n",
+     ":2: inter_link.latency_us: expected a number >= 0, found -1"),
+    ("nodes: [{gpus: t4}]\ninter_link: {bandwidth_gbps: fast, latency_us: 1}\n",
+     ":2: inter_link.bandwidth_gbps: expected a number, found 'fast'"),
+    ("inter_link: 100gbe\n", ":1: document: missing key 'nodes'"),
+    ("- nodes\n", ":1: document: expected a mapping with keys devices, nodes, inter_link, calibration, found a list"),
+    ("nodes: [{gpus: t4}]\nnode: []\n", ":2: node: unknown key (expected one of devices, nodes, inter_link, calibration)"),
+    ("nodes: [{gpus: t4}]\nnodes: [{gpus: t4}]\n", ":2: nodes: key given twice"),
+    ("{nodes: [\n", ":2: not valid YAML: expected the node content, but found '<stream end>'"),
+    ("nodes:\n  - gpus: t4\n   bad: indent\n", ":3: not valid YAML: "),
+    ("nodes: !!python/object:os.system {}\n", ":1: nodes: unsupported YAML tag 'tag:yaml.org,2002:python/object:os.system'"),
+    ("nodes: !!python/name:os.system\n", ":1: not valid YAML: could not determine a constructor"),
+    ("", ": the file is empty"),
+    ("devices:\n  v100-32g: {fp32_tflops: 1}\nnodes: [{gpus: t4}]\n",
+     ":2: devices.v100-32g: 'v100-32g' is a catalogue device: pick a new name (with base: v100-32g)"),
+    ("devices:\n  g: {fp32_tflops: 1, memory_gib: 2}\nnodes: [{gpus: 8xg}]\n",
+     ":2: devices.g: missing key 'bandwidth_gbs' (or give base: a catalogue device)"),
+    ("devices:\n  g: {fp32_tflops: 1, memory_gib: 2, bandwidth_gbs: 3, speed: 4}\nnodes: [{gpus: g}]\n",
+     ":2: devices.g.speed: unknown key (expected one of fp64_tflops, "),
+    ("devices:\n  g:\n    fp32_tflops: 0\n    memory_gib: 2\n    bandwidth_gbs: 3\nnodes: [{gpus: g}]\n",
+     ":3: devices.g.fp32_tflops: expected a number > 0, found 0"),
+    ("devices:\n  g: {base: v100, memory_gib: 2}\nnodes: [{gpus: g}]\n", ":2: devices.g.base: device type 'v100' is ambiguous"),
+    ("devices:\n  8xg: {base: t4}\nnodes: [{gpus: t4}]\n", ":2: devices.8xg: '8xg' cannot name a device"),
+    ("devices:\n  g: {base: t4, compute_efficiency: 3}\nnodes: [{gpus: t4}]\n",
+     ":2: devices.g: device g: compute_efficiency must be in (0, 1], got 3.0"),
+    ("devices:\n  g: {base: t4, fp32_tflops: 1, peak_flops: {fp32: 2}}\nnodes: [{gpus: t4}]\n",
+     ":2: devices.g.peak_flops.fp32: float32 given twice"),
+    ("nodes: [{gpus: t4}]\ncalibration:\n  devices:\n    v100: {launch_floor_us: 1}\n",
+     ":4: calibration.devices.v100: device type 'v100' is ambiguous"),
+    ("nodes: [{gpus: t4}]\ncalibration:\n  devices:\n    t4: {launch_floor: 1, launch_floor_us: 3}\n",
+     ":4: calibration.devices.t4.launch_floor_us: launch_floor given twice"),
+    ("nodes: [{gpus: t4}]\ncalibration:\n  devices:\n    t4: {base: a10}\n",
+     ":4: calibration.devices.t4.base: unknown key"),
+    ("nodes: [{gpus: t4}]\ncalibration:\n  devices:\n    t4: {memory_efficiency: 1.2}\n",
+     ":4: calibration.devices.t4: device t4-16g: memory_efficiency must be in (0, 1], got 1.2"),
+    ("nodes: [{gpus: t4}]\ncalibration:\n  links:\n    nvlink9: {latency_us: 2}\n",
+     ":4: calibration.links.nvlink9: unknown link 'nvlink9'"),
+    ("nodes: [{gpus: t4}]\ncalibration:\n  links:\n    pcie3: {bandwidth_gbs: 0}\n",
+     ":4: calibration.links.pcie3.bandwidth_gbs: expected a number > 0, found 0"),
+    ("nodes: [{gpus: t4}]\ncalibration:\n  devices:\n    t4: {launch_floor_us: 1}\n    T4-16G: {launch_floor_us: 2}\n",
+     ":5: calibration.devices.T4-16G: device t4-16g is calibrated twice"),
+    ("nodes: [{gpus: t4}]\ncalibration:\n  links:\n    100gbe: {latency_us: 1}\n    net-100g: {latency_us: 2}\n",
+     ":5: calibration.links.net-100g: link net-100g is calibrated twice"),
+    ("nodes: [{gpus: t4}]\ncalibration:\n  link: {}\n",
+     ":3: calibration.link: unknown key (expected one of devices, links, constants)"),
+    ("nodes: [{gpus: t4}]\ncalibration:\n  constants:\n    memory: {factor: big}\n",
+     ":4: calibration.constants.memory.factor: expected a number, found 'big'"),
+]
+
+
+@pytest.mark.parametrize("text, message", ERRORS, ids=[str(i) for i in range(len(ERRORS))])
+def test_cluster_file_errors(tmp_path, text, message):
+    path = write(tmp_path, text, "bad.yaml")
+    with pytest.raises(UsageError) as info:
+        load_cluster(path)
+    line = str(info.value)
+    assert "\n" not in line
+    assert line.startswith(path + message), line
+
+
+def test_unreadable_file(tmp_path):
+    missing = str(tmp_path / "nope.yaml")
+    with pytest.raises(UsageError, match=r"nope\.yaml: cannot read the file \(No such file or directory\)$"):
+        load_cluster(missing)
+    (tmp_path / "bin.yaml").write_bytes(b"\xff\xfe\x00")
+    with pytest.raises(UsageError, match="bin.yaml: cannot read the file"):
+        load_cluster(str(tmp_path / "bin.yaml"))
+
+
+def test_recursive_anchor_is_refused(tmp_path):
+    path = write(tmp_path, "nodes: &a [*a]\n")
+    with pytest.raises(UsageError, match="nested too deeply|not valid YAML"):
+        load_cluster(path)
+
+
+def test_calibration_is_a_frozen_value():
+    calibration = Calibration(devices=(("t4-16g", (("launch_floor", 1e-6),)),), source="c.yaml")
+    cluster = calibration.apply(parse_devices("2xt4"))
+    assert all(d.launch_floor == 1e-6 for d in cluster.devices)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        calibration.source = "x"  # type: ignore[misc]

@@ -1,0 +1,132 @@
+"""`--devices` specs: every form of the grammar, every error, and the Cluster built from them."""
+
+from __future__ import annotations
+
+import pytest
+
+from parc.cluster import DEVICES, LINKS, Cluster, Node, parse_devices, resolve_cluster
+from parc.errors import UsageError
+
+
+def layout(cluster: Cluster) -> list[tuple[int, str, str]]:
+    """(devices, types, intra link) per node."""
+    return [(len(n.devices), "+".join(dict.fromkeys(d.name for d in n.devices)), n.intra_link.name)
+            for n in cluster.nodes]
+
+
+@pytest.mark.parametrize("spec, nodes", [
+    ("8xv100-32g", [(8, "v100-32g", "nvlink2")]),
+    ("2x8xa100-80g", [(8, "a100-80g", "nvlink3")] * 2),
+    ("v100-32g", [(1, "v100-32g", "nvlink2")]),
+    ("16x1xv100-32g", [(1, "v100-32g", "nvlink2")] * 16),
+    ("4xv100-32g+4xp100-16g", [(4, "v100-32g", "nvlink2"), (4, "p100-16g", "nvlink1")]),
+    ("8xv100-32g+2x4xt4", [(8, "v100-32g", "nvlink2"), (4, "t4-16g", "pcie3"), (4, "t4-16g", "pcie3")]),
+    ("(4xv100-32g+4xp100-16g)", [(8, "v100-32g+p100-16g", "nvlink1")]),
+    ("2x(4xv100-32g+4xp100-16g)", [(8, "v100-32g+p100-16g", "nvlink1")] * 2),
+    ("(2xa10+t4)", [(3, "a10-24g+t4-16g", "pcie3")]),
+    ("cpu", [(1, "cpu", "shm")]),
+    ("4xcpu", [(4, "cpu", "shm")]),
+    ("2x4xcpu", [(4, "cpu", "shm")] * 2),
+    ("8xH100", [(8, "h100-80g", "nvlink4")]),
+    ("8xh200", [(8, "h200-141g", "nvlink4")]),
+    ("4xa10", [(4, "a10-24g", "pcie4")]),
+    (" 2 X 8 X A100-80GB ", [(8, "a100-80g", "nvlink3")] * 2),
+    ("4xv100-32g + 4xp100-16g", [(4, "v100-32g", "nvlink2"), (4, "p100-16g", "nvlink1")]),
+])
+def test_spec_forms(spec, nodes):
+    cluster = parse_devices(spec)
+    assert layout(cluster) == nodes
+    assert cluster.inter_link == LINKS["net-100g"]
+    assert all(node.nics == 1 for node in cluster.nodes)
+
+
+@pytest.mark.parametrize("spec, canonical", [
+    ("8xv100-32g", "8xv100-32g"), ("2x8xa100-80g", "2x8xa100-80g"), ("cpu", "1xcpu"),
+    ("16x1xv100-32g", "16x1xv100-32g"), ("4xv100-32g+4xp100-16g", "4xv100-32g+4xp100-16g"),
+    ("8xv100-32g+8xv100-32g", "2x8xv100-32g"), ("2x(4xv100-32g+4xp100-16g)", "2x(4xv100-32g+4xp100-16g)"),
+    ("(t4+t4+a10)", "(2xt4-16g+1xa10-24g)"),
+])
+def test_spec_round_trips(spec, canonical):
+    cluster = parse_devices(spec)
+    assert cluster.spec == canonical
+    assert parse_devices(canonical) == cluster
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("0xv100-32g", "--devices '0xv100-32g': counts must be between 1 and 65536, got 0"),
+    ("2x0xv100-32g", "counts must be between 1 and 65536, got 0"),
+    ("100000xcpu", "counts must be between 1 and 65536, got 100000"),
+    ("65536x65536xcpu", "4294967296 devices; parc plans for at most 65536"),
+    ("65536xcpu+cpu", "65537 devices; parc plans for at most 65536"),
+    ("8x", "--devices '8x': expected a device type after '8x'"),
+    ("2x8x", "expected a device type after '2x8x'"),
+    ("", "--devices '': empty device group"),
+    ("8xv100-32g+", "empty device group"),
+    ("+8xv100-32g", "empty device group"),
+    ("8xv100", "--devices '8xv100': device type 'v100' is ambiguous: say which of v100-16g, v100-32g"),
+    ("8xa100", "device type 'a100' is ambiguous: say which of a100-40g, a100-80g"),
+    ("8xrtx4090", "--devices '8xrtx4090': unknown device type 'rtx4090' (known: a10-24g, a100-40g, "),
+    ("2x3x4xv100-32g", "'2x3x4xv100-32g' has more than two counts"),
+    ("(8xv100-32g", "unbalanced parentheses"),
+    ("8xv100-32g)", "unbalanced parentheses"),
+    ("2x(2x4xv100-32g)", "'2x4xv100-32g' gives a node count inside a node"),
+    ("((8xv100-32g))", "parentheses do not nest"),
+    ("2x(8xv100-32g)x2", "parentheses must hold a whole node, as in [NODESx](COUNTxTYPE+...), not "),
+    ("()", "empty device group"),
+])
+def test_spec_errors(spec, message):
+    with pytest.raises(UsageError) as info:
+        parse_devices(spec)
+    text = str(info.value)
+    assert message in text and "\n" not in text
+    assert text.startswith(f"--devices '{spec}': ")
+
+
+def test_cluster_queries_mixed():
+    cluster = parse_devices("4xv100-32g+4xp100-16g")
+    assert cluster.num_devices == 8
+    assert cluster.node_sizes == (4, 4)
+    assert [cluster.node_of(r) for r in range(8)] == [0, 0, 0, 0, 1, 1, 1, 1]
+    assert [d.name for d in cluster.devices] == ["v100-32g"] * 4 + ["p100-16g"] * 4
+    assert cluster.memory_bytes == (32 * 2**30,) * 4 + (16 * 2**30,) * 4
+    assert cluster.min_memory == 16 * 2**30
+    assert cluster.peak_flops("float16") == (125e12,) * 4 + (21.2e12,) * 4
+    assert not cluster.is_homogeneous and cluster.is_regular
+    assert cluster.device_types == (DEVICES["v100-32g"], DEVICES["p100-16g"])
+    assert str(cluster) == "4xv100-32g+4xp100-16g (8 devices in 2 nodes, inter-node net-100g)"
+
+
+def test_cluster_queries_homogeneous_irregular():
+    cluster = parse_devices("8xa100-80g+4xa100-80g")
+    assert cluster.is_homogeneous and not cluster.is_regular
+    assert cluster.node_of(7) == 0 and cluster.node_of(8) == 1 and cluster.node_of(11) == 1
+    for bad in (-1, 12):
+        with pytest.raises(ValueError, match="out of range"):
+            cluster.node_of(bad)
+    assert str(parse_devices("cpu")) == "1xcpu (1 device in 1 node, inter-node net-100g)"
+
+
+def test_cluster_is_hashable_and_json_round_trips():
+    a, b = parse_devices("2x8xa100-80g"), parse_devices("2x8xA100-80GB")
+    assert a == b and hash(a) == hash(b)
+    mixed = parse_devices("2x(4xv100-32g+4xp100-16g)+cpu")
+    assert Cluster.from_json(mixed.to_json()) == mixed
+
+
+def test_descriptors_reject_bad_values():
+    with pytest.raises(ValueError, match="at least one device"):
+        Node((), LINKS["pcie4"])
+    with pytest.raises(ValueError, match="at least one NIC"):
+        Node((DEVICES["cpu"],), LINKS["shm"], nics=0)
+    with pytest.raises(ValueError, match="at least one node"):
+        Cluster(())
+
+
+def test_resolve_cluster_needs_exactly_one_source(tmp_path):
+    assert resolve_cluster("8xv100-32g", None) == parse_devices("8xv100-32g")
+    path = tmp_path / "c.yaml"
+    path.write_text("nodes: [{gpus: 8xv100-32g}]\n")
+    assert resolve_cluster(None, str(path)) == parse_devices("8xv100-32g")
+    for devices, cluster in ((None, None), ("8xv100-32g", str(path))):
+        with pytest.raises(UsageError, match="^give exactly one of --devices SPEC and --cluster FILE$"):
+            resolve_cluster(devices, cluster)
