@@ -34,8 +34,9 @@ demo: $(STAMP)  ## build GPTs from the zoo, inspect them, make and inspect a tra
 	$(BIN)/parc models build gpt-medium -o $(DEMO)/gpt-medium.onnx
 	$(BIN)/parc inspect $(DEMO)/gpt-medium.onnx
 
-bench: $(STAMP)  ## import + inspect time and peak memory per zoo model (docs/benchmarks.md)
+bench: $(STAMP)  ## import/inspect and grad time and peak memory per zoo model (docs/benchmarks.md)
 	$(BIN)/python benchmarks/run.py
+	$(BIN)/python benchmarks/grad.py
 
 lint: $(STAMP)  ## ruff lint
 	$(BIN)/ruff check parc tests benchmarks scripts
