@@ -8,11 +8,7 @@ is off in both: the models are in eval mode when exported and when differentiate
 
 from __future__ import annotations
 
-import importlib.util
-import logging
 import re
-import sys
-from pathlib import Path
 
 import numpy as np
 import onnx
@@ -29,7 +25,6 @@ from parc.ir import load, to_onnx  # noqa: E402
 
 pytestmark = pytest.mark.torch
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "export_torch_models.py"
 MODELS = ("gpt2", "bert", "t5", "llama", "vit")
 EXPORTERS = ("legacy", "dynamo")
 CASES = [f"{m}-{e}" for m in MODELS for e in EXPORTERS]
@@ -42,42 +37,6 @@ ZERO = 1e-6
 # Ops on the loss path with no gradient rule yet, per model: the case is skipped, naming the
 # op, until the rule exists (then it runs); any other missing rule fails.
 KNOWN_MISSING = {"llama": {"Slice"}, "vit": {"Conv"}}
-
-
-def _script():
-    spec = importlib.util.spec_from_file_location("export_torch_models", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses resolve their module through sys.modules
-    spec.loader.exec_module(module)
-    return module
-
-
-@pytest.fixture(scope="module")
-def script():
-    return _script()
-
-
-@pytest.fixture(scope="module")
-def exports(tmp_path_factory, script) -> tuple[Path, dict]:
-    """Every (model, exporter) exported once: the folder and the script's results."""
-    exporters = list(EXPORTERS)
-    if importlib.util.find_spec("onnxscript") is None:
-        exporters.remove("dynamo")
-    logging.getLogger("torch.onnx").setLevel(logging.ERROR)
-    out = tmp_path_factory.mktemp("grad_exports")
-    return out, script.export_all(out, list(MODELS), exporters)
-
-
-@pytest.fixture
-def case(request, exports) -> dict:
-    out, results = exports
-    key = request.param
-    if key not in results:
-        pytest.skip(f"{key}: exporter not available (the dynamo exporter needs onnxscript)")
-    info = results[key]
-    if isinstance(info, str):
-        pytest.fail(f"{key}: torch export failed: {info}")
-    return {**info, "dir": out}
 
 
 def _training_step(case: dict) -> tuple[onnx.ModelProto, dict[str, str]]:
