@@ -1,0 +1,166 @@
+"""The cost model of one mesh as a solver Problem (Rhino 4.2): nodes, strategies, edge costs.
+
+Problem nodes are the graph's sources (data inputs, parameters, optimizer state, other
+constants a strategy may want split) followed by its op nodes. Compute cost is the roofline
+time of a node's share of the work on the slowest device; an edge's cost is the time of the
+collectives (`parc.sharding.reshard`) that turn the producer's output layout into the layout the
+consumer's strategy needs, priced alpha-beta on the mesh axes' links. Memory per device is a
+source's share of its bytes (parameters and optimizer state) plus, for forward nodes, the
+share of the activations they keep for the backward pass.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+
+from parc.cluster import Cluster, Mesh, compute_time
+from parc.ir.graph import Graph, Value
+from parc.ops import get_rule
+from parc.ops.base import output_elements
+from parc.passes.spmd.strategies import Strategy, node_strategies, replicated, tensor_specs
+from parc.sharding import ShardSpec, local_shape, reshard
+from parc.solver import Problem
+
+# Latency steps of a ring collective over n devices (matches parc.cluster.cost).
+_STEPS = {"all_reduce": lambda n: 2 * (n - 1), "all_gather": lambda n: n - 1,
+          "reduce_scatter": lambda n: n - 1, "all_to_all": lambda n: n - 1, "send_recv": lambda n: 1}
+
+
+@dataclass
+class CostModel:
+    """A graph's strategies and costs on one mesh, and the Problem built from them."""
+
+    graph: Graph
+    mesh: Mesh
+    sources: list[Value]
+    source_specs: list[list[ShardSpec]]
+    strategies: list[list[Strategy]]  # per op node, in graph order
+    problem: Problem
+
+    def node_index(self, node_position: int) -> int:
+        return len(self.sources) + node_position
+
+
+def reshard_time(src: ShardSpec, dst: ShardSpec, shape: tuple[int, ...], itemsize: int, mesh: Mesh) -> float:
+    """Seconds to turn layout src into dst (alpha-beta per collective on its mesh axis)."""
+    return _reshard_time(src, dst, shape, itemsize, mesh)
+
+
+@lru_cache(maxsize=1 << 16)
+def _reshard_time(src: ShardSpec, dst: ShardSpec, shape: tuple[int, ...], itemsize: int, mesh: Mesh) -> float:
+    if src == dst:
+        return 0.0
+    total = 0.0
+    for c in reshard(src, dst, shape, itemsize, mesh.shape):
+        if c.is_local:
+            continue
+        link = mesh.links[c.axis]
+        total += _STEPS[c.kind](c.n) * link.latency + c.bytes_per_device / link.bandwidth
+    return total
+
+
+def build(graph: Graph, mesh: Mesh, cluster: Cluster) -> CostModel:
+    """Strategies and cost arrays for `graph` on `mesh` (devices of `cluster`)."""
+    shape = mesh.shape
+    slowest = min(cluster.devices, key=lambda d: d.peak("float32"))
+    strategies = [node_strategies(n, shape) for n in graph.nodes]
+
+    # Sources: anything a node reads that no node produces.
+    sources: list[Value] = []
+    seen: set[int] = set()
+    wanted: dict[int, list[ShardSpec]] = {}
+    for n, strats in zip(graph.nodes, strategies):
+        for i, v in enumerate(n.inputs):
+            if v is None or v.producer is not None:
+                continue
+            if id(v) not in seen:
+                seen.add(id(v))
+                sources.append(v)
+            wanted.setdefault(id(v), []).extend(s.inputs[i] for s in strats if s.inputs[i] is not None)
+    source_specs = [tensor_specs(v, shape, wanted.get(id(v), [])) if _splittable_source(v)
+                    else [replicated(shape)] for v in sources]
+
+    index = {id(v): k for k, v in enumerate(sources)}
+    comp: list[np.ndarray] = []
+    mem: list[np.ndarray] = []
+    for v, specs in zip(sources, source_specs):
+        comp.append(np.zeros(len(specs)))
+        mem.append(np.array([_local_bytes(v, s, shape) if v.is_const else 0.0 for s in specs]))
+    producer: dict[int, tuple[int, int]] = {}  # value id -> (problem node, output index)
+    for pos, (n, strats) in enumerate(zip(graph.nodes, strategies)):
+        rule = get_rule(n)
+        flops = rule.flops(n) if rule is not None else output_elements(n)
+        read, written = rule.bytes_accessed(n) if rule is not None else (0, 0)
+        dtype = next((v.dtype for v in n.outputs if v.dtype is not None), None)
+        comp.append(np.array([compute_time(flops / s.split, (read + written) / s.split, slowest,
+                                           dtype or "float32") for s in strats]))
+        keeps = n.meta.get("parc.phase", "forward") == "forward"
+        mem.append(np.array([sum(_local_bytes(v, spec, shape) for v, spec in zip(n.outputs, s.outputs)
+                                 if v.name) if keeps else 0.0 for s in strats]))
+        for k, v in enumerate(n.outputs):
+            producer[id(v)] = (len(sources) + pos, k)
+
+    pair_cost: dict[tuple[int, int], np.ndarray] = {}
+    for pos, (n, strats) in enumerate(zip(graph.nodes, strategies)):
+        vi = len(sources) + pos
+        for i, v in enumerate(n.inputs):
+            if v is None:
+                continue
+            if id(v) in producer:
+                ui, k = producer[id(v)]
+                u_specs = [s.outputs[k] for s in strategies[ui - len(sources)]]
+            else:
+                ui = index[id(v)]
+                u_specs = source_specs[ui]
+            dst = [s.inputs[i] for s in strats]
+            m = np.array([[reshard_time(a, b, v.shape, v.dtype.itemsize, mesh)  # type: ignore[union-attr]
+                           for b in dst] for a in u_specs])
+            key = (ui, vi)
+            pair_cost[key] = pair_cost[key] + m if key in pair_cost else m
+    _tie_state_updates(graph, sources, source_specs, strategies, producer, mesh, pair_cost)
+
+    edges = np.array(sorted(pair_cost), dtype=np.int64).reshape(-1, 2)
+    problem = Problem(tuple(comp), edges, tuple(pair_cost[tuple(e)] for e in edges.tolist()),
+                      tuple(mem), None, (),
+                      tuple([f"source:{v.name}" for v in sources] + [n.name for n in graph.nodes]))
+    return CostModel(graph, mesh, sources, source_specs, strategies, problem)
+
+
+def _tie_state_updates(graph, sources, source_specs, strategies, producer, mesh, pair_cost) -> None:
+    """A training step's new parameters and state must come back in their inputs' layout next
+    step: charge the resharding from each bound output's layout to its input's layout."""
+    import json
+
+    state = graph.metadata.get("parc.state")
+    if not state:
+        return
+    by_name = {v.name: k for k, v in enumerate(sources)}
+    outputs = {v.name: v for v in graph.outputs}
+    for out_name, in_name in json.loads(state)["bindings"].items():
+        v = outputs.get(out_name)
+        if v is None or id(v) not in producer or in_name not in by_name:
+            continue
+        ui = by_name[in_name]
+        vi, k = producer[id(v)]
+        m = np.array([[reshard_time(s.outputs[k], a, v.shape, v.dtype.itemsize, mesh)
+                       for s in strategies[vi - len(sources)]] for a in source_specs[ui]])
+        key = (ui, vi)
+        pair_cost[key] = pair_cost[key] + m if key in pair_cost else m
+
+
+def _splittable_source(v: Value) -> bool:
+    return v.shape is not None and len(v.shape) > 0 and v.size > 1
+
+
+def _local_bytes(v: Value, spec: ShardSpec, mesh_shape: tuple[int, ...]) -> float:
+    if v.shape is None or v.dtype is None:
+        return 0.0
+    try:
+        local = local_shape(v.shape, spec, mesh_shape, (0,) * len(mesh_shape))
+    except Exception:
+        return float(v.nbytes)
+    return float(math.prod(local) * v.dtype.itemsize)

@@ -1,0 +1,100 @@
+"""Candidate strategies per node (Rhino 4.3.3): which op-rule label each mesh axis splits.
+
+A node's strategy assigns each mesh axis one splittable label of its sharding rule, or none
+(that axis replicates the node). The same label on two axes is a nested split. From the
+labels follow the ShardSpec each input must have and the one each output gets (partial when
+the label is reduced). Ops without a rule have one strategy: replicated everywhere.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+
+from parc.ir.graph import Node, Value
+from parc.ops import sharding_rule
+from parc.ops.base import ShardingRule
+from parc.sharding import R, S, ShardSpec, ShardSpecError, shard_spec_for_labels
+
+MAX_STRATEGIES = 32  # per node; label combinations beyond this are dropped, largest splits kept
+
+
+@dataclass(frozen=True)
+class Strategy:
+    """One way to run a node: the label per mesh axis and the specs that follow from it."""
+
+    labels: tuple[str | None, ...]
+    inputs: tuple[ShardSpec | None, ...]  # None: the input is absent
+    outputs: tuple[ShardSpec, ...]
+    split: int  # how many ways the node's work is divided (product of split axes)
+
+    def __str__(self) -> str:
+        return "x".join(label or "-" for label in self.labels)
+
+
+def replicated(mesh_shape: tuple[int, ...]) -> ShardSpec:
+    return ShardSpec((R,) * len(mesh_shape))
+
+
+def node_strategies(node: Node, mesh_shape: tuple[int, ...]) -> list[Strategy]:
+    """Every label assignment whose splits divide the labels' sizes (replicated first)."""
+    rule = sharding_rule(node)
+    if rule is None:
+        return [_replicated_strategy(node, mesh_shape)]
+    options: list[list[str | None]] = [[None] + rule.splittable() for _ in mesh_shape]
+    found: list[Strategy] = []
+    for labels in itertools.product(*options):
+        if not _divides(rule, labels, mesh_shape):
+            continue
+        try:
+            found.append(_strategy(node, rule, labels, mesh_shape))
+        except ShardSpecError:
+            continue  # e.g. a partial kind (prod, mean) no ShardSpec expresses
+    found.sort(key=lambda s: (s.labels != (None,) * len(mesh_shape), -s.split, str(s)))
+    return found[:MAX_STRATEGIES]
+
+
+def _divides(rule: ShardingRule, labels: tuple[str | None, ...], mesh_shape: tuple[int, ...]) -> bool:
+    need: dict[str, int] = {}
+    for label, n in zip(labels, mesh_shape):
+        if label is not None:
+            need[label] = need.get(label, 1) * n
+    return all(rule.size(label) % k == 0 for label, k in need.items())
+
+
+def _strategy(node: Node, rule: ShardingRule, labels: tuple[str | None, ...],
+              mesh_shape: tuple[int, ...]) -> Strategy:
+    ins = tuple(None if v is None else
+                (shard_spec_for_labels(rule.inputs[i], rule, labels, mesh_shape)
+                 if i < len(rule.inputs) and rule.inputs[i] is not None else replicated(mesh_shape))
+                for i, v in enumerate(node.inputs))
+    outs = tuple(shard_spec_for_labels(rule.outputs[i], rule, labels, mesh_shape, output=True)
+                 if i < len(rule.outputs) and rule.outputs[i] is not None else replicated(mesh_shape)
+                 for i in range(len(node.outputs)))
+    split = math.prod(n for label, n in zip(labels, mesh_shape) if label is not None)
+    return Strategy(tuple(labels), ins, outs, split)
+
+
+def _replicated_strategy(node: Node, mesh_shape: tuple[int, ...]) -> Strategy:
+    rep = replicated(mesh_shape)
+    return Strategy((None,) * len(mesh_shape), tuple(None if v is None else rep for v in node.inputs),
+                    tuple(rep for _ in node.outputs), 1)
+
+
+def tensor_specs(v: Value, mesh_shape: tuple[int, ...], wanted: list[ShardSpec]) -> list[ShardSpec]:
+    """Layouts a source tensor (input, parameter, state) may take: replicated, each even split of
+    one dim per axis, and whatever its consumers ask for (strided splits included); a source
+    can be laid out any way at no communication cost."""
+    specs = {replicated(mesh_shape): None}
+    assert v.shape is not None
+    for d, extent in enumerate(v.shape):
+        for k, n in enumerate(mesh_shape):
+            if n > 1 and extent % n == 0:
+                axes = [R] * len(mesh_shape)
+                axes[k] = S(d)
+                specs[ShardSpec(tuple(axes))] = None
+    for spec in wanted:
+        if spec is not None and not any(getattr(a, "op", None) for a in spec):
+            specs[spec] = None
+    return list(specs)[:MAX_STRATEGIES]
