@@ -1,0 +1,48 @@
+"""`parc plan MODEL --devices SPEC -o PLAN_DIR`: search an SPMD plan (Rhino) and write plan.json."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from parc.errors import UsageError
+
+
+@click.command()
+@click.argument("model", type=click.Path(dir_okay=False))
+@click.option("--devices", help="Devices, e.g. 8xv100-32g, 2x8xa100-80g, 4xv100-32g+4xp100-16g.")
+@click.option("--cluster", "cluster_file", type=click.Path(dir_okay=False), help="Cluster YAML file.")
+@click.option("-O2", "level", flag_value="O2", help="Segments between critical nodes, stitched by DP.")
+@click.option("-O3", "level", flag_value="O3", default=True, help="One ILP over the whole graph (default).")
+@click.option("--mem-limit", type=float, metavar="GIB", help="Memory per device (default: the device's).")
+@click.option("--dim", "dims", multiple=True, metavar="NAME=VALUE", help="Bind a symbolic dim.")
+@click.option("-o", "--output", required=True, type=click.Path(file_okay=False), help="Plan directory.")
+def plan(model: str, devices: str | None, cluster_file: str | None, level: str, mem_limit: float | None,
+         dims: tuple[str, ...], output: str) -> None:
+    """Search how to split MODEL over the devices; write PLAN_DIR/plan.json."""
+    from parc.cluster import resolve_cluster
+    from parc.ir import importer
+    from parc.passes.spmd.search import plan_graph
+
+    if mem_limit is not None and not mem_limit > 0:
+        raise UsageError(f"--mem-limit {mem_limit}: expected a positive number of GiB")
+    cluster = resolve_cluster(devices, cluster_file)
+    graph = importer.load(model, importer.parse_dims(dims))
+    result = plan_graph(graph, cluster, level=level,
+                        memory_budget=mem_limit * 2**30 if mem_limit is not None else None)
+    out = Path(output)
+    out.mkdir(parents=True, exist_ok=True)
+    doc = result.to_json()
+    doc["model"] = {"path": str(Path(model).resolve())}
+    tmp = out / "plan.json.tmp"
+    tmp.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
+    tmp.replace(out / "plan.json")
+    p = doc["predicted"]
+    base = ", ".join(f"{k} {v['step_time_s'] * 1e3:.3f} ms" if v["step_time_s"] is not None else f"{k} infeasible"
+                     for k, v in doc["baselines"].items())
+    click.echo(f"wrote {out / 'plan.json'}: mesh {tuple(doc['mesh']['shape'])}, predicted step "
+               f"{p['step_time_s'] * 1e3:.3f} ms (compute {p['compute_s'] * 1e3:.3f}, comm "
+               f"{p['comm_s'] * 1e3:.3f}), {p['memory_bytes_per_device'][0] / 2**30:.2f} GiB/device; "
+               f"baselines: {base}")

@@ -1,0 +1,170 @@
+"""plan: search every device mesh (Rhino 3) and keep the cheapest SPMD plan, with baselines.
+
+For each mesh of `enumerate_meshes` the graph's cost model (`costs.build`) becomes a solver
+Problem with the per-device memory budget, solved at O2 or O3; the mesh with the lowest
+predicted step time wins. Baselines are solved in the same cost model with their layouts
+pinned: `data-parallel` (data inputs split on their first dim over the whole device set,
+parameters and optimizer state replicated) and `zero-3` (the same with parameters and state
+split on their largest divisible dim), so every plan says how it compares.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from parc.cluster import Cluster, Mesh, enumerate_meshes
+from parc.errors import InfeasiblePlanError
+from parc.ir.graph import Graph
+from parc.passes.spmd.costs import CostModel, build
+from parc.sharding import R, S, ShardSpec
+from parc.solver import Problem, SearchOptions, Solution, solve
+
+log = logging.getLogger("parc.plan")
+FORMAT_VERSION = 1
+
+
+@dataclass
+class MeshResult:
+    """The best plan on one mesh."""
+
+    mesh: Mesh
+    model: CostModel
+    solution: Solution
+
+    @property
+    def compute_s(self) -> float:
+        p, x = self.model.problem, self.solution.choice
+        return float(sum(p.comp[i][x[i]] for i in range(p.n)))
+
+    @property
+    def comm_s(self) -> float:
+        return self.solution.cost - self.compute_s
+
+    @property
+    def memory_bytes(self) -> float:
+        p, x = self.model.problem, self.solution.choice
+        return float(sum(p.mem[i][x[i]] for i in range(p.n))) if p.mem else 0.0
+
+
+@dataclass
+class Plan:
+    """What `parc plan` decided; `to_json` is plan.json (keys in docs/plan.md)."""
+
+    best: MeshResult
+    level: str
+    cluster: Cluster
+    budget: float
+    tried: list[dict] = field(default_factory=list)
+    baselines: dict[str, dict] = field(default_factory=dict)
+    time_s: float = 0.0
+
+    def to_json(self) -> dict:
+        m = self.best.model
+        x = self.best.solution.choice
+        specs = {}
+        for k, v in enumerate(m.sources):
+            specs[v.name] = str(m.source_specs[k][x[k]])
+        strategies = {}
+        for pos, n in enumerate(m.graph.nodes):
+            s = m.strategies[pos][x[m.node_index(pos)]]
+            strategies[n.name] = str(s)
+            for v, spec in zip(n.outputs, s.outputs):
+                if v.name:
+                    specs[v.name] = str(spec)
+        mem = self.best.memory_bytes
+        return {
+            "format_version": FORMAT_VERSION,
+            "cluster": self.cluster.to_json(),
+            "mesh": self.best.mesh.to_json(),
+            "predicted": {"step_time_s": self.best.solution.cost, "compute_s": self.best.compute_s,
+                          "comm_s": self.best.comm_s,
+                          "memory_bytes_per_device": [mem] * self.best.mesh.num_devices,
+                          "memory_budget_bytes": self.budget},
+            "specs": specs,
+            "strategies": strategies,
+            "solver": {"level": self.level, "time_s": self.time_s, "gap": self.best.solution.gap,
+                       "status": self.best.solution.status, "nodes": m.problem.n,
+                       "meshes": self.tried},
+            "baselines": self.baselines,
+        }
+
+
+def plan_graph(graph: Graph, cluster: Cluster, *, level: str = "O3", memory_budget: float | None = None,
+               max_mesh_dims: int = 2) -> Plan:
+    """The cheapest plan over the cluster's meshes; raises InfeasiblePlanError if none fits."""
+    t0 = time.perf_counter()
+    budget = float(memory_budget if memory_budget is not None else min(d.memory_bytes for d in cluster.devices))
+    results: list[MeshResult] = []
+    tried: list[dict] = []
+    failures: list[str] = []
+    for mesh in enumerate_meshes(cluster, max_dims=max_mesh_dims):
+        model = build(graph, mesh, cluster)
+        try:
+            sol = solve(model.problem.with_budget(budget), level, SearchOptions())
+        except InfeasiblePlanError as e:
+            failures.append(f"mesh {mesh.shape}: {e}")
+            tried.append({"shape": list(mesh.shape), "feasible": False})
+            continue
+        result = MeshResult(mesh, model, sol)
+        results.append(result)
+        tried.append({"shape": list(mesh.shape), "feasible": True, "step_time_s": sol.cost,
+                      "gap": sol.gap})
+        log.info("mesh %s: %.6g s (%s)", mesh.shape, sol.cost, sol.status)
+    if not results:
+        raise InfeasiblePlanError(_infeasible_message(graph, budget, failures))
+    best = min(results, key=lambda r: r.solution.cost)
+    plan = Plan(best, level, cluster, budget, tried)
+    flat = next(r for r in results if len(r.mesh.shape) == 1) if any(
+        len(r.mesh.shape) == 1 for r in results) else None
+    plan.baselines = baselines(graph, cluster, budget, flat.model if flat else build(
+        graph, enumerate_meshes(cluster, max_dims=1)[0], cluster))
+    plan.time_s = time.perf_counter() - t0
+    return plan
+
+
+def baselines(graph: Graph, cluster: Cluster, budget: float, model: CostModel) -> dict[str, dict]:
+    """Data parallel and ZeRO-3 in the same cost model, on the flat mesh of all devices."""
+    out = {}
+    for name, param_spec in (("data-parallel", _replicate), ("zero-3", _largest_split)):
+        pins = []
+        for k, v in enumerate(model.sources):
+            want = param_spec(v, model.mesh) if v.is_const else _batch_split(v, model.mesh)
+            specs = model.source_specs[k]
+            if want in specs:
+                pins.append((k, (specs.index(want),)))
+        p: Problem = model.problem.restricted(dict(pins))
+        try:
+            sol = solve(p, "O3")
+        except InfeasiblePlanError:
+            out[name] = {"step_time_s": None, "memory_bytes_per_device": None, "feasible": False}
+            continue
+        mem = float(sum(p.mem[i][sol.choice[i]] for i in range(p.n))) if p.mem else 0.0
+        out[name] = {"step_time_s": sol.cost, "memory_bytes_per_device": mem, "feasible": mem <= budget}
+    return out
+
+
+def _replicate(v, mesh: Mesh) -> ShardSpec:
+    return ShardSpec((R,) * len(mesh.shape))
+
+
+def _largest_split(v, mesh: Mesh) -> ShardSpec:
+    n = mesh.shape[0]
+    dims = [d for d in np.argsort(v.shape)[::-1] if v.shape[d] % n == 0] if v.shape else []
+    return ShardSpec((S(int(dims[0])),)) if dims and len(mesh.shape) == 1 else _replicate(v, mesh)
+
+
+def _batch_split(v, mesh: Mesh) -> ShardSpec:
+    if v.shape and len(mesh.shape) == 1 and v.shape[0] % mesh.shape[0] == 0:
+        return ShardSpec((S(0),))
+    return _replicate(v, mesh)
+
+
+def _infeasible_message(graph: Graph, budget: float, failures: list[str]) -> str:
+    params = sorted((v for v in graph.constants.values() if v.is_const), key=lambda v: -v.nbytes)[:3]
+    largest = ", ".join(f"{v.name} ({v.nbytes / 2**30:.2f} GiB)" for v in params)
+    return (f"no mesh fits {budget / 2**30:.2f} GiB per device; largest tensors: {largest}; "
+            f"{failures[0] if failures else ''}")

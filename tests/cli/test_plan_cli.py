@@ -1,0 +1,52 @@
+"""`parc plan` end to end on a small training step (the first cut of the SPMD planner)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+
+def parc(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "parc.cli.main", *args], capture_output=True,
+                          text=True, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def step(tmp_path_factory):
+    path = tmp_path_factory.mktemp("plan") / "gpt.train.onnx"
+    res = parc("models", "build", "gpt-tiny", "--set", "batch=32", "--set", "hidden=256", "--set", "seq=64",
+               "--train", "adamw", "-o", str(path))
+    assert res.returncode == 0, res.stderr
+    return path
+
+
+def test_plan_writes_stable_keys_and_beats_baselines(step, tmp_path):
+    res = parc("plan", str(step), "--devices", "2xa100-80g", "-o", str(tmp_path / "plan"))
+    assert res.returncode == 0, res.stderr
+    doc = json.loads((tmp_path / "plan" / "plan.json").read_text())
+    assert doc["mesh"]["shape"] == [2]
+    for key in ("step_time_s", "compute_s", "comm_s", "memory_bytes_per_device"):
+        assert key in doc["predicted"]
+    assert set(doc["solver"]) >= {"level", "time_s", "gap"}
+    assert doc["solver"]["level"] == "O3"
+    for name in ("data-parallel", "zero-3"):
+        base = doc["baselines"][name]
+        assert set(base) >= {"step_time_s", "memory_bytes_per_device", "feasible"}
+        assert doc["predicted"]["step_time_s"] <= base["step_time_s"] * (1 + 1e-9)
+    assert doc["specs"]["input_ids"] in ("S(0)", "R")
+    assert all(isinstance(s, str) for s in doc["strategies"].values())
+
+
+def test_unknown_device_type_is_one_line(step, tmp_path):
+    res = parc("plan", str(step), "--devices", "2xfoo", "-o", str(tmp_path / "p"))
+    assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1
+    assert "foo" in res.stderr and "a100-80g" in res.stderr
+
+
+def test_infeasible_memory_names_tensors_and_budget(step, tmp_path):
+    res = parc("plan", str(step), "--devices", "2xa100-80g", "--mem-limit", "0.0001", "-o", str(tmp_path / "p"))
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+    assert "no mesh fits" in res.stderr and "qkv.weight" in res.stderr
