@@ -3,11 +3,34 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import click
 
 from parc.errors import UsageError
+
+
+@contextmanager
+def _progress() -> Iterator[Callable[[str, int, int], None] | None]:
+    """A progress bar on stderr when it is a terminal (nothing otherwise)."""
+    import sys
+
+    if not sys.stderr.isatty():
+        yield None
+        return
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(TextColumn("planning {task.description}"), BarColumn(), TimeElapsedColumn(),
+                  console=Console(stderr=True), transient=True) as bar:
+        task = bar.add_task("", total=1)
+
+        def report(what: str, done: int, total: int) -> None:
+            bar.update(task, description=what, completed=done, total=total)
+
+        yield report
 
 
 @click.command()
@@ -30,8 +53,9 @@ def plan(model: str, devices: str | None, cluster_file: str | None, level: str, 
         raise UsageError(f"--mem-limit {mem_limit}: expected a positive number of GiB")
     cluster = resolve_cluster(devices, cluster_file)
     graph = importer.load(model, importer.parse_dims(dims))
-    result = plan_graph(graph, cluster, level=level,
-                        memory_budget=mem_limit * 2**30 if mem_limit is not None else None)
+    budget = mem_limit * 2**30 if mem_limit is not None else None
+    with _progress() as report:
+        result = plan_graph(graph, cluster, level=level, memory_budget=budget, progress=report)
     out = Path(output)
     out.mkdir(parents=True, exist_ok=True)
     doc = result.to_json()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -94,14 +95,19 @@ class Plan:
 
 
 def plan_graph(graph: Graph, cluster: Cluster, *, level: str = "O3", memory_budget: float | None = None,
-               max_mesh_dims: int = 2) -> Plan:
-    """The cheapest plan over the cluster's meshes; raises InfeasiblePlanError if none fits."""
+               max_mesh_dims: int = 2, progress: Callable[[str, int, int], None] | None = None) -> Plan:
+    """The cheapest plan over the cluster's meshes; raises InfeasiblePlanError if none fits.
+
+    `progress(what, done, total)` is called before each mesh and before the baselines."""
     t0 = time.perf_counter()
     budget = float(memory_budget if memory_budget is not None else min(d.memory_bytes for d in cluster.devices))
     results: list[MeshResult] = []
     tried: list[dict] = []
     failures: list[str] = []
-    for mesh in enumerate_meshes(cluster, max_dims=max_mesh_dims):
+    meshes = enumerate_meshes(cluster, max_dims=max_mesh_dims)
+    for k, mesh in enumerate(meshes):
+        if progress is not None:
+            progress(f"mesh {'x'.join(map(str, mesh.shape))}", k, len(meshes) + 1)
         model = build(graph, mesh, cluster)
         try:
             sol = solve(model.problem.with_budget(budget), level, SearchOptions())
@@ -118,6 +124,8 @@ def plan_graph(graph: Graph, cluster: Cluster, *, level: str = "O3", memory_budg
         raise InfeasiblePlanError(_infeasible_message(graph, budget, failures))
     best = min(results, key=lambda r: r.solution.cost)
     plan = Plan(best, level, cluster, budget, tried)
+    if progress is not None:
+        progress("baselines", len(meshes), len(meshes) + 1)
     flat = next(r for r in results if len(r.mesh.shape) == 1) if any(
         len(r.mesh.shape) == 1 for r in results) else None
     plan.baselines = baselines(graph, cluster, budget, flat.model if flat else build(
