@@ -63,6 +63,9 @@ class Plan:
     baselines: dict[str, dict] = field(default_factory=dict)
     time_s: float = 0.0
 
+    def communication(self) -> list[dict]:
+        return _edge_collectives(self.best.model, self.best.solution.choice)
+
     def to_json(self) -> dict:
         m = self.best.model
         x = self.best.solution.choice
@@ -78,6 +81,7 @@ class Plan:
                     specs[v.name] = str(spec)
         mem = self.best.memory_bytes
         return {
+            "communication": self.communication(),
             "format_version": FORMAT_VERSION,
             "cluster": self.cluster.to_json(),
             "mesh": self.best.mesh.to_json(),
@@ -92,6 +96,35 @@ class Plan:
                        "meshes": self.tried},
             "baselines": self.baselines,
         }
+
+
+def _edge_collectives(model: CostModel, x: np.ndarray) -> list[dict]:
+    """The resharding each chosen edge needs: value, layouts, collectives, bytes, seconds."""
+    from parc.passes.spmd.costs import reshard_time
+    from parc.sharding import reshard
+
+    out = []
+    g, shape = model.graph, model.mesh.shape
+    src_of = {id(v): model.source_specs[k][x[k]] for k, v in enumerate(model.sources)}
+    for pos, n in enumerate(g.nodes):
+        s = model.strategies[pos][x[model.node_index(pos)]]
+        for v, spec in zip(n.outputs, s.outputs):
+            src_of[id(v)] = spec
+    for pos, n in enumerate(g.nodes):
+        s = model.strategies[pos][x[model.node_index(pos)]]
+        for i, v in enumerate(n.inputs):
+            if v is None or s.inputs[i] is None or id(v) not in src_of:
+                continue
+            a, b = src_of[id(v)], s.inputs[i]
+            if a == b:
+                continue
+            steps = [c for c in reshard(a, b, v.shape, v.dtype.itemsize, shape) if not c.is_local]
+            if steps:
+                out.append({"value": v.name, "consumer": n.name, "from": str(a), "to": str(b),
+                            "collectives": [{"kind": c.kind, "axis": c.axis, "bytes_per_device": c.bytes_per_device}
+                                            for c in steps],
+                            "time_s": reshard_time(a, b, v.shape, v.dtype.itemsize, model.mesh)})
+    return out
 
 
 def plan_graph(graph: Graph, cluster: Cluster, *, level: str = "O3", memory_budget: float | None = None,
