@@ -82,6 +82,7 @@ class Plan:
         mem = self.best.memory_bytes
         return {
             "communication": self.communication(),
+            "tensors": _tensors(m),
             "format_version": FORMAT_VERSION,
             "cluster": self.cluster.to_json(),
             "mesh": self.best.mesh.to_json(),
@@ -124,7 +125,42 @@ def _edge_collectives(model: CostModel, x: np.ndarray) -> list[dict]:
                             "collectives": [{"kind": c.kind, "axis": c.axis, "bytes_per_device": c.bytes_per_device}
                                             for c in steps],
                             "time_s": reshard_time(a, b, v.shape, v.dtype.itemsize, model.mesh)})
+    out.extend(_binding_collectives(model, x, src_of))
     return out
+
+
+def _binding_collectives(model: CostModel, x: np.ndarray, layout: dict[int, ShardSpec]) -> list[dict]:
+    """A training step's new parameters and state, resharded back to their inputs' layout."""
+    import json
+
+    from parc.passes.spmd.costs import reshard_time
+    from parc.sharding import reshard
+
+    state = model.graph.metadata.get("parc.state")
+    if not state:
+        return []
+    outputs = {v.name: v for v in model.graph.outputs}
+    sources = {v.name: k for k, v in enumerate(model.sources)}
+    out = []
+    for out_name, in_name in sorted(json.loads(state)["bindings"].items()):
+        v = outputs.get(out_name)
+        if v is None or id(v) not in layout or in_name not in sources:
+            continue
+        a, b = layout[id(v)], model.source_specs[sources[in_name]][x[sources[in_name]]]
+        steps = [c for c in reshard(a, b, v.shape, v.dtype.itemsize, model.mesh.shape) if not c.is_local]
+        if steps:
+            out.append({"value": out_name, "consumer": f"next step: {in_name}", "from": str(a), "to": str(b),
+                        "collectives": [{"kind": c.kind, "axis": c.axis, "bytes_per_device": c.bytes_per_device}
+                                        for c in steps],
+                        "time_s": reshard_time(a, b, v.shape, v.dtype.itemsize, model.mesh)})
+    return out
+
+
+def _tensors(model: CostModel) -> dict[str, dict]:
+    """Shape, dtype and bytes of every named value (explain reports bytes per layout)."""
+    vals = list(model.sources) + [v for n in model.graph.nodes for v in n.outputs if v.name]
+    return {v.name: {"shape": list(v.shape or ()), "dtype": str(v.dtype), "bytes": v.nbytes,
+                     "parameter": bool(v.is_param)} for v in vals}
 
 
 def plan_graph(graph: Graph, cluster: Cluster, *, level: str = "O3", memory_budget: float | None = None,

@@ -1,0 +1,152 @@
+"""The "why" of a report: short sentences derived only from the report's numbers."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from parc.report import facts, scopes
+from parc.report.units import fmt_bytes, fmt_gap, fmt_pct, fmt_shape, fmt_time
+
+_NAMES_SHOWN = 5
+
+
+def reasons(r: facts.Report) -> list[str]:
+    """Every sentence that the numbers support, most important first."""
+    out = [_comm_share(r)]
+    out += _strategy_mix(r)
+    out += _communication(r.communication, r.parameters)
+    out += _parameters(r)
+    out += _memory(r)
+    out += [_baseline(r, b) for b in r.baselines]
+    out += _meshes(r.summary)
+    out += _solver(r.summary)
+    return out
+
+
+def _comm_share(r: facts.Report) -> str:
+    s = r.step
+    return (f"communication is {fmt_pct(s.comm_fraction)} of the predicted step ({fmt_time(s.comm_s)} of "
+            f"{fmt_time(s.step_time_s)}); compute is {fmt_time(s.compute_s)}")
+
+
+def _strategy_mix(r: facts.Report) -> list[str]:
+    out = []
+    compute: Counter[str] = Counter(r.strategy_mix.get("forward", {}))
+    compute.update(r.strategy_mix.get("backward", {}))
+    for what, words in (("forward and backward", compute), ("optimizer", Counter(r.strategy_mix.get("optimizer", {})))):
+        total = sum(words.values())
+        if total:
+            top, n = sorted(words.items(), key=lambda kv: (-kv[1], kv[0]))[0]
+            out.append(f"{n} of {total} {what} nodes ({fmt_pct(n / total)}) run {top}")
+    return out
+
+
+def _communication(c: facts.Communication, p: facts.Parameters) -> list[str]:
+    if not c.recorded:
+        return ["plan.json lists no communication edges (written by an older parc plan)"]
+    out = []
+    if c.by_kind:
+        k = c.by_kind[0]
+        out.append(f"most communication time is {k.key} ({k.count} collectives, "
+                   f"{fmt_bytes(k.bytes_per_device)} per device, {fmt_time(k.time_s)})")
+    if c.top_edges:
+        e = c.top_edges[0]
+        out.append(f"the slowest edge is {e.value} -> {e.consumer}: {e.src} to {e.dst} by "
+                   f"{', '.join(e.collectives)}, {fmt_time(e.time_s)}")
+    if c.predicted_s > 0 and abs(c.unitemized_s) > 0.01 * c.predicted_s:
+        text = (f"{fmt_time(c.unitemized_s)} of the predicted communication "
+                f"({fmt_pct(c.unitemized_s / c.predicted_s)}) is on no edge plan.json lists")
+        moved = next((q for q in p.items if q.new_spec is not None and q.new_spec != q.spec), None)
+        if p.relaid:
+            example = f" (e.g. {moved.name}: {moved.new_spec} -> {moved.spec})" if moved else ""
+            text += (f": {p.relaid} parameter and optimizer state tensors leave the step in another layout "
+                     f"than they enter it{example} and are resharded for the next step")
+        out.append(text)
+    return out
+
+
+def _parameters(r: facts.Report) -> list[str]:
+    p = r.parameters
+    if not p.count:
+        return ["no trained parameters found (no spec name X with an X.new sibling: not a training step)"]
+    if not p.sharded:
+        return [f"all {p.count} parameters are replicated, as in data parallel"] + _state_only(p)
+    names = [q.name for q in p.items if q.sharded]
+    shown = ", ".join(names[:_NAMES_SHOWN]) + (f" and {len(names) - _NAMES_SHOWN} more" if len(names) > _NAMES_SHOWN else "")
+    size = f" ({fmt_bytes(p.sharded_bytes)})" if p.sharded_bytes is not None else ""
+    state = f"; {p.state_sharded} of {p.state_tensors} optimizer state tensors are sharded" if p.state_tensors else ""
+    out = [f"the plan shards {p.sharded} of {p.count} parameters{size} that data parallel replicates "
+           f"({shown}){state}"]
+    return out + _state_only(p)
+
+
+def _state_only(p: facts.Parameters) -> list[str]:
+    """Replicated parameters whose optimizer state (and so their update) is sharded: ZeRO-1 style."""
+    n = sum(1 for q in p.items if not q.sharded and any(scopes.is_sharded(s) for s in q.state.values()))
+    if not n:
+        return []
+    return [f"{n} replicated parameters keep their optimizer state sharded: each device updates its shard "
+            f"(ZeRO-1 style)"]
+
+
+def _memory(r: facts.Report) -> list[str]:
+    m = r.memory
+    out = [f"memory per device is {fmt_bytes(m.max_bytes)}, {fmt_pct(m.fraction)} of the "
+           f"{fmt_bytes(m.budget_bytes)} budget"]
+    dp = next((b for b in r.baselines if b.name == "data-parallel" and b.memory_bytes_per_device is not None), None)
+    if dp is not None:
+        diff = dp.memory_bytes_per_device - m.max_bytes  # type: ignore[operator]
+        if abs(diff) >= 1:
+            more_less = "saving" if diff > 0 else "using"
+            tail = "" if diff > 0 else " more"
+            out.append(f"against data parallel the plan predicts {fmt_bytes(m.max_bytes)} per device instead of "
+                       f"{fmt_bytes(dp.memory_bytes_per_device)}, {more_less} {fmt_bytes(abs(diff))}{tail} "
+                       f"per device")
+    return out
+
+
+def _baseline(r: facts.Report, b: facts.Baseline) -> str:
+    budget = fmt_bytes(r.memory.budget_bytes)
+    if not b.feasible:
+        if b.memory_bytes_per_device is not None:
+            return (f"baseline {b.name} is infeasible: it needs {fmt_bytes(b.memory_bytes_per_device)} per "
+                    f"device > budget {budget}")
+        return f"baseline {b.name} is infeasible: no layout around its pins fits the {budget} budget"
+    assert b.time_ratio is not None and b.step_time_s is not None
+    delta = b.step_time_s - r.step.step_time_s
+    if abs(b.time_ratio - 1) < 5e-4:
+        speed = "as fast as the plan"
+    elif delta > 0:
+        speed = f"{fmt_pct(b.time_ratio - 1)} slower than the plan (+{fmt_time(delta)} per step)"
+    else:
+        speed = f"{fmt_pct(1 - b.time_ratio)} faster than the plan ({fmt_time(delta)} per step)"
+    text = f"baseline {b.name} is predicted {speed}: {fmt_time(b.step_time_s)} vs {fmt_time(r.step.step_time_s)}"
+    if b.memory_bytes_per_device is not None:
+        text += f", with {fmt_bytes(b.memory_bytes_per_device)} per device"
+    return text
+
+
+def _meshes(s: facts.Summary) -> list[str]:
+    chosen = next((m for m in s.meshes if m.chosen), None)
+    out = []
+    for m in s.meshes:
+        if m.chosen:
+            continue
+        if not m.feasible:
+            out.append(f"mesh {fmt_shape(m.shape)} does not fit the memory budget")
+        elif chosen is not None and chosen.step_time_s and m.step_time_s is not None:
+            gap = f" (solver gap {fmt_gap(m.gap)})" if m.gap else ""
+            out.append(f"mesh {fmt_shape(m.shape)} was predicted {fmt_time(m.step_time_s)}, "
+                       f"{fmt_pct(m.step_time_s / chosen.step_time_s - 1)} slower than {fmt_shape(chosen.shape)}{gap}")
+    return out
+
+
+def _solver(s: facts.Summary) -> list[str]:
+    if s.solver_status is None:
+        return []
+    if s.solver_gap:
+        return [f"the solver ({s.solver_level}) reports {s.solver_status} with a relative gap of "
+                f"{fmt_gap(s.solver_gap)}: the best plan on this mesh is at most that much faster"]
+    took = f"; planning took {fmt_time(s.solver_time_s)}" if s.solver_time_s is not None else ""
+    return [f"the solver ({s.solver_level}) reports the plan {s.solver_status} on its mesh "
+            f"in the cost model{took}"]
