@@ -25,12 +25,14 @@ test: $(STAMP)  ## run the fast test suite (what CI runs)
 test-all: $(STAMP)  ## run every test, slow ones included (large models, full ONNX node suite)
 	$(PYTEST) -q -n 2
 
-demo: $(STAMP)  ## build GPTs from the zoo, inspect them, make and inspect a training step
+demo: $(STAMP)  ## build GPTs from the zoo, inspect them, make a training step, plan and explain it
 	@mkdir -p $(DEMO)
 	$(BIN)/parc models build gpt-tiny -o $(DEMO)/gpt-tiny.onnx
 	$(BIN)/parc inspect $(DEMO)/gpt-tiny.onnx
 	$(BIN)/parc grad $(DEMO)/gpt-tiny.onnx --optimizer adamw --lr 1e-3 -o $(DEMO)/gpt-tiny.train.onnx
 	$(BIN)/parc inspect $(DEMO)/gpt-tiny.train.onnx
+	$(BIN)/parc plan $(DEMO)/gpt-tiny.train.onnx --devices 2xa100-80g -o $(DEMO)/plan
+	$(BIN)/parc explain $(DEMO)/plan
 	$(BIN)/parc models build gpt-medium -o $(DEMO)/gpt-medium.onnx
 	$(BIN)/parc inspect $(DEMO)/gpt-medium.onnx
 
