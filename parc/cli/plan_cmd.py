@@ -40,22 +40,27 @@ def _progress() -> Iterator[Callable[[str, int, int], None] | None]:
 @click.option("-O2", "level", flag_value="O2", help="Segments between critical nodes, stitched by DP.")
 @click.option("-O3", "level", flag_value="O3", default=True, help="One ILP over the whole graph (default).")
 @click.option("--mem-limit", type=float, metavar="GIB", help="Memory per device (default: the device's).")
+@click.option("--time-limit", default=60.0, type=float, show_default=True, metavar="SECONDS",
+              help="Per solve; on time-out the best plan found is kept with its proven gap.")
 @click.option("--dim", "dims", multiple=True, metavar="NAME=VALUE", help="Bind a symbolic dim.")
 @click.option("-o", "--output", required=True, type=click.Path(file_okay=False), help="Plan directory.")
 def plan(model: str, devices: str | None, cluster_file: str | None, level: str, mem_limit: float | None,
-         dims: tuple[str, ...], output: str) -> None:
+         time_limit: float, dims: tuple[str, ...], output: str) -> None:
     """Search how to split MODEL over the devices; write PLAN_DIR/plan.json."""
     from parc.cluster import resolve_cluster
     from parc.ir import importer
     from parc.passes.spmd.search import plan_graph
 
+    if not time_limit > 0:
+        raise UsageError(f"--time-limit {time_limit}: expected a positive number of seconds")
     if mem_limit is not None and not mem_limit > 0:
         raise UsageError(f"--mem-limit {mem_limit}: expected a positive number of GiB")
     cluster = resolve_cluster(devices, cluster_file)
     graph = importer.load(model, importer.parse_dims(dims))
     budget = mem_limit * 2**30 if mem_limit is not None else None
     with _progress() as report:
-        result = plan_graph(graph, cluster, level=level, memory_budget=budget, progress=report)
+        result = plan_graph(graph, cluster, level=level, memory_budget=budget, progress=report,
+                            time_limit=time_limit)
     out = Path(output)
     out.mkdir(parents=True, exist_ok=True)
     doc = result.to_json()

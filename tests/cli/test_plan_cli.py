@@ -50,3 +50,13 @@ def test_infeasible_memory_names_tensors_and_budget(step, tmp_path):
     res = parc("plan", str(step), "--devices", "2xa100-80g", "--mem-limit", "0.0001", "-o", str(tmp_path / "p"))
     assert res.returncode == 2 and "Traceback" not in res.stderr
     assert "no mesh fits" in res.stderr and "qkv.weight" in res.stderr
+
+
+def test_time_limit_keeps_the_best_plan_with_its_gap(step, tmp_path):
+    res = parc("plan", str(step), "--devices", "4xa100-80g", "--time-limit", "2", "-o", str(tmp_path / "p"))
+    assert res.returncode == 0, res.stderr
+    doc = json.loads((tmp_path / "p" / "plan.json").read_text())
+    assert [m["shape"] for m in doc["solver"]["meshes"]] == [[4], [2, 2]]
+    assert all(m["gap"] >= 0 for m in doc["solver"]["meshes"])
+    assert parc("plan", str(step), "--devices", "2xa100-80g", "--time-limit", "0", "-o",
+                str(tmp_path / "q")).returncode == 2

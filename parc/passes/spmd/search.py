@@ -22,7 +22,7 @@ from parc.errors import InfeasiblePlanError
 from parc.ir.graph import Graph
 from parc.passes.spmd.costs import CostModel, build
 from parc.sharding import R, S, ShardSpec
-from parc.solver import Problem, SearchOptions, Solution, solve
+from parc.solver import IlpOptions, Problem, SearchOptions, Solution, solve
 
 log = logging.getLogger("parc.plan")
 FORMAT_VERSION = 1
@@ -164,7 +164,8 @@ def _tensors(model: CostModel) -> dict[str, dict]:
 
 
 def plan_graph(graph: Graph, cluster: Cluster, *, level: str = "O3", memory_budget: float | None = None,
-               max_mesh_dims: int = 2, progress: Callable[[str, int, int], None] | None = None) -> Plan:
+               max_mesh_dims: int = 2, progress: Callable[[str, int, int], None] | None = None,
+               time_limit: float = 60.0) -> Plan:
     """The cheapest plan over the cluster's meshes; raises InfeasiblePlanError if none fits.
 
     `progress(what, done, total)` is called before each mesh and before the baselines."""
@@ -173,13 +174,14 @@ def plan_graph(graph: Graph, cluster: Cluster, *, level: str = "O3", memory_budg
     results: list[MeshResult] = []
     tried: list[dict] = []
     failures: list[str] = []
+    options = SearchOptions(ilp=IlpOptions(time_limit=time_limit))
     meshes = enumerate_meshes(cluster, max_dims=max_mesh_dims)
     for k, mesh in enumerate(meshes):
         if progress is not None:
             progress(f"mesh {'x'.join(map(str, mesh.shape))}", k, len(meshes) + 1)
         model = build(graph, mesh, cluster)
         try:
-            sol = solve(model.problem.with_budget(budget), level, SearchOptions())
+            sol = solve(model.problem.with_budget(budget), level, options)
         except InfeasiblePlanError as e:
             failures.append(f"mesh {mesh.shape}: {e}")
             tried.append({"shape": list(mesh.shape), "feasible": False})
@@ -198,13 +200,15 @@ def plan_graph(graph: Graph, cluster: Cluster, *, level: str = "O3", memory_budg
     flat = next(r for r in results if len(r.mesh.shape) == 1) if any(
         len(r.mesh.shape) == 1 for r in results) else None
     plan.baselines = baselines(graph, cluster, budget, flat.model if flat else build(
-        graph, enumerate_meshes(cluster, max_dims=1)[0], cluster))
+        graph, enumerate_meshes(cluster, max_dims=1)[0], cluster), options)
     plan.time_s = time.perf_counter() - t0
     return plan
 
 
-def baselines(graph: Graph, cluster: Cluster, budget: float, model: CostModel) -> dict[str, dict]:
+def baselines(graph: Graph, cluster: Cluster, budget: float, model: CostModel,
+              options: SearchOptions | None = None) -> dict[str, dict]:
     """Data parallel and ZeRO-3 in the same cost model, on the flat mesh of all devices."""
+    options = options or SearchOptions()
     out = {}
     for name, param_spec in (("data-parallel", _replicate), ("zero-3", _largest_split)):
         pins = []
@@ -215,7 +219,7 @@ def baselines(graph: Graph, cluster: Cluster, budget: float, model: CostModel) -
                 pins.append((k, (specs.index(want),)))
         p: Problem = model.problem.restricted(dict(pins))
         try:
-            sol = solve(p, "O3")
+            sol = solve(p, "O3", options)
         except InfeasiblePlanError:
             out[name] = {"step_time_s": None, "memory_bytes_per_device": None, "feasible": False}
             continue
