@@ -42,10 +42,12 @@ def _progress() -> Iterator[Callable[[str, int, int], None] | None]:
 @click.option("--mem-limit", type=float, metavar="GIB", help="Memory per device (default: the device's).")
 @click.option("--time-limit", default=60.0, type=float, show_default=True, metavar="SECONDS",
               help="Per solve; on time-out the best plan found is kept with its proven gap.")
+@click.option("--hints", "hints_file", type=click.Path(dir_okay=False),
+              help="Hints YAML: Whale replicate/split scopes and pinned layouts (docs/hints.md).")
 @click.option("--dim", "dims", multiple=True, metavar="NAME=VALUE", help="Bind a symbolic dim.")
 @click.option("-o", "--output", required=True, type=click.Path(file_okay=False), help="Plan directory.")
 def plan(model: str, devices: str | None, cluster_file: str | None, level: str, mem_limit: float | None,
-         time_limit: float, dims: tuple[str, ...], output: str) -> None:
+         time_limit: float, hints_file: str | None, dims: tuple[str, ...], output: str) -> None:
     """Search how to split MODEL over the devices; write PLAN_DIR/plan.json."""
     from parc.cluster import resolve_cluster
     from parc.ir import importer
@@ -55,12 +57,16 @@ def plan(model: str, devices: str | None, cluster_file: str | None, level: str, 
         raise UsageError(f"--time-limit {time_limit}: expected a positive number of seconds")
     if mem_limit is not None and not mem_limit > 0:
         raise UsageError(f"--mem-limit {mem_limit}: expected a positive number of GiB")
+    from parc.hints import Hints, load_hints, read_annotations, write_sharded_model
+
+    hints = load_hints(hints_file) if hints_file else Hints()
+    hints = hints.merged(read_annotations(model))  # the model's own ONNX multi-device annotations
     cluster = resolve_cluster(devices, cluster_file)
     graph = importer.load(model, importer.parse_dims(dims))
     budget = mem_limit * 2**30 if mem_limit is not None else None
     with _progress() as report:
         result = plan_graph(graph, cluster, level=level, memory_budget=budget, progress=report,
-                            time_limit=time_limit)
+                            time_limit=time_limit, hints=None if hints.empty else hints)
     out = Path(output)
     out.mkdir(parents=True, exist_ok=True)
     doc = result.to_json()
@@ -68,6 +74,8 @@ def plan(model: str, devices: str | None, cluster_file: str | None, level: str, 
     tmp = out / "plan.json.tmp"
     tmp.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
     tmp.replace(out / "plan.json")
+    write_sharded_model(model, doc["specs"], tuple(doc["mesh"]["shape"]), out / "model.sharded.onnx",
+                        shapes={v.name: v.shape for v in graph.values() if v.shape is not None})
     p = doc["predicted"]
     base = ", ".join(f"{k} {v['step_time_s'] * 1e3:.3f} ms" if v["step_time_s"] is not None else f"{k} infeasible"
                      for k, v in doc["baselines"].items())

@@ -60,3 +60,26 @@ def test_time_limit_keeps_the_best_plan_with_its_gap(step, tmp_path):
     assert all(m["gap"] >= 0 for m in doc["solver"]["meshes"])
     assert parc("plan", str(step), "--devices", "2xa100-80g", "--time-limit", "0", "-o",
                 str(tmp_path / "q")).returncode == 2
+
+
+def test_split_hint_gives_megatron_mlp_and_an_annotated_model(step, tmp_path):
+    import onnx
+
+    hints = tmp_path / "hints.yaml"
+    hints.write_text('scopes:\n  - match: "h\\\\.[0-9]+\\\\.mlp\\\\."\n    split: 2\n')
+    res = parc("plan", str(step), "--devices", "2xa100-80g", "--hints", str(hints), "-o", str(tmp_path / "p"))
+    assert res.returncode == 0, res.stderr
+    doc = json.loads((tmp_path / "p" / "plan.json").read_text())
+    # Whale split on the MLP: column-parallel first matmul, row-parallel second (Megatron)
+    assert doc["strategies"]["h.0.mlp.fc.matmul"] == "n"
+    assert doc["strategies"]["h.0.mlp.proj.matmul"] == "k"
+    assert doc["hints"] is not None
+    onnx.checker.check_model(str(tmp_path / "p" / "model.sharded.onnx"))
+
+
+def test_hint_no_mesh_can_satisfy_is_one_line(step, tmp_path):
+    hints = tmp_path / "hints.yaml"
+    hints.write_text('scopes:\n  - match: "mlp"\n    split: 3\n')
+    res = parc("plan", str(step), "--devices", "2xa100-80g", "--hints", str(hints), "-o", str(tmp_path / "p"))
+    assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1
+    assert "no mesh satisfies the hints" in res.stderr

@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from parc.cluster import Cluster, Mesh, enumerate_meshes
-from parc.errors import InfeasiblePlanError
+from parc.errors import InfeasiblePlanError, UsageError
+from parc.hints import Hints, IneligibleMeshError, check_mesh, hint_pins, warn_once
 from parc.ir.graph import Graph
 from parc.passes.spmd.costs import CostModel, build
 from parc.sharding import R, S, ShardSpec
@@ -62,6 +63,7 @@ class Plan:
     tried: list[dict] = field(default_factory=list)
     baselines: dict[str, dict] = field(default_factory=dict)
     time_s: float = 0.0
+    hints: Hints | None = None
 
     def communication(self) -> list[dict]:
         return _edge_collectives(self.best.model, self.best.solution.choice)
@@ -96,6 +98,7 @@ class Plan:
                        "status": self.best.solution.status, "nodes": m.problem.n,
                        "meshes": self.tried},
             "baselines": self.baselines,
+            "hints": self.hints.to_json() if self.hints is not None else None,
         }
 
 
@@ -165,7 +168,7 @@ def _tensors(model: CostModel) -> dict[str, dict]:
 
 def plan_graph(graph: Graph, cluster: Cluster, *, level: str = "O3", memory_budget: float | None = None,
                max_mesh_dims: int = 2, progress: Callable[[str, int, int], None] | None = None,
-               time_limit: float = 60.0) -> Plan:
+               time_limit: float = 60.0, hints: Hints | None = None) -> Plan:
     """The cheapest plan over the cluster's meshes; raises InfeasiblePlanError if none fits.
 
     `progress(what, done, total)` is called before each mesh and before the baselines."""
@@ -176,12 +179,25 @@ def plan_graph(graph: Graph, cluster: Cluster, *, level: str = "O3", memory_budg
     failures: list[str] = []
     options = SearchOptions(ilp=IlpOptions(time_limit=time_limit))
     meshes = enumerate_meshes(cluster, max_dims=max_mesh_dims)
+    warned: set[str] = set()
+    skipped: list[str] = []
     for k, mesh in enumerate(meshes):
         if progress is not None:
             progress(f"mesh {'x'.join(map(str, mesh.shape))}", k, len(meshes) + 1)
-        model = build(graph, mesh, cluster)
         try:
-            sol = solve(model.problem.with_budget(budget), level, options)
+            if hints is not None:
+                check_mesh(graph, hints, mesh.shape)  # before the (slow) cost model
+            model = build(graph, mesh, cluster)
+            pins, warnings = hint_pins(model, hints) if hints is not None else ({}, [])
+        except IneligibleMeshError as e:
+            skipped.append(f"mesh {mesh}: {e}")
+            tried.append({"shape": list(mesh.shape), "feasible": False, "skipped": str(e)})
+            log.info("mesh %s: skipped: %s", mesh.shape, e)
+            continue
+        warn_once(warnings, warned)
+        problem = model.problem.restricted(pins) if pins else model.problem
+        try:
+            sol = solve(problem.with_budget(budget), level, options)
         except InfeasiblePlanError as e:
             failures.append(f"mesh {mesh.shape}: {e}")
             tried.append({"shape": list(mesh.shape), "feasible": False})
@@ -192,9 +208,11 @@ def plan_graph(graph: Graph, cluster: Cluster, *, level: str = "O3", memory_budg
                       "gap": sol.gap})
         log.info("mesh %s: %.6g s (%s)", mesh.shape, sol.cost, sol.status)
     if not results:
-        raise InfeasiblePlanError(_infeasible_message(graph, budget, failures))
+        if skipped and not failures:
+            raise UsageError("no mesh satisfies the hints: " + "; ".join(skipped))
+        raise InfeasiblePlanError(_infeasible_message(graph, budget, failures + skipped))
     best = min(results, key=lambda r: r.solution.cost)
-    plan = Plan(best, level, cluster, budget, tried)
+    plan = Plan(best, level, cluster, budget, tried, hints=hints)
     if progress is not None:
         progress("baselines", len(meshes), len(meshes) + 1)
     flat = next(r for r in results if len(r.mesh.shape) == 1) if any(
