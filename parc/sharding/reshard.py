@@ -175,7 +175,10 @@ class _Steps:
             return 0.0
         n, worst = self.mesh[k], 0.0
         touched = {x.dim for x in (before[k], after[k]) if isinstance(x, Split)}
-        for coords in self.devices:
+        devices = self.devices
+        if kind != "all_to_all" and not _uneven(before) and not _uneven(after):
+            devices = devices[:1]  # even splits: every device receives the same volume
+        for coords in devices:
             held, need = self.local(before, coords), self.local(after, coords)
             h, m = math.prod(held), math.prod(need)
             if kind == "all_reduce":
@@ -187,6 +190,10 @@ class _Steps:
                                   for d, e in enumerate(need))
             worst = max(worst, float(v))
         return worst * self.dtype_bytes
+
+
+def _uneven(spec: ShardSpec) -> bool:
+    return any(isinstance(ax, Split) and ax.sizes is not None for ax in spec)
 
 
 def _canonical(spec: ShardSpec, shape: tuple[int, ...], mesh: tuple[int, ...]) -> ShardSpec | None:
