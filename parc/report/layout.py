@@ -126,4 +126,5 @@ def _baselines(r: Report) -> Section:
                      fmt_ratio(b.memory_ratio), "yes" if b.feasible else "no"])
     return Section("Against baselines", tables=[Table(
         ["strategy", "step time", "vs plan", "memory/device", "vs plan", "feasible"], rows, frozenset({1, 2, 3, 4}),
-        "same cost model, flat mesh; ratios are baseline / plan")])
+        "same cost model; data-parallel and zero-3 on the flat mesh, megatron-tpN on a (dp, N) mesh; "
+        "ratios are baseline / plan")])

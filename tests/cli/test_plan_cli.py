@@ -58,6 +58,8 @@ def test_time_limit_keeps_the_best_plan_with_its_gap(step, tmp_path):
     doc = json.loads((tmp_path / "p" / "plan.json").read_text())
     assert [m["shape"] for m in doc["solver"]["meshes"]] == [[4], [2, 2]]
     assert all(m["gap"] >= 0 for m in doc["solver"]["meshes"])
+    megatron = doc["baselines"]["megatron-tp2"]  # Megatron TP=2 x DP=2 on the 2x2 mesh
+    assert megatron["mesh"] == [2, 2] and megatron["step_time_s"] > 0
     assert parc("plan", str(step), "--devices", "2xa100-80g", "--time-limit", "0", "-o",
                 str(tmp_path / "q")).returncode == 2
 

@@ -4,8 +4,10 @@ For each mesh of `enumerate_meshes` the graph's cost model (`costs.build`) becom
 Problem with the per-device memory budget, solved at O2 or O3; the mesh with the lowest
 predicted step time wins. Baselines are solved in the same cost model with their layouts
 pinned: `data-parallel` (data inputs split on their first dim over the whole device set,
-parameters and optimizer state replicated) and `zero-3` (the same with parameters and state
-split on their largest divisible dim), so every plan says how it compares.
+parameters and optimizer state replicated), `zero-3` (the same with parameters and state
+split on their largest divisible dim) and `megatron-tpN` on each (dp, N) mesh, N in 2/4/8
+(every parameter-reading node splits a parameter over the tp axis), so every plan says how it
+compares.
 """
 
 from __future__ import annotations
@@ -219,6 +221,11 @@ def plan_graph(graph: Graph, cluster: Cluster, *, level: str = "O3", memory_budg
         len(r.mesh.shape) == 1 for r in results) else None
     plan.baselines = baselines(graph, cluster, budget, flat.model if flat else build(
         graph, enumerate_meshes(cluster, max_dims=1)[0], cluster), options)
+    built = {r.mesh.shape: r.model for r in results}
+    for mesh in meshes:
+        if len(mesh.shape) == 2 and mesh.shape[1] in (2, 4, 8):
+            model = built.get(mesh.shape) or build(graph, mesh, cluster)
+            plan.baselines[f"megatron-tp{mesh.shape[1]}"] = megatron_baseline(model, budget, options)
     plan.time_s = time.perf_counter() - t0
     return plan
 
@@ -244,6 +251,26 @@ def baselines(graph: Graph, cluster: Cluster, budget: float, model: CostModel,
         mem = float(sum(p.mem[i][sol.choice[i]] for i in range(p.n))) if p.mem else 0.0
         out[name] = {"step_time_s": sol.cost, "memory_bytes_per_device": mem, "feasible": mem <= budget}
     return out
+
+
+def megatron_baseline(model: CostModel, budget: float, options: SearchOptions) -> dict:
+    """Megatron TP x DP on a (dp, tp) mesh: every node that reads a parameter splits one over the
+    tp axis (the solver then picks column- or row-parallel, as Megatron's recipe does), the
+    rest is chosen freely (data parallel on the dp axis)."""
+    from parc.hints import Request, Scope
+
+    tp = model.mesh.shape[1]
+    hints = Hints(scopes=(Scope(".", Request("split", tp), "<megatron baseline>"),))
+    try:
+        pins, _ = hint_pins(model, hints)
+        p = model.problem.restricted(pins)
+        sol = solve(p, "O3", options)
+    except (IneligibleMeshError, InfeasiblePlanError):
+        return {"step_time_s": None, "memory_bytes_per_device": None, "feasible": False,
+                "mesh": list(model.mesh.shape)}
+    mem = float(sum(p.mem[i][sol.choice[i]] for i in range(p.n))) if p.mem else 0.0
+    return {"step_time_s": sol.cost, "memory_bytes_per_device": mem, "feasible": mem <= budget,
+            "mesh": list(model.mesh.shape), "gap": sol.gap}
 
 
 def _replicate(v, mesh: Mesh) -> ShardSpec:
