@@ -36,9 +36,10 @@ demo: $(STAMP)  ## build GPTs from the zoo, inspect them, make a training step, 
 	$(BIN)/parc models build gpt-medium -o $(DEMO)/gpt-medium.onnx
 	$(BIN)/parc inspect $(DEMO)/gpt-medium.onnx
 
-bench: $(STAMP)  ## import/inspect and grad time and peak memory per zoo model (docs/benchmarks.md)
+bench: $(STAMP)  ## import/inspect, grad and plan time, memory and plan quality per zoo model (docs/benchmarks.md)
 	$(BIN)/python benchmarks/run.py
 	$(BIN)/python benchmarks/grad.py
+	$(BIN)/python benchmarks/plan.py
 
 lint: $(STAMP)  ## ruff lint
 	$(BIN)/ruff check parc tests benchmarks scripts
