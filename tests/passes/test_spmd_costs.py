@@ -43,3 +43,17 @@ def test_plan_on_four_devices_is_data_parallel_and_beats_replication(step):
                      for i, n in enumerate(step.nodes)
                      if n.op_type == "MatMul" and n.meta["parc.phase"] == "forward")
     assert chosen.most_common(1)[0][0] == "b0"  # the batch label: data parallelism
+
+
+def test_gpt_medium_training_on_8_a100_is_data_parallel(tmp_path):
+    """Issue 4's quality bar: a small model with ample memory plans as data parallel."""
+    graph = load(build_model("gpt-medium", tmp_path / "m.onnx", {"batch": "32"}))
+    make_training_step(graph, OptimizerConfig("adamw"))
+    cluster = parse_devices("8xa100-80g")
+    mesh = enumerate_meshes(cluster, max_dims=1)[0]
+    model = build(graph, mesh, cluster)
+    solution = solve(model.problem.with_budget(80 * 2**30), "O3")
+    chosen = Counter(str(model.strategies[i][solution.choice[model.node_index(i)]])
+                     for i, n in enumerate(graph.nodes)
+                     if n.op_type == "MatMul" and n.meta["parc.phase"] == "forward")
+    assert chosen == Counter({"b0": 144})
