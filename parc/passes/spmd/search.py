@@ -106,11 +106,8 @@ class Plan:
 
 def _edge_collectives(model: CostModel, x: np.ndarray) -> list[dict]:
     """The resharding each chosen edge needs: value, layouts, collectives, bytes, seconds."""
-    from parc.passes.spmd.costs import reshard_time
-    from parc.sharding import reshard
-
     out = []
-    g, shape = model.graph, model.mesh.shape
+    g = model.graph
     src_of = {id(v): model.source_specs[k][x[k]] for k, v in enumerate(model.sources)}
     for pos, n in enumerate(g.nodes):
         s = model.strategies[pos][x[model.node_index(pos)]]
@@ -121,15 +118,9 @@ def _edge_collectives(model: CostModel, x: np.ndarray) -> list[dict]:
         for i, v in enumerate(n.inputs):
             if v is None or s.inputs[i] is None or id(v) not in src_of:
                 continue
-            a, b = src_of[id(v)], s.inputs[i]
-            if a == b:
-                continue
-            steps = [c for c in reshard(a, b, v.shape, v.dtype.itemsize, shape) if not c.is_local]
-            if steps:
-                out.append({"value": v.name, "consumer": n.name, "from": str(a), "to": str(b),
-                            "collectives": [{"kind": c.kind, "axis": c.axis, "bytes_per_device": c.bytes_per_device}
-                                            for c in steps],
-                            "time_s": reshard_time(a, b, v.shape, v.dtype.itemsize, model.mesh)})
+            entry = _entry(model, v, v.name, n.name, src_of[id(v)], s.inputs[i])
+            if entry:
+                out.append(entry)
     out.extend(_binding_collectives(model, x, src_of))
     return out
 
@@ -138,8 +129,6 @@ def _binding_collectives(model: CostModel, x: np.ndarray, layout: dict[int, Shar
     """A training step's new parameters and state, resharded back to their inputs' layout."""
     import json
 
-    from parc.passes.spmd.costs import reshard_time
-    from parc.sharding import reshard
 
     state = model.graph.metadata.get("parc.state")
     if not state:
@@ -151,14 +140,27 @@ def _binding_collectives(model: CostModel, x: np.ndarray, layout: dict[int, Shar
         v = outputs.get(out_name)
         if v is None or id(v) not in layout or in_name not in sources:
             continue
-        a, b = layout[id(v)], model.source_specs[sources[in_name]][x[sources[in_name]]]
-        steps = [c for c in reshard(a, b, v.shape, v.dtype.itemsize, model.mesh.shape) if not c.is_local]
-        if steps:
-            out.append({"value": out_name, "consumer": f"next step: {in_name}", "from": str(a), "to": str(b),
-                        "collectives": [{"kind": c.kind, "axis": c.axis, "bytes_per_device": c.bytes_per_device}
-                                        for c in steps],
-                        "time_s": reshard_time(a, b, v.shape, v.dtype.itemsize, model.mesh)})
+        entry = _entry(model, v, out_name, f"next step: {in_name}", layout[id(v)],
+                       model.source_specs[sources[in_name]][x[sources[in_name]]])
+        if entry:
+            out.append(entry)
     return out
+
+
+def _entry(model: CostModel, v, value: str, consumer: str, a: ShardSpec, b: ShardSpec) -> dict | None:
+    """One communication record: the collectives turning layout a of v into b, and their time."""
+    from parc.passes.spmd.costs import reshard_time
+    from parc.sharding import reshard
+
+    if a == b:
+        return None
+    steps = [c for c in reshard(a, b, v.shape, v.dtype.itemsize, model.mesh.shape) if not c.is_local]
+    if not steps:
+        return None
+    return {"value": value, "consumer": consumer, "from": str(a), "to": str(b),
+            "collectives": [{"kind": c.kind, "axis": c.axis, "bytes_per_device": c.bytes_per_device}
+                            for c in steps],
+            "time_s": reshard_time(a, b, v.shape, v.dtype.itemsize, model.mesh)}
 
 
 def _tensors(model: CostModel) -> dict[str, dict]:
