@@ -129,7 +129,6 @@ def _binding_collectives(model: CostModel, x: np.ndarray, layout: dict[int, Shar
     """A training step's new parameters and state, resharded back to their inputs' layout."""
     import json
 
-
     state = model.graph.metadata.get("parc.state")
     if not state:
         return []
