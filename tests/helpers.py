@@ -59,3 +59,23 @@ def legacy_gpt_block_model() -> onnx.ModelProto:
     # Transpose producing htT comes last in the list: the importer must sort.
     return make_model(nodes, [inp("x", ["batch", "seq", 8])],
                       [inp("probs", None), inp("pos_sum", None)], inits, opset=17)
+
+
+def parc(*args: str, timeout: float = 600):
+    """Run the `parc` command in a fresh interpreter, capturing its output."""
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "parc.cli.main", *args], capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def assert_one_line_error(res, *needles: str) -> None:
+    """Bad input: exit code 2, one `parc: error:` line naming each needle, no traceback, no stdout."""
+    assert res.returncode == 2, (res.returncode, res.stdout, res.stderr)
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1, res.stderr
+    assert lines[0].startswith("parc: error: ")
+    assert "Traceback" not in res.stderr and not res.stdout
+    for needle in needles:
+        assert needle in lines[0], lines[0]

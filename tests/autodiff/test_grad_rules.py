@@ -494,11 +494,9 @@ def test_layer_norm(data, with_bias):
     check_op("LayerNormalization", inputs, axis=axis, epsilon=1e-3)
 
 
-@covers("SoftmaxCrossEntropyLoss")
-@props
-@given(st.data(), st.sampled_from(["mean", "sum", "none"]), st.booleans(), st.booleans(),
-       st.sampled_from([[0], [1], [0, 1]]))
-def test_softmax_cross_entropy(data, reduction, weighted, ignore, outputs):
+def _loss_case(data, reduction: str, weighted: bool, ignore: bool) -> tuple[list, dict]:
+    """Scores [n, c, extra...] (a parameter), labels, optional class weights and the attributes
+    of a loss op; with `ignore`, ignore_index is a label that occurs but not everywhere."""
     rng = rng_of(data)
     n, c = data.draw(SIZES), data.draw(st.integers(2, 4))
     extra = shape(data, 0, 1)
@@ -508,7 +506,15 @@ def test_softmax_cross_entropy(data, reduction, weighted, ignore, outputs):
         attrs["ignore_index"] = int(labels.reshape(-1)[0])
         if (labels == attrs["ignore_index"]).all():
             labels.reshape(-1)[-1] = (attrs["ignore_index"] + 1) % c
-    inputs = [P(randn(rng, (n, c, *extra))), labels] + ([rng.uniform(0.5, 2, c)] if weighted else [])
+    return [P(randn(rng, (n, c, *extra))), labels] + ([rng.uniform(0.5, 2, c)] if weighted else []), attrs
+
+
+@covers("SoftmaxCrossEntropyLoss")
+@props
+@given(st.data(), st.sampled_from(["mean", "sum", "none"]), st.booleans(), st.booleans(),
+       st.sampled_from([[0], [1], [0, 1]]))
+def test_softmax_cross_entropy(data, reduction, weighted, ignore, outputs):
+    inputs, attrs = _loss_case(data, reduction, weighted, ignore)
     check_op("SoftmaxCrossEntropyLoss", inputs, n_outputs=2, loss_outputs=outputs, **attrs)
 
 
@@ -886,16 +892,7 @@ def test_mean_variance_norm(data):
 @props
 @given(st.data(), st.sampled_from(["mean", "sum", "none"]), st.booleans(), st.booleans())
 def test_nll_loss(data, reduction, weighted, ignore):
-    rng = rng_of(data)
-    n, c = data.draw(SIZES), data.draw(st.integers(2, 4))
-    extra = shape(data, 0, 1)
-    labels = rng.integers(0, c, size=(n, *extra)).astype(np.int64)
-    attrs = {"reduction": reduction}
-    if ignore:
-        attrs["ignore_index"] = int(labels.reshape(-1)[0])
-        if (labels == attrs["ignore_index"]).all():
-            labels.reshape(-1)[-1] = (attrs["ignore_index"] + 1) % c
-    inputs = [P(randn(rng, (n, c, *extra))), labels] + ([rng.uniform(0.5, 2, c)] if weighted else [])
+    inputs, attrs = _loss_case(data, reduction, weighted, ignore)
     check_op("NegativeLogLikelihoodLoss", inputs, **attrs)
 
 

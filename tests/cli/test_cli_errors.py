@@ -3,29 +3,12 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import numpy as np
 import onnx
 import pytest
-from helpers import inp, legacy_gpt_block_model, make_model, tensor
+from helpers import assert_one_line_error, inp, legacy_gpt_block_model, make_model, parc, tensor
 from onnx import helper
-
-
-def parc(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "parc.cli.main", *args], capture_output=True,
-                          text=True, timeout=120)
-
-
-def assert_one_line_error(res: subprocess.CompletedProcess, *needles: str) -> None:
-    assert res.returncode == 2, res.stderr
-    lines = res.stderr.strip().splitlines()
-    assert len(lines) == 1, res.stderr
-    assert lines[0].startswith("parc: error: ")
-    assert "Traceback" not in res.stderr
-    for needle in needles:
-        assert needle in lines[0], lines[0]
 
 
 @pytest.fixture

@@ -4,14 +4,12 @@ no traceback; a good run prints one summary line and writes a step `parc inspect
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import onnx
 import pytest
-from helpers import inp, make_model, tensor
+from helpers import assert_one_line_error, inp, make_model, parc, tensor
 from onnx import TensorProto, helper
 
 from parc.autodiff.rules import GRADS, NON_DIFFERENTIABLE
@@ -20,19 +18,8 @@ from parc.models import build_model
 n = helper.make_node
 
 
-def parc(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "parc.cli.main", *args], capture_output=True,
-                          text=True, timeout=120)
 
 
-def assert_one_line_error(res: subprocess.CompletedProcess, *needles: str) -> None:
-    assert res.returncode == 2, (res.returncode, res.stderr)
-    lines = res.stderr.strip().splitlines()
-    assert len(lines) == 1, res.stderr
-    assert lines[0].startswith("parc: error: ")
-    assert "Traceback" not in res.stderr
-    for needle in needles:
-        assert needle in lines[0], lines[0]
 
 
 def save(model: onnx.ModelProto, path: Path) -> str:

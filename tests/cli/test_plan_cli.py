@@ -3,15 +3,9 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
-
-
-def parc(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "parc.cli.main", *args], capture_output=True,
-                          text=True, timeout=600)
+from helpers import parc
 
 
 @pytest.fixture(scope="module")

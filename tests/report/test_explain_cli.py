@@ -3,24 +3,9 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
-
-
-def parc(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "parc.cli.main", *args], capture_output=True,
-                          text=True, timeout=300)
-
-
-def assert_one_line_error(res: subprocess.CompletedProcess, *needles: str) -> None:
-    assert res.returncode == 2, (res.stdout, res.stderr)
-    lines = res.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("parc: error: "), res.stderr
-    assert not res.stdout
-    for needle in needles:
-        assert needle in lines[0], lines[0]
+from helpers import assert_one_line_error, parc
 
 
 @pytest.fixture(scope="module")
