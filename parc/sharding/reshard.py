@@ -128,7 +128,7 @@ def blocked(state: ShardSpec, k: int, a: AxisSpec, b: AxisSpec) -> str | None:
 
 
 class _Steps:
-    """Volumes of steps between states of one tensor on one mesh (index sets memoised per call).
+    """Volumes of steps between states of one tensor on one mesh (index sets memoised by extent).
 
     A step on axis k changes only the dims its src and dst split; on every other dim a device
     holds the same indices before and after, so only the touched dims need index arrays, and
@@ -138,29 +138,19 @@ class _Steps:
     def __init__(self, shape: tuple[int, ...], mesh: tuple[int, ...], dtype_bytes: int) -> None:
         self.shape, self.mesh, self.dtype_bytes = shape, mesh, dtype_bytes
         self.devices = devices(mesh)
-        self._index: dict[tuple, np.ndarray] = {}
-        self._overlap: dict[tuple, int] = {}
 
     def _key(self, spec: ShardSpec, d: int, coords: Coords) -> tuple:
-        return (spec, d, tuple(c if isinstance(ax, Split) and ax.dim == d else 0 for ax, c in zip(spec, coords)))
+        """What a device's indices along dim d depend on: the dim's extent, the mesh, and the
+        axes that split d with their coordinates (shared by every tensor with that extent)."""
+        return (self.shape[d], self.mesh,
+                tuple((ax, c) if isinstance(ax, Split) and ax.dim == d else None for ax, c in zip(spec, coords)))
 
     def dim_index(self, spec: ShardSpec, d: int, coords: Coords) -> np.ndarray:
         """The global indices along dim `d` the device at `coords` holds under `spec`."""
-        key = self._key(spec, d, coords)
-        if key not in self._index:
-            index = np.arange(self.shape[d])
-            for ax, n, c in zip(spec, self.mesh, coords):
-                if isinstance(ax, Split) and ax.dim == d:
-                    index = index[positions(len(index), ax, n, c)]
-            self._index[key] = index
-        return self._index[key]
+        return _dim_index(self._key(spec, d, coords))
 
     def overlap(self, before: ShardSpec, after: ShardSpec, d: int, coords: Coords) -> int:
-        key = (self._key(before, d, coords), self._key(after, d, coords))
-        if key not in self._overlap:
-            held, need = self.dim_index(before, d, coords), self.dim_index(after, d, coords)
-            self._overlap[key] = len(np.intersect1d(held, need, assume_unique=True))
-        return self._overlap[key]
+        return _overlap(self._key(before, d, coords), self._key(after, d, coords))
 
     def local(self, spec: ShardSpec, coords: Coords) -> list[int]:
         out = list(self.shape)
@@ -190,6 +180,23 @@ class _Steps:
                                   for d, e in enumerate(need))
             worst = max(worst, float(v))
         return worst * self.dtype_bytes
+
+
+@lru_cache(maxsize=1 << 16)
+def _dim_index(key: tuple) -> np.ndarray:
+    extent, mesh, axes = key
+    index = np.arange(extent)
+    for n, entry in zip(mesh, axes):
+        if entry is not None:
+            ax, c = entry
+            index = index[positions(len(index), ax, n, c)]
+    index.flags.writeable = False
+    return index
+
+
+@lru_cache(maxsize=1 << 16)
+def _overlap(before: tuple, after: tuple) -> int:
+    return len(np.intersect1d(_dim_index(before), _dim_index(after), assume_unique=True))
 
 
 def _uneven(spec: ShardSpec) -> bool:

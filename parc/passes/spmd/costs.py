@@ -18,7 +18,7 @@ from functools import lru_cache
 import numpy as np
 
 from parc.cluster import Cluster, Mesh, compute_time
-from parc.ir.graph import Graph, Value
+from parc.ir.graph import Graph, Node, Value
 from parc.ops import get_rule
 from parc.ops.base import output_elements
 from parc.passes.spmd.strategies import Strategy, node_strategies, replicated, tensor_specs
@@ -64,15 +64,26 @@ def _reshard_time(src: ShardSpec, dst: ShardSpec, shape: tuple[int, ...], itemsi
 
 
 def build(graph: Graph, mesh: Mesh, cluster: Cluster) -> CostModel:
-    """Strategies and cost arrays for `graph` on `mesh` (devices of `cluster`)."""
+    """Strategies and cost arrays for `graph` on `mesh` (devices of `cluster`).
+
+    Repeated structure (a transformer's layers) is priced once: nodes with the same signature
+    (op, attributes, input and output shapes, small constant inputs) share one strategy list,
+    and edges between shared lists share one cost matrix."""
     shape = mesh.shape
     slowest = min(cluster.devices, key=lambda d: d.peak("float32"))
-    strategies = [node_strategies(n, shape) for n in graph.nodes]
+    by_signature: dict[tuple, list[Strategy]] = {}
+    strategies = []
+    for n in graph.nodes:
+        key = _signature(n)
+        if key not in by_signature:
+            by_signature[key] = node_strategies(n, shape)
+        strategies.append(by_signature[key])
 
     # Sources: anything a node reads that no node produces.
     sources: list[Value] = []
     seen: set[int] = set()
-    wanted: dict[int, list[ShardSpec]] = {}
+    wanted: dict[int, list[tuple[int, int]]] = {}  # source -> (id of a consumer's list, input)
+    wanted_specs: dict[int, list[ShardSpec]] = {}
     for n, strats in zip(graph.nodes, strategies):
         for i, v in enumerate(n.inputs):
             if v is None or v.producer is not None:
@@ -80,9 +91,18 @@ def build(graph: Graph, mesh: Mesh, cluster: Cluster) -> CostModel:
             if id(v) not in seen:
                 seen.add(id(v))
                 sources.append(v)
-            wanted.setdefault(id(v), []).extend(s.inputs[i] for s in strats if s.inputs[i] is not None)
-    source_specs = [tensor_specs(v, shape, wanted.get(id(v), [])) if _splittable_source(v)
-                    else [replicated(shape)] for v in sources]
+            if (id(strats), i) not in wanted.setdefault(id(v), []):
+                wanted[id(v)].append((id(strats), i))
+                wanted_specs.setdefault(id(v), []).extend(s.inputs[i] for s in strats if s.inputs[i] is not None)
+    spec_lists: dict[tuple, list[ShardSpec]] = {}
+    source_specs = []
+    for v in sources:
+        splittable = _splittable_source(v)
+        key = (v.shape, v.dtype, splittable, tuple(wanted.get(id(v), ())))
+        if key not in spec_lists:
+            spec_lists[key] = (tensor_specs(v, shape, wanted_specs.get(id(v), [])) if splittable
+                               else [replicated(shape)])
+        source_specs.append(spec_lists[key])
 
     index = {id(v): k for k, v in enumerate(sources)}
     comp: list[np.ndarray] = []
@@ -91,19 +111,19 @@ def build(graph: Graph, mesh: Mesh, cluster: Cluster) -> CostModel:
         comp.append(np.zeros(len(specs)))
         mem.append(np.array([_local_bytes(v, s, shape) if v.is_const else 0.0 for s in specs]))
     producer: dict[int, tuple[int, int]] = {}  # value id -> (problem node, output index)
+    node_costs: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
     for pos, (n, strats) in enumerate(zip(graph.nodes, strategies)):
-        rule = get_rule(n)
-        flops = rule.flops(n) if rule is not None else output_elements(n)
-        read, written = rule.bytes_accessed(n) if rule is not None else (0, 0)
-        dtype = next((v.dtype for v in n.outputs if v.dtype is not None), None)
-        comp.append(np.array([compute_time(flops / s.split, (read + written) / s.split, slowest,
-                                           dtype or "float32") for s in strats]))
         keeps = n.meta.get("parc.phase", "forward") == "forward"
-        mem.append(np.array([sum(_local_bytes(v, spec, shape) for v, spec in zip(n.outputs, s.outputs)
-                                 if v.name) if keeps else 0.0 for s in strats]))
+        key = (id(strats), keeps, tuple(bool(v.name) for v in n.outputs))
+        if key not in node_costs:
+            node_costs[key] = _node_costs(n, strats, keeps, shape, slowest)
+        c, m = node_costs[key]
+        comp.append(c)
+        mem.append(m)
         for k, v in enumerate(n.outputs):
             producer[id(v)] = (len(sources) + pos, k)
 
+    pricer = _Pricer(mesh)
     pair_cost: dict[tuple[int, int], np.ndarray] = {}
     for pos, (n, strats) in enumerate(zip(graph.nodes, strategies)):
         vi = len(sources) + pos
@@ -112,13 +132,19 @@ def build(graph: Graph, mesh: Mesh, cluster: Cluster) -> CostModel:
                 continue
             if id(v) in producer:
                 ui, k = producer[id(v)]
-                u_specs = [s.outputs[k] for s in strategies[ui - len(sources)]]
+                u_list: list = strategies[ui - len(sources)]
+                u_specs = [s.outputs[k] for s in u_list] if (id(u_list), k) not in pricer.outputs else None
+                u_key = (id(u_list), k)
+                if u_specs is None:
+                    u_specs = pricer.outputs[u_key]
+                else:
+                    pricer.outputs[u_key] = u_specs
             else:
                 ui = index[id(v)]
                 u_specs = source_specs[ui]
-            dst = [s.inputs[i] for s in strats]
-            m = np.array([[reshard_time(a, b, v.shape, v.dtype.itemsize, mesh)  # type: ignore[union-attr]
-                           for b in dst] for a in u_specs])
+                u_key = (id(u_specs), -1)
+            m = pricer.matrix(u_key, u_specs, (id(strats), i), [s.inputs[i] for s in strats],
+                              v.shape, v.dtype.itemsize)  # type: ignore[union-attr]
             key = (ui, vi)
             pair_cost[key] = pair_cost[key] + m if key in pair_cost else m
     _tie_state_updates(graph, sources, source_specs, strategies, producer, mesh, pair_cost)
@@ -128,6 +154,80 @@ def build(graph: Graph, mesh: Mesh, cluster: Cluster) -> CostModel:
                       tuple(mem), None, (),
                       tuple([f"source:{v.name}" for v in sources] + [n.name for n in graph.nodes]))
     return CostModel(graph, mesh, sources, source_specs, strategies, problem)
+
+
+def _signature(n: Node) -> tuple:
+    """What a node's strategies depend on: op, attributes, input/output shapes and dtypes, and
+    the values of small non-parameter constant inputs (shape operands)."""
+    ins = tuple(None if v is None else (v.shape, v.dtype, _const_key(v)) for v in n.inputs)
+    outs = tuple((v.shape, v.dtype, bool(v.name)) for v in n.outputs)
+    attrs = tuple(sorted((k, a.SerializeToString()) for k, a in n.attrs.items()))
+    return (n.domain, n.op_type, attrs, ins, outs)
+
+
+def _const_key(v: Value) -> bytes | None:
+    if v.const is None or v.is_param or v.shape is None or v.size > 4096:
+        return None
+    return np.asarray(v.const.numpy()).tobytes()
+
+
+def _node_costs(n: Node, strats: list[Strategy], keeps: bool, shape: tuple[int, ...],
+                slowest) -> tuple[np.ndarray, np.ndarray]:
+    """(compute seconds, kept activation bytes) per strategy of node n."""
+    rule = get_rule(n)
+    flops = rule.flops(n) if rule is not None else output_elements(n)
+    read, written = rule.bytes_accessed(n) if rule is not None else (0, 0)
+    dtype = next((v.dtype for v in n.outputs if v.dtype is not None), None)
+    comp = np.array([compute_time(flops / s.split, (read + written) / s.split, slowest, dtype or "float32")
+                     for s in strats])
+    mem = np.array([sum(_local_bytes(v, spec, shape) for v, spec in zip(n.outputs, s.outputs) if v.name)
+                    if keeps else 0.0 for s in strats])
+    return comp, mem
+
+
+class _Pricer:
+    """Resharding cost matrices, computed once per (producer list, consumer list, tensor type)
+    and, inside a matrix, once per distinct (source spec, target spec) object pair."""
+
+    def __init__(self, mesh: Mesh) -> None:
+        self.mesh = mesh
+        self.outputs: dict[tuple[int, int], list[ShardSpec]] = {}
+        self.matrices: dict[tuple, np.ndarray] = {}
+        self.pairs: dict[tuple, float] = {}
+        self.keep: list = []  # the lists whose ids key the caches stay alive while they are used
+
+    def matrix(self, u_key, u_specs: list[ShardSpec], v_key, v_specs: list[ShardSpec],
+               shape: tuple[int, ...], itemsize: int) -> np.ndarray:
+        key = (u_key, v_key, shape, itemsize)
+        m = self.matrices.get(key)
+        if m is None:
+            self.keep.append((u_specs, v_specs))
+            ua, ui = _unique(u_specs)
+            va, vi = _unique(v_specs)
+            small = np.empty((len(ua), len(va)))
+            for r, a in enumerate(ua):
+                for c, b in enumerate(va):
+                    pk = (id(a), id(b), shape, itemsize)
+                    t = self.pairs.get(pk)
+                    if t is None:
+                        t = self.pairs[pk] = reshard_time(a, b, shape, itemsize, self.mesh)
+                    small[r, c] = t
+            m = self.matrices[key] = small[np.ix_(ui, vi)]
+        return m
+
+
+def _unique(specs: list[ShardSpec]) -> tuple[list[ShardSpec], np.ndarray]:
+    """Distinct objects of `specs` (by identity) and each entry's index among them."""
+    first: dict[int, int] = {}
+    out: list[ShardSpec] = []
+    where = np.empty(len(specs), dtype=np.int64)
+    for k, s in enumerate(specs):
+        j = first.get(id(s))
+        if j is None:
+            j = first[id(s)] = len(out)
+            out.append(s)
+        where[k] = j
+    return out, where
 
 
 def _tie_state_updates(graph, sources, source_specs, strategies, producer, mesh, pair_cost) -> None:
