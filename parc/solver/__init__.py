@@ -5,6 +5,7 @@ merging (dp.py, graph.py, search.py). Nothing here knows about ONNX; the planner
 `Problem` from its cost model and applies the `Solution` to the graph.
 """
 
+from parc.solver.coarsen import coarsen, solve_coarse
 from parc.solver.dp import FactorGraph, chain_dp, fold_cones, tree_dp
 from parc.solver.generate import random_problem
 from parc.solver.graph import Segment, critical_nodes, segments
@@ -23,6 +24,7 @@ __all__ = [
     "Solution",
     "build_model",
     "chain_dp",
+    "coarsen",
     "critical_nodes",
     "fold_cones",
     "memory_order",
@@ -30,6 +32,7 @@ __all__ = [
     "restrict_largest",
     "segments",
     "solve",
+    "solve_coarse",
     "solve_ilp",
     "solve_o2",
     "tree_dp",

@@ -19,7 +19,7 @@ any arity (eliminate_factors), exact in any order, its cost the largest table it
 
 from __future__ import annotations
 
-import math
+import heapq
 import time
 from collections import deque
 from collections.abc import Iterable, Sequence
@@ -140,9 +140,22 @@ def elimination_order(
     step would build a table of more than `limit` cells. `adj` is the interaction graph."""
     adj = {v: set(nb) for v, nb in adj.items()}
     left, order = set(candidates), []
+
+    def table(w: int) -> int:  # cells of the table eliminating w would build, capped past limit
+        cells = 1
+        for u in adj[w]:
+            cells *= size[u]
+            if cells > limit:
+                return limit + 1
+        return cells
+
+    heap = [(table(w), w) for w in left]  # lazy: an entry is stale when its cost has changed
+    heapq.heapify(heap)
     while left:
-        v = min(left, key=lambda w: (math.prod(size[u] for u in adj[w]), w))
-        if math.prod(size[u] for u in adj[v]) * size[v] > limit:
+        cost, v = heapq.heappop(heap)
+        if v not in left or cost != table(v):
+            continue
+        if cost * size[v] > limit:
             return None
         nb = adj.pop(v)
         for u in nb:
@@ -150,6 +163,9 @@ def elimination_order(
             adj[u].discard(v)
         left.remove(v)
         order.append(v)
+        for u in nb:
+            if u in left:
+                heapq.heappush(heap, (table(u), u))
     return order
 
 
@@ -158,9 +174,19 @@ def eliminate_factors(factors: list[Factor], order: Sequence[int]) -> tuple[list
     the largest table. Returns the factors left (over variables not eliminated) and a trace for
     FactorGraph.backtrack-style recovery: (v, scope, argmin table)."""
     trace = []
+    table: dict[int, Factor] = dict(enumerate(factors))
+    bucket: dict[int, set[int]] = {}  # variable -> ids of the live factors over it
+    for k, (vs, _) in table.items():
+        for w in vs:
+            bucket.setdefault(w, set()).add(k)
+    fresh = len(table)
     for v in order:
-        touching = [f for f in factors if v in f[0]]
-        factors = [f for f in factors if v not in f[0]]
+        ids = sorted(bucket.pop(v, ()))
+        touching = [table.pop(k) for k in ids]
+        for vs, _ in touching:
+            for w in vs:
+                if w != v:
+                    bucket[w].difference_update(ids)
         scope = tuple(sorted(set().union(*(f[0] for f in touching))))
         dims = {}
         for vs, t in touching:
@@ -170,9 +196,12 @@ def eliminate_factors(factors: list[Factor], order: Sequence[int]) -> tuple[list
             total = total + t.reshape([dims[w] if w in vs else 1 for w in scope])
         ax = scope.index(v)
         rest = scope[:ax] + scope[ax + 1 :]
-        factors.append((rest, total.min(axis=ax)))
+        table[fresh] = (rest, total.min(axis=ax))
+        for w in rest:
+            bucket.setdefault(w, set()).add(fresh)
+        fresh += 1
         trace.append((v, rest, total.argmin(axis=ax)))
-    return factors, trace
+    return list(table.values()), trace
 
 
 def backtrack(trace: Sequence[tuple[int, tuple[int, ...], np.ndarray]], choice: np.ndarray) -> np.ndarray:

@@ -1,7 +1,7 @@
 """Strategy search at Rhino's two optimisation levels, and the memory-constrained search of 4.4.
 
-O3: one ILP over the whole problem (Rhino 4.2; ilp.py). Its memory constraint is the ILP's
-memory row, exact.
+O3: one ILP over the whole problem (Rhino 4.2; ilp.py) after exact coarsening (coarsen.py: cones
+and series nodes folded by min-plus DP). Its memory constraint is the ILP's memory row, exact.
 
 O2: three-level merging (Rhino 4.3.2). Level 1 folds cones, and with them every series node, into
 the nodes they hang off (exact min-plus DP, dp.py). The top level cuts the graph at its critical
@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from parc.errors import InfeasiblePlanError, UsageError
+from parc.solver.coarsen import solve_coarse
 from parc.solver.dp import FactorGraph, backtrack, chain_dp, eliminate_factors, elimination_order
 from parc.solver.graph import Segment, critical_nodes, segments
 from parc.solver.ilp import IlpOptions, solve_ilp
@@ -85,7 +86,7 @@ def solve(p: Problem, level: str = "O3", options: SearchOptions = SearchOptions(
     p.check_budget()
 
     def unconstrained(q: Problem) -> Solution:
-        return solve_ilp(q, options.ilp) if level == "O3" else solve_o2(q, options)
+        return solve_coarse(q, options.ilp) if level == "O3" else solve_o2(q, options)
 
     if p.budget is None or memory == "row":
         return unconstrained(p)
