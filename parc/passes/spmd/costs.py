@@ -5,8 +5,8 @@ constants a strategy may want split) followed by its op nodes. Compute cost is t
 time of a node's share of the work on the slowest device; an edge's cost is the time of the
 collectives (`parc.sharding.reshard`) that turn the producer's output layout into the layout the
 consumer's strategy needs, priced alpha-beta on the mesh axes' links. Memory per device is a
-source's share of its bytes (parameters and optimizer state) plus, for forward nodes, the
-share of the activations they keep for the backward pass.
+source's share of its bytes (parameters and optimizer state) plus the share of each value live
+at the graph's peak (`peak_live`: saved activations and gradients in a training step).
 """
 
 from __future__ import annotations
@@ -111,12 +111,13 @@ def build(graph: Graph, mesh: Mesh, cluster: Cluster) -> CostModel:
         comp.append(np.zeros(len(specs)))
         mem.append(np.array([_local_bytes(v, s, shape) if v.is_const else 0.0 for s in specs]))
     producer: dict[int, tuple[int, int]] = {}  # value id -> (problem node, output index)
+    live = peak_live(graph)
     node_costs: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
     for pos, (n, strats) in enumerate(zip(graph.nodes, strategies)):
-        keeps = n.meta.get("parc.phase", "forward") == "forward"
-        key = (id(strats), keeps, tuple(bool(v.name) for v in n.outputs))
+        held = tuple(id(v) in live for v in n.outputs)
+        key = (id(strats), held)
         if key not in node_costs:
-            node_costs[key] = _node_costs(n, strats, keeps, shape, slowest)
+            node_costs[key] = _node_costs(n, strats, held, shape, slowest)
         c, m = node_costs[key]
         comp.append(c)
         mem.append(m)
@@ -171,18 +172,50 @@ def _const_key(v: Value) -> bytes | None:
     return np.asarray(v.const.numpy()).tobytes()
 
 
-def _node_costs(n: Node, strats: list[Strategy], keeps: bool, shape: tuple[int, ...],
+def _node_costs(n: Node, strats: list[Strategy], held: tuple[bool, ...], shape: tuple[int, ...],
                 slowest) -> tuple[np.ndarray, np.ndarray]:
-    """(compute seconds, kept activation bytes) per strategy of node n."""
+    """(compute seconds, bytes of its outputs live at the peak) per strategy of node n."""
     rule = get_rule(n)
     flops = rule.flops(n) if rule is not None else output_elements(n)
     read, written = rule.bytes_accessed(n) if rule is not None else (0, 0)
     dtype = next((v.dtype for v in n.outputs if v.dtype is not None), None)
     comp = np.array([compute_time(flops / s.split, (read + written) / s.split, slowest, dtype or "float32")
                      for s in strats])
-    mem = np.array([sum(_local_bytes(v, spec, shape) for v, spec in zip(n.outputs, s.outputs) if v.name)
-                    if keeps else 0.0 for s in strats])
+    mem = np.array([sum(_local_bytes(v, spec, shape) for v, spec, h in zip(n.outputs, s.outputs, held) if h)
+                    for s in strats])
     return comp, mem
+
+
+def peak_live(graph: Graph) -> set[int]:
+    """Ids of the node outputs live when the graph, run in its order, holds the most bytes.
+
+    A value is live from its producer to its last reader (graph outputs to the end, except a
+    training step's new parameters and state, which replace their inputs in place). The peak
+    is found with every value at its full size; a plan's memory per device is then its sources'
+    shares plus the shares of the values live at that point: in a training step, the
+    activations saved for the backward pass and the gradients computed so far (Rhino 4.4)."""
+    import json
+
+    state = graph.metadata.get("parc.state")
+    bound = set(json.loads(state)["bindings"]) if state else set()
+    outputs = {id(v) for v in graph.outputs if v.name not in bound}
+    position = {id(n): k for k, n in enumerate(graph.nodes)}
+    end_of = len(graph.nodes)
+    values, delta = [], np.zeros(end_of + 2)
+    for k, n in enumerate(graph.nodes):
+        for v in n.outputs:
+            if not v.name or v.shape is None or v.dtype is None:
+                continue
+            last = max((position[id(u)] for u, _ in v.uses if id(u) in position), default=k)
+            if id(v) in outputs:
+                last = end_of
+            values.append((v, k, last))
+            delta[k] += v.nbytes
+            delta[last + 1] -= v.nbytes
+    if not values:
+        return set()
+    t = int(np.argmax(np.cumsum(delta)))
+    return {id(v) for v, first, last in values if first <= t <= last}
 
 
 class _Pricer:
