@@ -297,7 +297,7 @@ def _check_split(runner: _NodeRunner, rule: ShardingRule, label: str, n: int,
                  shape_args: dict[int, int], size_args: dict[int, int], rtol: float,
                  atol: float) -> list[str]:
     split_out = label in rule.output_labels
-    kind = None if split_out else dict(rule.reduce).get(label)
+    kind = dict(rule.reduce).get(label)
     if not split_out and kind is None:
         return ["label is in no output and has no reduce kind"]
     shard_outputs: list[list[np.ndarray | None]] = []
@@ -334,9 +334,10 @@ def _check_split(runner: _NodeRunner, rule: ShardingRule, label: str, n: int,
             continue  # an omitted optional output
         parts = [s[j] for s in shard_outputs]
         dims = outs[j]
-        if kind is not None:
+        holds = dims is not None and any(label in d for d in dims)
+        if kind is not None and not holds:  # an output without the label is partial
             got = combine_partial(parts, kind)
-        elif dims is not None and any(label in d for d in dims):
+        elif holds:
             expect = local_shape(want.shape, dims, label, n)
             wrong = [p.shape for p in parts if p.shape != expect]
             if wrong:

@@ -77,8 +77,8 @@ def _gather_nd(node: Node, b: RuleBuilder) -> ShardingRule | None:
 
 
 @register("ScatterND", flops=zero_flops,
-          notes="trailing slice dims are loop dims of data, updates and output; indexed dims and "
-                "the update index dims are whole")
+          notes="trailing slice dims are loop dims of data, updates and output; indexed dims are "
+                "whole; the update index dims are whole, or reduced by sum when adding into zeros")
 def _scatter_nd(node: Node, b: RuleBuilder) -> ShardingRule | None:
     data, idx, upd = node.inputs[0], node.inputs[1], node.inputs[2]
     assert data is not None and idx is not None and upd is not None
@@ -88,9 +88,30 @@ def _scatter_nd(node: Node, b: RuleBuilder) -> ShardingRule | None:
     if m > data.rank or upd.rank != idx.rank - 1 + data.rank - m:
         return None
     ts = labels(data.rank - m, "t")
-    us = labels(idx.rank - 1, "_u")
+    summed = node.attr("reduction", "none") == "add" and _zeros(data)
+    us = labels(idx.rank - 1, "u" if summed else "_u")
     ds = " ".join(["_"] * m + ts)
-    return b.einsum(f"{ds}, {' '.join(us + ['_'])}, {' '.join(us + ts)} -> {' '.join(['_'] * m + ts)}")
+    spec = f"{ds}, {' '.join(us + ['_'])}, {' '.join(us + ts)} -> {' '.join(['_'] * m + ts)}"
+    if summed:
+        # scatter-adding into zeros (an embedding's gradient): each shard of the updates adds
+        # its part, and the shards' results sum to the whole
+        return b.einsum(spec, reduce={u: "sum" for u in us})
+    return b.einsum(spec)
+
+
+def _zeros(v) -> bool:
+    """Whether v is known to be all zeros: a ConstantOfShape of 0 or a zero constant."""
+    import numpy as np
+
+    n = v.producer
+    if n is not None:
+        if n.op_type != "ConstantOfShape":
+            return False
+        value = n.attr("value")
+        return value is None or not np.asarray(value).any()
+    if v.const is None:
+        return False
+    return bool(v.const.zeros) or (v.size <= 1 << 16 and not np.asarray(v.const.numpy()).any())
 
 
 @register("OneHot", flops=zero_flops, notes="the depth dim is whole; indices dims are loop dims")

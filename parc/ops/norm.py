@@ -168,10 +168,10 @@ def _loss_rule(node: Node, b: RuleBuilder, weight_index: int) -> ShardingRule | 
         kind = "mean"
     else:
         kind = None
-    if kind is None or extra:  # a split log_prob beside a partial loss cannot be expressed
+    if kind is None:
         return b.einsum(f"{xs}, {ts}, {ws} -> " + ", ".join(["", *extra]),
                         unsplittable=["c", *batch])
-    return b.einsum(f"{xs}, {ts}, {ws} -> ", reduce={lbl: kind for lbl in batch},
+    return b.einsum(f"{xs}, {ts}, {ws} -> " + ", ".join(["", *extra]), reduce={lbl: kind for lbl in batch},
                     unsplittable=["c"])
 
 

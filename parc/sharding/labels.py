@@ -27,8 +27,9 @@ def axis_spec_for_label(dims: TensorDims | None, rule: ShardingRule, label: str,
     """The layout on one mesh axis of a tensor labelled `dims` when `rule`'s `label` is split `n` ways.
 
     A tensor holding the label is split (strided when the label is not the outermost factor of
-    its dim). One without it is replicated, except an `output` when the label is in no output:
-    then it is partial, P(the rule's reduce kind). With n == 1 the result is R.
+    its dim). One without it is replicated, except an `output` when the rule reduces the label:
+    then it is partial, P(the rule's reduce kind). A mean over equal shares is P(sum) of the
+    devices' means divided by n (the lowering scales them). With n == 1 the result is R.
     """
     if label not in dict(rule.sizes):
         raise ShardSpecError(f"rule [{rule}] has no label {label!r}")
@@ -45,11 +46,15 @@ def axis_spec_for_label(dims: TensorDims | None, rule: ShardingRule, label: str,
     if n == 1:
         return R
     if not holders:
-        if not output or label in rule.output_labels:
+        if not output:
             return R
         kind = dict(rule.reduce).get(label)
         if kind is None:
+            if label in rule.output_labels:
+                return R  # computed whole on every device (the label is split in another output)
             raise ShardSpecError(f"{where}: the label is in no output and has no reduce kind")
+        if kind == "mean":
+            return Partial("sum")  # equal shares: each device's mean, divided by n, sums to the mean
         if kind not in PARTIAL_OPS:
             raise ShardSpecError(f"{where}: outputs would be partial by {kind}; partial specs are "
                                  f"{', '.join(PARTIAL_OPS)}")

@@ -306,7 +306,7 @@ def test_losses(data):
     outputs = data.draw(st.integers(1, 2)) if op == "SoftmaxCrossEntropyLoss" else 1
     rule = assert_rule_holds(build(op, inputs, outputs, opset=OPSET, **attrs))
     decomposable = reduction == "sum" or (reduction == "mean" and not weighted and "ignore_index" not in attrs)
-    if reduction == "none" or (decomposable and outputs == 1):
+    if reduction == "none" or decomposable:  # log_prob splits on n beside the partial loss
         assert "n" in rule.splittable()
     else:
         assert not rule.splittable()
@@ -587,6 +587,20 @@ def test_scatters(data):
         idx = rng.integers(0, shape[axis], ishape).astype(np.int64)
         case = build(op, [x, idx, randn(rng, ishape)], opset=18, axis=axis, reduction=reduction)
     assert_rule_holds(case)
+
+
+@given(st.data())
+def test_scatter_nd_adding_into_zeros_splits_its_updates(data):
+    """An embedding's gradient: ScatterND(add) into zeros; the updates' index dims reduce by sum
+    (duplicate indices included)."""
+    rng = rng_of(data)
+    vocab, width = data.draw(st.integers(2, 6)), data.draw(st.integers(1, 4))
+    batch = data.draw(st.lists(st.integers(1, 4), min_size=1, max_size=2))
+    idx = rng.integers(0, vocab, (*batch, 1)).astype(np.int64)
+    upd = randn(rng, (*batch, width))
+    rule = assert_rule_holds(build("ScatterND", [Arg(np.zeros((vocab, width), np.float32)), idx, upd],
+                                   opset=18, reduction="add"))
+    assert dict(rule.reduce) == {f"u{k}": "sum" for k in range(len(batch))}
 
 
 @props

@@ -121,9 +121,12 @@ def test_partial_outputs_and_replicated_tensors():
 
 def test_label_errors_say_what_is_wrong():
     rule = ShardingRule(inputs=((("m",), ("k",)),), outputs=((("m",),),),
-                        sizes=(("m", 4), ("k", 6)), reduce=(("k", "mean"),))
-    with pytest.raises(ShardSpecError, match=r"label k \(size 6\) split 2 ways: outputs would be partial by mean"):
+                        sizes=(("m", 4), ("k", 6)), reduce=(("k", "prod"),))
+    with pytest.raises(ShardSpecError, match=r"label k \(size 6\) split 2 ways: outputs would be partial by prod"):
         axis_spec_for_label(rule.outputs[0], rule, "k", 2, output=True)
+    mean = ShardingRule(inputs=((("m",), ("k",)),), outputs=((("m",),),),
+                        sizes=(("m", 4), ("k", 6)), reduce=(("k", "mean"),))
+    assert axis_spec_for_label(mean.outputs[0], mean, "k", 2, output=True) == P("sum")  # pre-scaled shares
     with pytest.raises(ShardSpecError, match="6 is not divisible by 4"):
         axis_spec_for_label(rule.inputs[0], rule, "k", 4)
     diag = ShardingRule(inputs=((("m",), ("m",)),), outputs=((("m",),),), sizes=(("m", 4),))
