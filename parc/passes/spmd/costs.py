@@ -18,11 +18,13 @@ from functools import lru_cache
 import numpy as np
 
 from parc.cluster import Cluster, Mesh, compute_time
+from parc.cluster.links import LinkSpec
+from parc.errors import UsageError
 from parc.ir.graph import Graph, Node, Value
 from parc.ops import get_rule
 from parc.ops.base import output_elements
 from parc.passes.spmd.strategies import Strategy, node_strategies, replicated, tensor_specs
-from parc.sharding import ShardSpec, local_shape, reshard
+from parc.sharding import R, S, ShardSpec, local_shape, reshard
 from parc.solver import Problem
 
 # Latency steps of a ring collective over n devices (matches parc.cluster.cost).
@@ -40,9 +42,51 @@ class CostModel:
     source_specs: list[list[ShardSpec]]
     strategies: list[list[Strategy]]  # per op node, in graph order
     problem: Problem
+    micro: Micro | None = None  # microbatching: mesh axis 0 is then the microbatch (time) axis
 
     def node_index(self, node_position: int) -> int:
         return len(self.sources) + node_position
+
+
+FORBIDDEN = 1e3  # seconds charged for a layout change no sequential microbatch schedule can run
+OPTIMIZER = "optimizer"
+
+
+@dataclass(frozen=True)
+class Micro:
+    """Gradient accumulation over `count` microbatches, planned as a leading mesh axis of time.
+
+    A training step run as M microbatches is the step sharded M ways along a virtual axis 0
+    whose "devices" run one after another on the same hardware: data inputs split on their
+    batch dim, parameters and optimizer state replicated, gradients P(sum) over it (their
+    all-reduce along it is the accumulation, priced at memory bandwidth), optimizer nodes
+    replicated (they run once). Forward and backward nodes run M times on 1/M of the batch:
+    their compute and their collectives on the device axes are charged M times, their kept
+    activations are one microbatch's. Any other collective on the time axis would need the
+    values of several microbatches at once and is FORBIDDEN.
+
+    `labels[pos]` fixes node pos's label on the time axis and `sources[k]` source k's layout
+    on it (decided once per graph by `micro_layout`); None leaves them to the solver.
+    """
+
+    count: int
+    labels: tuple[str | None, ...] | None = None
+    sources: tuple[ShardSpec, ...] | None = None  # one-axis specs (the time axis)
+
+
+def time_axis(mesh: Mesh | None, count: int, device) -> Mesh:
+    """`mesh` with the microbatch axis in front: `count` steps over one device's memory."""
+    traffic = 3 * count / (2 * (count - 1))  # M adds of (read, read, write) vs a ring all-reduce's volume
+    link = LinkSpec("accumulate", device.memory_bandwidth * device.memory_efficiency / traffic,
+                    device.launch_floor)
+    inner = mesh.shape if mesh is not None else ()
+    devices = tuple(range(count * (mesh.num_devices if mesh is not None else 1)))
+    return Mesh((count, *inner), devices, (link, *(mesh.links if mesh is not None else ())),
+                (False, *(mesh.spans_nodes if mesh is not None else ())))
+
+
+def _phase(n: Node) -> str:
+    return n.meta.get("parc.phase", "forward")
 
 
 def reshard_time(src: ShardSpec, dst: ShardSpec, shape: tuple[int, ...], itemsize: int, mesh: Mesh) -> float:
@@ -63,20 +107,31 @@ def _reshard_time(src: ShardSpec, dst: ShardSpec, shape: tuple[int, ...], itemsi
     return total
 
 
-def build(graph: Graph, mesh: Mesh, cluster: Cluster) -> CostModel:
+def build(graph: Graph, mesh: Mesh | None, cluster: Cluster, micro: Micro | None = None) -> CostModel:
     """Strategies and cost arrays for `graph` on `mesh` (devices of `cluster`).
 
-    Repeated structure (a transformer's layers) is priced once: nodes with the same signature
-    (op, attributes, input and output shapes, small constant inputs) share one strategy list,
-    and edges between shared lists share one cost matrix."""
-    shape = mesh.shape
+    With `micro`, the model's mesh is `time_axis(mesh, micro.count)` (mesh None: the time axis
+    alone). Repeated structure (a transformer's layers) is priced once: nodes with the same
+    signature (op, attributes, input and output shapes, small constant inputs) share one strategy
+    list, and edges between shared lists share one cost matrix."""
     slowest = min(cluster.devices, key=lambda d: d.peak("float32"))
+    if micro is not None:
+        mesh = time_axis(mesh, micro.count, slowest)
+    assert mesh is not None
+    shape = mesh.shape
     by_signature: dict[tuple, list[Strategy]] = {}
     strategies = []
-    for n in graph.nodes:
-        key = _signature(n)
+    for pos, n in enumerate(graph.nodes):
+        first = None
+        if micro is not None:
+            first = ((None,) if _phase(n) == OPTIMIZER else
+                     (micro.labels[pos],) if micro.labels is not None else None)
+        key = (_signature(n), first)
         if key not in by_signature:
-            by_signature[key] = node_strategies(n, shape)
+            by_signature[key] = node_strategies(n, shape, first)
+            if not by_signature[key]:
+                raise UsageError(f"--micro-batches {micro.count}: node '{n.label}' cannot keep its "  # type: ignore[union-attr]
+                                 f"microbatch split {first[0]} on this mesh")  # type: ignore[index]
         strategies.append(by_signature[key])
 
     # Sources: anything a node reads that no node produces.
@@ -96,12 +151,16 @@ def build(graph: Graph, mesh: Mesh, cluster: Cluster) -> CostModel:
                 wanted_specs.setdefault(id(v), []).extend(s.inputs[i] for s in strats if s.inputs[i] is not None)
     spec_lists: dict[tuple, list[ShardSpec]] = {}
     source_specs = []
-    for v in sources:
+    for k, v in enumerate(sources):
         splittable = _splittable_source(v)
-        key = (v.shape, v.dtype, splittable, tuple(wanted.get(id(v), ())))
+        fixed = None if micro is None else _time_spec(v, micro, k)
+        key = (v.shape, v.dtype, splittable, tuple(wanted.get(id(v), ())), fixed)
         if key not in spec_lists:
-            spec_lists[key] = (tensor_specs(v, shape, wanted_specs.get(id(v), [])) if splittable
-                               else [replicated(shape)])
+            specs = (tensor_specs(v, shape, wanted_specs.get(id(v), [])) if splittable
+                     else [replicated(shape)])
+            if fixed is not None:
+                specs = _on_time_axis(v, fixed, specs, shape)
+            spec_lists[key] = specs
         source_specs.append(spec_lists[key])
 
     index = {id(v): k for k, v in enumerate(sources)}
@@ -115,9 +174,11 @@ def build(graph: Graph, mesh: Mesh, cluster: Cluster) -> CostModel:
     node_costs: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
     for pos, (n, strats) in enumerate(zip(graph.nodes, strategies)):
         held = tuple(id(v) in live for v in n.outputs)
-        key = (id(strats), held)
+        runs = micro.count if micro is not None and _phase(n) != OPTIMIZER else 1
+        key = (id(strats), held, runs)
         if key not in node_costs:
-            node_costs[key] = _node_costs(n, strats, held, shape, slowest)
+            c, m = _node_costs(n, strats, held, shape, slowest)
+            node_costs[key] = (c * runs, m)
         c, m = node_costs[key]
         comp.append(c)
         mem.append(m)
@@ -144,8 +205,11 @@ def build(graph: Graph, mesh: Mesh, cluster: Cluster) -> CostModel:
                 ui = index[id(v)]
                 u_specs = source_specs[ui]
                 u_key = (id(u_specs), -1)
+            rule = 0 if micro is None else 2 if _phase(n) == OPTIMIZER else 1
             m = pricer.matrix(u_key, u_specs, (id(strats), i), [s.inputs[i] for s in strats],
-                              v.shape, v.dtype.itemsize)  # type: ignore[union-attr]
+                              v.shape, v.dtype.itemsize, rule)  # type: ignore[union-attr]
+            if rule == 1:
+                m = m * micro.count  # type: ignore[union-attr]
             key = (ui, vi)
             pair_cost[key] = pair_cost[key] + m if key in pair_cost else m
     _tie_state_updates(graph, sources, source_specs, strategies, producer, mesh, pair_cost)
@@ -154,7 +218,28 @@ def build(graph: Graph, mesh: Mesh, cluster: Cluster) -> CostModel:
     problem = Problem(tuple(comp), edges, tuple(pair_cost[tuple(e)] for e in edges.tolist()),
                       tuple(mem), None, (),
                       tuple([f"source:{v.name}" for v in sources] + [n.name for n in graph.nodes]))
-    return CostModel(graph, mesh, sources, source_specs, strategies, problem)
+    return CostModel(graph, mesh, sources, source_specs, strategies, problem, micro)
+
+
+def _time_spec(v: Value, micro: Micro, k: int) -> ShardSpec:
+    """Source k's layout on the time axis: as decided, else data split on the batch dim."""
+    if micro.sources is not None:
+        return micro.sources[k]
+    if v.is_const or not v.shape:
+        return ShardSpec((R,))
+    if v.shape[0] % micro.count:
+        raise UsageError(f"--micro-batches {micro.count}: input '{v.name}' has batch dim {v.shape[0]}, "
+                         f"not divisible into {micro.count} microbatches")
+    return ShardSpec((S(0),))
+
+
+def _on_time_axis(v: Value, fixed: ShardSpec, specs: list[ShardSpec], shape: tuple[int, ...]) -> list[ShardSpec]:
+    """The specs whose time axis is `fixed`, plus `fixed` alone (replicated on device axes)."""
+    out = {ShardSpec((fixed[0],) + (R,) * (len(shape) - 1)): None}
+    for spec in specs:
+        if spec[0] == fixed[0]:
+            out[spec] = None
+    return list(out)
 
 
 def _signature(n: Node) -> tuple:
@@ -230,8 +315,10 @@ class _Pricer:
         self.keep: list = []  # the lists whose ids key the caches stay alive while they are used
 
     def matrix(self, u_key, u_specs: list[ShardSpec], v_key, v_specs: list[ShardSpec],
-               shape: tuple[int, ...], itemsize: int) -> np.ndarray:
-        key = (u_key, v_key, shape, itemsize)
+               shape: tuple[int, ...], itemsize: int, rule: int = 0) -> np.ndarray:
+        """rule (microbatching): 0 none; 1 the consumer runs per microbatch, so nothing may move
+        along the time axis; 2 it runs once, after the microbatches: only their sum may."""
+        key = (u_key, v_key, shape, itemsize, rule)
         m = self.matrices.get(key)
         if m is None:
             self.keep.append((u_specs, v_specs))
@@ -240,13 +327,22 @@ class _Pricer:
             small = np.empty((len(ua), len(va)))
             for r, a in enumerate(ua):
                 for c, b in enumerate(va):
-                    pk = (id(a), id(b), shape, itemsize)
+                    pk = (id(a), id(b), shape, itemsize, rule)
                     t = self.pairs.get(pk)
                     if t is None:
-                        t = self.pairs[pk] = reshard_time(a, b, shape, itemsize, self.mesh)
+                        t = reshard_time(a, b, shape, itemsize, self.mesh)
+                        if rule and t and _moves_in_time(a, b, shape, itemsize, self.mesh, rule):
+                            t = FORBIDDEN
+                        self.pairs[pk] = t
                     small[r, c] = t
             m = self.matrices[key] = small[np.ix_(ui, vi)]
         return m
+
+
+def _moves_in_time(a: ShardSpec, b: ShardSpec, shape: tuple[int, ...], itemsize: int, mesh: Mesh,
+                   rule: int) -> bool:
+    steps = [c for c in reshard(a, b, shape, itemsize, mesh.shape) if c.axis == 0 and not c.is_local]
+    return any(rule == 1 or c.kind != "all_reduce" for c in steps)
 
 
 def _unique(specs: list[ShardSpec]) -> tuple[list[ShardSpec], np.ndarray]:
@@ -297,3 +393,30 @@ def _local_bytes(v: Value, spec: ShardSpec, mesh_shape: tuple[int, ...]) -> floa
     except Exception:
         return float(v.nbytes)
     return float(math.prod(local) * v.dtype.itemsize)
+
+
+def micro_layout(graph: Graph, cluster: Cluster, count: int) -> Micro:
+    """Where the time axis of `count` microbatches splits each node and source: the cheapest
+    layout on the time axis alone (data split on the batch dim, parameters and state whole,
+    optimizer nodes once), which every device mesh then keeps. UsageError when the graph
+    cannot run as microbatches (a value needs several microbatches at once)."""
+    from parc.solver import solve
+
+    if count < 2:
+        raise UsageError(f"--micro-batches {count}: expected 2 or more (1 means no microbatching)")
+    model = build(graph, None, cluster, Micro(count))
+    sol = solve(model.problem, "O2")
+    if sol.cost >= FORBIDDEN:
+        x = sol.choice
+        for pos, n in enumerate(graph.nodes):
+            vi = model.node_index(pos)
+            for e, (u, v) in enumerate(model.problem.edges.tolist()):
+                if v == vi and model.problem.comm[e][x[u], x[v]] >= FORBIDDEN:
+                    raise UsageError(f"--micro-batches {count}: node '{n.label}' needs values of several "
+                                     f"microbatches at once (its input from {model.problem.name(u)}); "
+                                     f"this graph cannot be split into microbatches")
+        raise UsageError(f"--micro-batches {count}: this graph cannot be split into microbatches")
+    labels = tuple(model.strategies[pos][sol.choice[model.node_index(pos)]].labels[0]
+                   for pos in range(len(graph.nodes)))
+    sources = tuple(model.source_specs[k][sol.choice[k]] for k in range(len(model.sources)))
+    return Micro(count, labels, sources)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from parc.ir.graph import Node, Value
 from parc.ops import sharding_rule
 from parc.ops.base import ShardingRule
-from parc.sharding import R, S, ShardSpec, ShardSpecError, shard_spec_for_labels
+from parc.sharding import P, R, S, ShardSpec, ShardSpecError, shard_spec_for_labels
 
 MAX_STRATEGIES = 32  # per node; label combinations beyond this are dropped, largest splits kept
 
@@ -37,11 +37,14 @@ def replicated(mesh_shape: tuple[int, ...]) -> ShardSpec:
     return ShardSpec((R,) * len(mesh_shape))
 
 
-def node_strategies(node: Node, mesh_shape: tuple[int, ...]) -> list[Strategy]:
-    """Every label assignment whose splits divide the labels' sizes (replicated first)."""
+def node_strategies(node: Node, mesh_shape: tuple[int, ...],
+                    first: tuple[str | None, ...] | None = None) -> list[Strategy]:
+    """Every label assignment whose splits divide the labels' sizes (replicated first).
+
+    `first`, when given, is the labels mesh axis 0 may take (the microbatch axis: see costs)."""
     rule = sharding_rule(node)
     if rule is None:
-        return [_replicated_strategy(node, mesh_shape)]
+        return [_replicated_strategy(node, mesh_shape)] if first is None or None in first else []
     options: list[list[str | None]] = [[None] + rule.splittable() for _ in mesh_shape]
     found: list[Strategy] = []
     for labels in itertools.product(*options):
@@ -52,7 +55,53 @@ def node_strategies(node: Node, mesh_shape: tuple[int, ...]) -> list[Strategy]:
         except ShardSpecError:
             continue  # e.g. a partial kind (prod, mean) no ShardSpec expresses
     found.sort(key=lambda s: (s.labels != (None,) * len(mesh_shape), -s.split, str(s)))
-    return found[:MAX_STRATEGIES]
+    found = found[:MAX_STRATEGIES]
+    found += partial_variants(node, found, mesh_shape)
+    if first is not None:
+        found = [s for s in found if s.labels[0] in first]
+    return found
+
+
+# Ops linear in the inputs listed: partial sums pass through them (GSPMD's "unreduced" values),
+# so gradient contributions can be summed before the one reduction they need.
+LINEAR: dict[str, tuple[tuple[int, ...], ...]] = {
+    "Add": ((0, 1),), "Sub": ((0, 1),), "Sum": ((),), "Neg": ((0,),), "Identity": ((0,),),
+    "Reshape": ((0,),), "Transpose": ((0,),), "Squeeze": ((0,),), "Unsqueeze": ((0,),),
+    "Flatten": ((0,),), "ReduceSum": ((0,),), "Expand": ((0,),), "Mul": ((0,), (1,)),
+    "MatMul": ((0,), (1,)), "Div": ((0,),), "Cast": ((0,),),
+}
+PARTIAL = "+"  # the label of a mesh axis along which a strategy passes partial sums through
+MAX_PARTIAL = 8  # partial variants per node
+
+
+def partial_variants(node: Node, base: list[Strategy], mesh_shape: tuple[int, ...]) -> list[Strategy]:
+    """For a linear op, each strategy that replicates mesh axis k also taken with P(sum) on k
+    for one linear group of its inputs and for its outputs (the rest replicated)."""
+    groups = LINEAR.get(node.op_type) if node.domain in ("", "ai.onnx") else None
+    if not groups or any(v.dtype is None or not v.dtype.is_float for v in node.outputs):
+        return []
+    if node.op_type == "Cast" and not all(v is not None and v.dtype is not None and v.dtype.is_float
+                                          for v in node.inputs[:1]):
+        return []
+    out: list[Strategy] = []
+    for s in base:
+        for k, label in enumerate(s.labels):
+            if label is not None or mesh_shape[k] == 1:
+                continue
+            for group in groups:
+                linear = group or tuple(range(len(node.inputs)))
+                try:
+                    ins = tuple(None if spec is None else
+                                spec.replace(k, P("sum")) if i in linear else spec
+                                for i, spec in enumerate(s.inputs))
+                    outs = tuple(spec.replace(k, P("sum")) for spec in s.outputs)
+                except ShardSpecError:
+                    continue
+                labels = tuple(PARTIAL if j == k else lab for j, lab in enumerate(s.labels))
+                out.append(Strategy(labels, ins, outs, s.split))
+                if len(out) >= MAX_PARTIAL:
+                    return out
+    return out
 
 
 def _divides(rule: ShardingRule, labels: tuple[str | None, ...], mesh_shape: tuple[int, ...]) -> bool:
