@@ -48,6 +48,7 @@ class CostModel:
         return len(self.sources) + node_position
 
 
+GRAD_BUCKET_BYTES = 25 * 2**20  # gradient fusion bucket (PyTorch DDP's default bucket_cap_mb)
 FORBIDDEN = 1e3  # seconds charged for a layout change no sequential microbatch schedule can run
 OPTIMIZER = "optimizer"
 
@@ -89,21 +90,33 @@ def _phase(n: Node) -> str:
     return n.meta.get("parc.phase", "forward")
 
 
-def reshard_time(src: ShardSpec, dst: ShardSpec, shape: tuple[int, ...], itemsize: int, mesh: Mesh) -> float:
-    """Seconds to turn layout src into dst (alpha-beta per collective on its mesh axis)."""
-    return _reshard_time(src, dst, shape, itemsize, mesh)
+def _is_gradient_sync(v: Value, consumer: Node) -> bool:
+    """A backward value read by the optimizer: a gradient, synchronised in fused buckets."""
+    return _phase(consumer) == OPTIMIZER and v.producer is not None and _phase(v.producer) == "backward"
+
+
+def reshard_time(src: ShardSpec, dst: ShardSpec, shape: tuple[int, ...], itemsize: int, mesh: Mesh,
+                 bucketed: bool = False) -> float:
+    """Seconds to turn layout src into dst (alpha-beta per collective on its mesh axis).
+
+    `bucketed`: the tensor is a gradient synchronised before the optimizer, fused with others
+    into buckets of GRAD_BUCKET_BYTES as data-parallel frameworks do, so it pays its share of a
+    bucket's latency instead of a whole collective's."""
+    return _reshard_time(src, dst, shape, itemsize, mesh, bucketed)
 
 
 @lru_cache(maxsize=1 << 16)
-def _reshard_time(src: ShardSpec, dst: ShardSpec, shape: tuple[int, ...], itemsize: int, mesh: Mesh) -> float:
+def _reshard_time(src: ShardSpec, dst: ShardSpec, shape: tuple[int, ...], itemsize: int, mesh: Mesh,
+                  bucketed: bool = False) -> float:
     if src == dst:
         return 0.0
+    share = min(1.0, math.prod(shape) * itemsize / GRAD_BUCKET_BYTES) if bucketed else 1.0
     total = 0.0
     for c in reshard(src, dst, shape, itemsize, mesh.shape):
         if c.is_local:
             continue
         link = mesh.links[c.axis]
-        total += _STEPS[c.kind](c.n) * link.latency + c.bytes_per_device / link.bandwidth
+        total += _STEPS[c.kind](c.n) * link.latency * share + c.bytes_per_device / link.bandwidth
     return total
 
 
@@ -207,7 +220,7 @@ def build(graph: Graph, mesh: Mesh | None, cluster: Cluster, micro: Micro | None
                 u_key = (id(u_specs), -1)
             rule = 0 if micro is None else 2 if _phase(n) == OPTIMIZER else 1
             m = pricer.matrix(u_key, u_specs, (id(strats), i), [s.inputs[i] for s in strats],
-                              v.shape, v.dtype.itemsize, rule)  # type: ignore[union-attr]
+                              v.shape, v.dtype.itemsize, rule, _is_gradient_sync(v, n))  # type: ignore[union-attr]
             if rule == 1:
                 m = m * micro.count  # type: ignore[union-attr]
             key = (ui, vi)
@@ -315,10 +328,10 @@ class _Pricer:
         self.keep: list = []  # the lists whose ids key the caches stay alive while they are used
 
     def matrix(self, u_key, u_specs: list[ShardSpec], v_key, v_specs: list[ShardSpec],
-               shape: tuple[int, ...], itemsize: int, rule: int = 0) -> np.ndarray:
+               shape: tuple[int, ...], itemsize: int, rule: int = 0, bucketed: bool = False) -> np.ndarray:
         """rule (microbatching): 0 none; 1 the consumer runs per microbatch, so nothing may move
         along the time axis; 2 it runs once, after the microbatches: only their sum may."""
-        key = (u_key, v_key, shape, itemsize, rule)
+        key = (u_key, v_key, shape, itemsize, rule, bucketed)
         m = self.matrices.get(key)
         if m is None:
             self.keep.append((u_specs, v_specs))
@@ -327,10 +340,10 @@ class _Pricer:
             small = np.empty((len(ua), len(va)))
             for r, a in enumerate(ua):
                 for c, b in enumerate(va):
-                    pk = (id(a), id(b), shape, itemsize, rule)
+                    pk = (id(a), id(b), shape, itemsize, rule, bucketed)
                     t = self.pairs.get(pk)
                     if t is None:
-                        t = reshard_time(a, b, shape, itemsize, self.mesh)
+                        t = reshard_time(a, b, shape, itemsize, self.mesh, bucketed)
                         if rule and t and _moves_in_time(a, b, shape, itemsize, self.mesh, rule):
                             t = FORBIDDEN
                         self.pairs[pk] = t
