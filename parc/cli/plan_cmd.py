@@ -44,10 +44,12 @@ def _progress() -> Iterator[Callable[[str, int, int], None] | None]:
               help="Per solve; on time-out the best plan found is kept with its proven gap.")
 @click.option("--hints", "hints_file", type=click.Path(dir_okay=False),
               help="Hints YAML: Whale replicate/split scopes and pinned layouts (docs/hints.md).")
+@click.option("--jobs", type=int, metavar="N",
+              help="Search the meshes in N processes (default: one per CPU; 1: in-process).")
 @click.option("--dim", "dims", multiple=True, metavar="NAME=VALUE", help="Bind a symbolic dim.")
 @click.option("-o", "--output", required=True, type=click.Path(file_okay=False), help="Plan directory.")
 def plan(model: str, devices: str | None, cluster_file: str | None, level: str, mem_limit: float | None,
-         time_limit: float, hints_file: str | None, dims: tuple[str, ...], output: str) -> None:
+         time_limit: float, hints_file: str | None, jobs: int | None, dims: tuple[str, ...], output: str) -> None:
     """Search how to split MODEL over the devices; write PLAN_DIR/plan.json."""
     from parc.cluster import resolve_cluster
     from parc.ir import importer
@@ -57,6 +59,8 @@ def plan(model: str, devices: str | None, cluster_file: str | None, level: str, 
         raise UsageError(f"--time-limit {time_limit}: expected a positive number of seconds")
     if mem_limit is not None and not mem_limit > 0:
         raise UsageError(f"--mem-limit {mem_limit}: expected a positive number of GiB")
+    if jobs is not None and jobs < 1:
+        raise UsageError(f"--jobs {jobs}: expected a number of processes >= 1")
     from parc.hints import Hints, load_hints, read_annotations, write_sharded_model
 
     hints = load_hints(hints_file) if hints_file else Hints()
@@ -66,7 +70,7 @@ def plan(model: str, devices: str | None, cluster_file: str | None, level: str, 
     budget = mem_limit * 2**30 if mem_limit is not None else None
     with _progress() as report:
         result = plan_graph(graph, cluster, level=level, memory_budget=budget, progress=report,
-                            time_limit=time_limit, hints=None if hints.empty else hints)
+                            time_limit=time_limit, hints=None if hints.empty else hints, jobs=jobs)
     out = Path(output)
     out.mkdir(parents=True, exist_ok=True)
     doc = result.to_json()

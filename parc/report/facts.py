@@ -32,6 +32,7 @@ class MeshTried:
     step_time_s: float | None
     gap: float | None
     chosen: bool
+    skipped: str | None = None  # why the hints rule the mesh out (not tried)
 
 
 @dataclass(frozen=True)

@@ -52,7 +52,8 @@ def _summary(r: Report) -> Section:
                         f"{fmt_time(s.solver_time_s)} planning")]
     if r.model:
         pairs.insert(0, ("model", r.model))
-    rows = [[fmt_shape(m.shape), "yes" if m.feasible else "no (memory)", fmt_time(m.step_time_s), fmt_gap(m.gap),
+    rows = [[fmt_shape(m.shape), "yes" if m.feasible else "no (hints)" if m.skipped else "no (memory)",
+             fmt_time(m.step_time_s), fmt_gap(m.gap),
              "chosen" if m.chosen else ""] for m in s.meshes]
     tables = [Table(["mesh", "feasible", "step time", "gap", ""], rows, frozenset({2, 3}))] if rows else []
     return Section("Summary", pairs, tables)

@@ -132,7 +132,9 @@ def _meshes(s: facts.Summary) -> list[str]:
     for m in s.meshes:
         if m.chosen:
             continue
-        if not m.feasible:
+        if m.skipped:
+            out.append(f"mesh {fmt_shape(m.shape)} was skipped: {m.skipped}")
+        elif not m.feasible:
             out.append(f"mesh {fmt_shape(m.shape)} does not fit the memory budget")
         elif chosen is not None and chosen.step_time_s and m.step_time_s is not None:
             gap = f" (solver gap {fmt_gap(m.gap)})" if m.gap else ""

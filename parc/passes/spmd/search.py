@@ -1,21 +1,24 @@
 """plan: search every device mesh (Rhino 3) and keep the cheapest SPMD plan, with baselines.
 
-For each mesh of `enumerate_meshes` the graph's cost model (`costs.build`) becomes a solver
-Problem with the per-device memory budget, solved at O2 or O3; the mesh with the lowest
-predicted step time wins. Baselines are solved in the same cost model with their layouts
-pinned: `data-parallel` (data inputs split on their first dim over the whole device set,
-parameters and optimizer state replicated), `zero-3` (the same with parameters and state
-split on their largest divisible dim) and `megatron-tpN` on each (dp, N) mesh, N in 2/4/8
-(every parameter-reading node splits a parameter over the tp axis), so every plan says how it
-compares.
+For each mesh of `enumerate_meshes` (1-D to 3-D) the graph's cost model (`costs.build`) becomes
+a solver Problem with the per-device memory budget, solved at O2 or O3; the mesh with the
+lowest predicted step time wins. The meshes are searched in parallel processes (`pool.run_jobs`).
+Baselines are solved in the same cost model with their layouts pinned: `data-parallel` (data
+inputs split on their first dim over the whole device set, parameters and optimizer state
+replicated), `zero-3` (the same with parameters and state split on their largest divisible
+dim) and `megatron-tpN` on each 2-D (dp, N) mesh, N in 2/4/8 (every parameter-reading node
+splits a parameter over the tp axis), so every plan says how it compares.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
 
 import numpy as np
 
@@ -24,6 +27,7 @@ from parc.errors import InfeasiblePlanError, UsageError
 from parc.hints import Hints, IneligibleMeshError, check_mesh, hint_pins, warn_once
 from parc.ir.graph import Graph
 from parc.passes.spmd.costs import CostModel, build
+from parc.passes.spmd.pool import run_jobs
 from parc.sharding import R, S, ShardSpec
 from parc.solver import IlpOptions, Problem, SearchOptions, Solution, solve
 
@@ -169,46 +173,120 @@ def _tensors(model: CostModel) -> dict[str, dict]:
                      "parameter": bool(v.is_param)} for v in vals}
 
 
+@dataclass(frozen=True)
+class _Search:
+    """What every job of one search shares."""
+
+    cluster: Cluster
+    level: str
+    budget: float
+    options: SearchOptions
+    hints: Hints | None
+
+
+@dataclass(frozen=True)
+class _Job:
+    """Build a mesh's cost model ("build"), or solve in it its plan ("plan") or a baseline (the
+    baseline's name; without a model the job builds one first)."""
+
+    what: str
+    mesh: Mesh
+    model: CostModel | None = None
+    pins: dict[int, tuple[int, ...]] = field(default_factory=dict)
+
+
+@dataclass
+class _Built:
+    """A "build" job's outcome: the cost model and the hints' pins, or why the mesh is skipped."""
+
+    model: CostModel | None
+    pins: dict[int, tuple[int, ...]] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+    skipped: str | None = None
+
+
+def _run(search: _Search, graph: Graph, job: _Job) -> _Built | Solution | str | dict:
+    """One job: a _Built, a plan's Solution (or why none fits, a str), or a baseline's record."""
+    mesh, model = job.mesh, job.model
+    if job.what == "build":
+        try:
+            if search.hints is not None:
+                check_mesh(graph, search.hints, mesh.shape)  # before the (slow) cost model
+            model = build(graph, mesh, search.cluster)
+            if search.hints is None:
+                return _Built(model)
+            pins, warnings = hint_pins(model, search.hints)
+            return _Built(model, pins, warnings)
+        except IneligibleMeshError as e:
+            return _Built(model, skipped=str(e))
+    model = model if model is not None else build(graph, mesh, search.cluster)
+    if job.what == "plan":
+        problem = model.problem.restricted(job.pins) if job.pins else model.problem
+        try:
+            return solve(problem.with_budget(search.budget), search.level, search.options)
+        except InfeasiblePlanError as e:
+            return f"mesh {mesh.shape}: {e}"
+    if job.what.startswith("megatron"):
+        return megatron_baseline(model, search.budget, search.options)
+    return flat_baseline(job.what, model, search.budget, search.options)
+
+
+def _baseline_names(mesh: Mesh) -> list[str]:
+    """The baselines solved on `mesh`: data parallel and ZeRO-3 on the flat mesh, Megatron on a
+    (dp, tp) mesh with tp in 2/4/8."""
+    if mesh.ndim == 1:
+        return ["data-parallel", "zero-3"]
+    if mesh.ndim == 2 and mesh.shape[1] in (2, 4, 8):
+        return [f"megatron-tp{mesh.shape[1]}"]
+    return []
+
+
 def plan_graph(graph: Graph, cluster: Cluster, *, level: str = "O3", memory_budget: float | None = None,
-               max_mesh_dims: int = 2, progress: Callable[[str, int, int], None] | None = None,
-               time_limit: float = 60.0, hints: Hints | None = None) -> Plan:
+               max_mesh_dims: int = 3, progress: Callable[[str, int, int], None] | None = None,
+               time_limit: float = 60.0, hints: Hints | None = None, jobs: int | None = None) -> Plan:
     """The cheapest plan over the cluster's meshes; raises InfeasiblePlanError if none fits.
 
-    `progress(what, done, total)` is called before each mesh and before the baselines."""
+    Jobs run in up to `jobs` processes (default: one per CPU, at most one per job; 1: in this
+    process): per mesh, the cost model, then its plan and baselines side by side. The plan does
+    not depend on `jobs`. `progress(what, done, total)` is called as each job is done."""
     t0 = time.perf_counter()
     budget = float(memory_budget if memory_budget is not None else min(d.memory_bytes for d in cluster.devices))
-    results: list[MeshResult] = []
-    tried: list[dict] = []
-    failures: list[str] = []
-    options = SearchOptions(ilp=IlpOptions(time_limit=time_limit))
+    search = _Search(cluster, level, budget, SearchOptions(ilp=IlpOptions(time_limit=time_limit)), hints)
     meshes = enumerate_meshes(cluster, max_dims=max_mesh_dims)
-    warned: set[str] = set()
-    skipped: list[str] = []
-    for k, mesh in enumerate(meshes):
+    total = sum(2 + len(_baseline_names(m)) for m in meshes)  # jobs: build, plan, baselines
+    if jobs is None:
+        jobs = min(os.cpu_count() or 1, total)
+    if jobs < 1:
+        raise UsageError(f"jobs {jobs}: expected at least 1 process")
+    outcome: dict[tuple[str, Mesh], Any] = {}
+
+    def then(job: _Job, out: Any) -> list[_Job]:
+        outcome[job.what, job.mesh] = out
         if progress is not None:
-            progress(f"mesh {'x'.join(map(str, mesh.shape))}", k, len(meshes) + 1)
-        try:
-            if hints is not None:
-                check_mesh(graph, hints, mesh.shape)  # before the (slow) cost model
-            model = build(graph, mesh, cluster)
-            pins, warnings = hint_pins(model, hints) if hints is not None else ({}, [])
-        except IneligibleMeshError as e:
-            skipped.append(f"mesh {mesh}: {e}")
-            tried.append({"shape": list(mesh.shape), "feasible": False, "skipped": str(e)})
-            log.info("mesh %s: skipped: %s", mesh.shape, e)
+            what = "cost model" if job.what == "build" else job.what
+            progress(f"mesh {job.mesh}: {what} done", len(outcome), total)
+        if job.what != "build" or out.model is None:
+            return []
+        # The baselines run beside the plan, even if no mesh turns out to have one (then unused).
+        more = [_Job("plan", job.mesh, out.model, out.pins)] if out.skipped is None else []
+        return more + [_Job(name, job.mesh, out.model) for name in _baseline_names(job.mesh)]
+
+    run_jobs(partial(_run, search), graph, [_Job("build", m) for m in meshes], jobs, then)
+    results, tried, failures, skipped, warned = [], [], [], [], set()
+    for mesh in meshes:  # in mesh order, as the serial loop logged
+        built, sol = outcome["build", mesh], outcome.get(("plan", mesh))
+        if built.skipped is not None:
+            skipped.append(f"mesh {mesh}: {built.skipped}")
+            tried.append({"shape": list(mesh.shape), "feasible": False, "skipped": built.skipped})
+            log.info("mesh %s: skipped: %s", mesh.shape, built.skipped)
             continue
-        warn_once(warnings, warned)
-        problem = model.problem.restricted(pins) if pins else model.problem
-        try:
-            sol = solve(problem.with_budget(budget), level, options)
-        except InfeasiblePlanError as e:
-            failures.append(f"mesh {mesh.shape}: {e}")
+        warn_once(built.warnings, warned)
+        if isinstance(sol, str):
+            failures.append(sol)
             tried.append({"shape": list(mesh.shape), "feasible": False})
             continue
-        result = MeshResult(mesh, model, sol)
-        results.append(result)
-        tried.append({"shape": list(mesh.shape), "feasible": True, "step_time_s": sol.cost,
-                      "gap": sol.gap})
+        results.append(MeshResult(mesh, built.model, sol))
+        tried.append({"shape": list(mesh.shape), "feasible": True, "step_time_s": sol.cost, "gap": sol.gap})
         log.info("mesh %s: %.6g s (%s)", mesh.shape, sol.cost, sol.status)
     if not results:
         if skipped and not failures:
@@ -216,17 +294,11 @@ def plan_graph(graph: Graph, cluster: Cluster, *, level: str = "O3", memory_budg
         raise InfeasiblePlanError(_infeasible_message(graph, budget, failures + skipped))
     best = min(results, key=lambda r: r.solution.cost)
     plan = Plan(best, level, cluster, budget, tried, hints=hints)
-    if progress is not None:
-        progress("baselines", len(meshes), len(meshes) + 1)
-    flat = next(r for r in results if len(r.mesh.shape) == 1) if any(
-        len(r.mesh.shape) == 1 for r in results) else None
-    plan.baselines = baselines(graph, cluster, budget, flat.model if flat else build(
-        graph, enumerate_meshes(cluster, max_dims=1)[0], cluster), options)
-    built = {r.mesh.shape: r.model for r in results}
-    for mesh in meshes:
-        if len(mesh.shape) == 2 and mesh.shape[1] in (2, 4, 8):
-            model = built.get(mesh.shape) or build(graph, mesh, cluster)
-            plan.baselines[f"megatron-tp{mesh.shape[1]}"] = megatron_baseline(model, budget, options)
+    # Baselines of the meshes the hints skipped before building a cost model: build one now.
+    late = [_Job(name, m) for m in meshes for name in _baseline_names(m) if (name, m) not in outcome]
+    for job, out in zip(late, run_jobs(partial(_run, search), graph, late, jobs)):
+        outcome[job.what, job.mesh] = out
+    plan.baselines = {name: outcome[name, m] for m in meshes for name in _baseline_names(m)}
     plan.time_s = time.perf_counter() - t0
     return plan
 
@@ -234,24 +306,26 @@ def plan_graph(graph: Graph, cluster: Cluster, *, level: str = "O3", memory_budg
 def baselines(graph: Graph, cluster: Cluster, budget: float, model: CostModel,
               options: SearchOptions | None = None) -> dict[str, dict]:
     """Data parallel and ZeRO-3 in the same cost model, on the flat mesh of all devices."""
-    options = options or SearchOptions()
-    out = {}
-    for name, param_spec in (("data-parallel", _replicate), ("zero-3", _largest_split)):
-        pins = []
-        for k, v in enumerate(model.sources):
-            want = param_spec(v, model.mesh) if v.is_const else _batch_split(v, model.mesh)
-            specs = model.source_specs[k]
-            if want in specs:
-                pins.append((k, (specs.index(want),)))
-        p: Problem = model.problem.restricted(dict(pins))
-        try:
-            sol = solve(p, "O3", options)
-        except InfeasiblePlanError:
-            out[name] = {"step_time_s": None, "memory_bytes_per_device": None, "feasible": False}
-            continue
-        mem = float(sum(p.mem[i][sol.choice[i]] for i in range(p.n))) if p.mem else 0.0
-        out[name] = {"step_time_s": sol.cost, "memory_bytes_per_device": mem, "feasible": mem <= budget}
-    return out
+    return {name: flat_baseline(name, model, budget, options) for name in ("data-parallel", "zero-3")}
+
+
+def flat_baseline(name: str, model: CostModel, budget: float, options: SearchOptions | None = None) -> dict:
+    """`data-parallel` (data split on dim 0, parameters and state replicated) or `zero-3` (the
+    same with parameters and state split on their largest divisible dim) on the flat mesh."""
+    param_spec = {"data-parallel": _replicate, "zero-3": _largest_split}[name]
+    pins = []
+    for k, v in enumerate(model.sources):
+        want = param_spec(v, model.mesh) if v.is_const else _batch_split(v, model.mesh)
+        specs = model.source_specs[k]
+        if want in specs:
+            pins.append((k, (specs.index(want),)))
+    p: Problem = model.problem.restricted(dict(pins))
+    try:
+        sol = solve(p, "O3", options or SearchOptions())
+    except InfeasiblePlanError:
+        return {"step_time_s": None, "memory_bytes_per_device": None, "feasible": False}
+    mem = float(sum(p.mem[i][sol.choice[i]] for i in range(p.n))) if p.mem else 0.0
+    return {"step_time_s": sol.cost, "memory_bytes_per_device": mem, "feasible": mem <= budget}
 
 
 def megatron_baseline(model: CostModel, budget: float, options: SearchOptions) -> dict:

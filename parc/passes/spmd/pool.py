@@ -1,0 +1,229 @@
+"""Jobs over one graph in forked worker processes (Rhino 3: each mesh is searched in a process).
+
+The workers are forked, so they inherit the graph from a module variable instead of receiving
+a pickled copy. Jobs and results travel pickled with every Graph, Node and Value replaced by its
+position in the graph, so a CostModel built in a worker comes back bound to the parent's own
+graph (and goes out again to another worker for a follow-up solve). An exception comes back by
+value (its class, args and attributes: not every exception pickles through its `__init__`) and
+is raised as the serial loop would: the first failing job, in job order. With one process, or
+where fork is unavailable, the jobs run in-process, in order.
+"""
+
+from __future__ import annotations
+
+import io
+import multiprocessing
+import pickle
+import traceback
+from collections.abc import Callable, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from parc.ir.graph import Graph, Node, Value
+
+T = TypeVar("T")
+J = TypeVar("J")
+
+# (fn, graph) while a pool runs: what its forked workers inherit. Set only by run_jobs.
+_SHARED: tuple[Callable, Graph] | None = None
+
+
+def can_fork() -> bool:
+    return "fork" in multiprocessing.get_all_start_methods()
+
+
+def run_jobs(fn: Callable[[Graph, J], T], graph: Graph, jobs: Sequence[J], processes: int,
+             then: Callable[[J, T], Sequence[J]] | None = None) -> list[T]:
+    """fn(graph, job) for every job, in up to `processes` forked processes; the results in job
+    order. `then(job, result)`, called in this process as each result arrives, returns follow-up
+    jobs (numbered after those so far). `fn` must not change the graph."""
+    queue = list(jobs)
+    if processes <= 1 or not can_fork():
+        out: list[T] = []
+        while len(out) < len(queue):
+            out.append(fn(graph, queue[len(out)]))
+            if then is not None:
+                queue.extend(then(queue[len(out) - 1], out[-1]))
+        return out
+    global _SHARED
+    if _SHARED is not None:
+        raise RuntimeError("run_jobs: a pool is already running in this process")
+    _SHARED = (fn, graph)
+    try:
+        pool = ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("fork"),
+                                   initializer=_die_with_parent)
+        try:
+            return _collect(pool, graph, queue, then)
+        except BaseException:
+            _stop(pool)
+            raise
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
+    finally:
+        _SHARED = None
+
+
+def _collect(pool: ProcessPoolExecutor, graph: Graph, queue: list, then: Callable | None) -> list:
+    """Results in job order; on a failure, once every earlier job is in, raise the first."""
+    objects = _graph_objects(graph)
+    index: dict[Future, int] = {}
+    jobs: list[Any] = []
+    results: list[Any] = []
+    errors: dict[int, _Raised] = {}
+
+    def submit(more: Sequence) -> None:
+        for job in more:
+            index[pool.submit(_work, _dumps(job, objects))] = len(jobs)
+            jobs.append(job)
+            results.append(None)
+
+    submit(queue)
+    pending = set(index)
+    while pending:
+        finished, pending = wait(pending, return_when=FIRST_COMPLETED)
+        for f in sorted(finished, key=index.__getitem__):
+            if f.cancelled():
+                continue
+            k, out = index[f], f.result()
+            if isinstance(out, _Raised):
+                errors[k] = out
+                continue
+            results[k] = _loads(out, objects)
+            more = then(jobs[k], results[k]) if then is not None else ()
+            if more and not errors:
+                n = len(index)
+                submit(more)
+                pending |= {g for g, j in index.items() if j >= n}
+        if errors:
+            first = min(errors)
+            for f in pending:
+                if index[f] > first:
+                    f.cancel()
+            if all(f.done() for f in pending if index[f] < first):
+                raise errors[first].exception()
+    return results
+
+
+def _stop(pool: ProcessPoolExecutor) -> None:
+    """Kill the workers still running (later jobs of a failed run). Python 3.14 has
+    terminate_workers(); before it, the executor's process table is the only handle."""
+    terminate = getattr(pool, "terminate_workers", None)
+    if terminate is not None:
+        terminate()
+        return
+    for p in list((getattr(pool, "_processes", None) or {}).values()):
+        if p.is_alive():
+            p.terminate()
+
+
+def _die_with_parent() -> None:
+    """In a worker: end when the parent dies (killed on a time-out, say) instead of waiting
+    forever on the job queue, whose write end every forked worker also holds (Linux only)."""
+    import ctypes
+    import os
+    import signal
+
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() == 1:  # the parent died before prctl
+        os._exit(1)
+
+
+def _work(job: bytes) -> bytes | _Raised:
+    """In a worker: run a job on the inherited graph; jobs and results pickled against it."""
+    assert _SHARED is not None, "run_jobs: a worker without the shared graph (not forked?)"
+    fn, graph = _SHARED
+    objects = _graph_objects(graph)
+    try:
+        return _dumps(fn(graph, _loads(job, objects)), objects)
+    except BaseException as e:  # noqa: BLE001 - any failure goes back to be raised in the parent
+        return _Raised.of(e)
+
+
+@dataclass
+class _Raised:
+    """An exception carried by value: rebuilt without calling its class's __init__."""
+
+    cls: type
+    args: tuple
+    state: dict
+    trace: str
+
+    @staticmethod
+    def of(e: BaseException) -> _Raised:
+        raised = _Raised(type(e), e.args, dict(getattr(e, "__dict__", {})), traceback.format_exc())
+        try:
+            pickle.dumps(raised)
+        except Exception:  # an unpicklable payload: keep the class and message only
+            raised = _Raised(type(e), (str(e),), {}, raised.trace)
+            try:
+                pickle.dumps(raised)
+            except Exception:
+                raised = _Raised(RuntimeError, (f"{type(e).__name__}: {e}",), {}, raised.trace)
+        return raised
+
+    def exception(self) -> BaseException:
+        e = self.cls.__new__(self.cls)
+        e.args = self.args
+        e.__dict__.update(self.state)
+        e.__cause__ = _RemoteTraceback(self.trace)
+        return e
+
+
+class _RemoteTraceback(Exception):
+    """The worker's traceback, as the cause of the exception re-raised in the parent."""
+
+    def __str__(self) -> str:
+        return "\n" + self.args[0]
+
+
+# -- results pickled against the graph --------------------------------------------------------
+
+def _graph_objects(graph: Graph) -> list[Any]:
+    """The graph, its nodes and every value they touch, in an order fixed by the graph alone
+    (the same in the parent and in a forked worker)."""
+    out: list[Any] = [graph, *graph.nodes]
+    seen: set[int] = set()
+    values = [*graph.inputs, *graph.constants.values(), *graph.input_constants, *graph.outputs]
+    values += [v for n in graph.nodes for v in (*n.inputs, *n.outputs)]
+    for v in values:
+        if v is not None and id(v) not in seen:
+            seen.add(id(v))
+            out.append(v)
+    return out
+
+
+class _GraphPickler(pickle.Pickler):
+    def __init__(self, file: io.BytesIO, objects: list[Any]) -> None:
+        super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
+        self.position = {id(o): k for k, o in enumerate(objects)}
+
+    def persistent_id(self, obj: Any) -> int | None:
+        if isinstance(obj, (Graph, Node, Value)):
+            k = self.position.get(id(obj))
+            if k is None:
+                raise pickle.PicklingError(f"{obj!r} is not part of the shared graph")
+            return k
+        return None
+
+
+class _GraphUnpickler(pickle.Unpickler):
+    def __init__(self, file: io.BytesIO, objects: list[Any]) -> None:
+        super().__init__(file)
+        self.objects = objects
+
+    def persistent_load(self, pid: int) -> Any:
+        return self.objects[pid]
+
+
+def _dumps(obj: Any, objects: list[Any]) -> bytes:
+    buf = io.BytesIO()
+    _GraphPickler(buf, objects).dump(obj)
+    return buf.getvalue()
+
+
+def _loads(data: bytes, objects: list[Any]) -> Any:
+    return _GraphUnpickler(io.BytesIO(data), objects).load()

@@ -1,0 +1,125 @@
+"""The mesh search in parallel processes: the same plan as in-process, errors as serially."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+from helpers import assert_one_line_error, inp, make_model, parc, tensor
+from onnx import helper
+
+from parc.cluster import parse_devices
+from parc.errors import InfeasiblePlanError, UsageError
+from parc.hints import Hints, Pin, Request, Scope
+from parc.ir.importer import from_model
+from parc.passes.spmd import pool
+from parc.passes.spmd.search import plan_graph
+from parc.sharding import ShardSpec
+from parc.solver import MemoryBudgetError
+
+pytestmark = pytest.mark.skipif(not pool.can_fork(), reason="needs the fork start method")
+
+
+def mlp_model():
+    """x[8,16] @ w1[16,32] -> Relu -> @ w2[32,16]: a two-layer MLP."""
+    n = helper.make_node
+    rng = np.random.default_rng(0)
+    return make_model([n("MatMul", ["x", "w1"], ["h"], name="fc1"), n("Relu", ["h"], ["a"], name="act"),
+                       n("MatMul", ["a", "w2"], ["y"], name="fc2")],
+                      [inp("x", [8, 16])], [inp("y", [8, 16])],
+                      [tensor("w1", rng.standard_normal((16, 32)).astype(np.float32)),
+                       tensor("w2", rng.standard_normal((32, 16)).astype(np.float32))])
+
+
+@pytest.fixture()
+def graph():
+    return from_model(mlp_model())
+
+
+def plan_doc(graph, **kw) -> dict:
+    doc = plan_graph(graph, parse_devices("4xa100-80g"), time_limit=10, **kw).to_json()
+    doc["solver"].pop("time_s")  # wall time: the one key allowed to differ
+    return doc
+
+
+def test_two_processes_give_the_serial_plan(graph):
+    calls = []
+    serial = plan_doc(graph, jobs=1)
+    parallel = plan_doc(graph, jobs=2, progress=lambda *a: calls.append((os.getpid(), *a)))
+    assert json.dumps(parallel, sort_keys=True) == json.dumps(serial, sort_keys=True)
+    assert [m["shape"] for m in serial["solver"]["meshes"]] == [[4], [2, 2]]
+    assert list(serial["baselines"]) == ["data-parallel", "zero-3", "megatron-tp2"]
+    # progress from this process, once per job (per mesh: cost model, plan, baselines)
+    assert {c[0] for c in calls} == {os.getpid()}
+    assert [c[2] for c in calls] == list(range(1, 8)) and {c[3] for c in calls} == {7}
+
+
+def test_errors_in_workers_read_as_serially(graph):
+    cluster = parse_devices("4xa100-80g")
+    cases = [
+        (InfeasiblePlanError, {"memory_budget": 100.0}),
+        (UsageError, {"hints": Hints(pins=(Pin("nosuch", ShardSpec("S(0)")),))}),
+        (UsageError, {"hints": Hints(scopes=(Scope("fc", Request("split", 3)),))}),  # no mesh eligible
+    ]
+    for error, kw in cases:
+        messages = []
+        for jobs in (1, 2):
+            with pytest.raises(error) as info:
+                plan_graph(graph, cluster, time_limit=10, jobs=jobs, **kw)
+            messages.append(str(info.value))
+        assert messages[0] == messages[1], messages
+
+
+def fails_on(graph, job):
+    if job >= 2:
+        raise MemoryBudgetError(float(job), 1.0)  # its __init__ takes numbers: not picklable by args
+    return graph.nodes[job]  # comes back as the parent's own node
+
+
+def test_pool_returns_the_parents_objects_and_raises_the_first_failure(graph):
+    assert pool.run_jobs(fails_on, graph, [0, 1], 2) == graph.nodes[:2]
+    assert all(a is b for a, b in zip(pool.run_jobs(fails_on, graph, [1, 0], 2), graph.nodes[1::-1]))
+    for processes in (1, 2):
+        with pytest.raises(MemoryBudgetError, match="need 3 per device") as info:
+            pool.run_jobs(fails_on, graph, [0, 3, 1, 2], processes)
+        assert info.value.need == 3.0 and info.value.budget == 1.0
+
+
+def test_follow_up_jobs_run_after_their_parent_job(graph):
+    def then(job, result):
+        return [job + 10] if job < 10 else []
+
+    for processes in (1, 2):
+        out = pool.run_jobs(lambda g, job: job * 2, graph, [0, 1], processes, then)
+        assert sorted(out) == [0, 2, 20, 22] and out[:2] == [0, 2]
+
+
+def test_jobs_option(tmp_path):
+    import onnx
+
+    path = tmp_path / "mlp.onnx"
+    onnx.save(mlp_model(), path)
+    assert_one_line_error(parc("plan", str(path), "--devices", "4xa100-80g", "--jobs", "0", "-o",
+                               str(tmp_path / "p")), "--jobs 0")
+    res = parc("plan", str(path), "--devices", "4xa100-80g", "--jobs", "2", "-o", str(tmp_path / "q"))
+    assert res.returncode == 0, res.stderr
+    assert json.loads((tmp_path / "q" / "plan.json").read_text())["mesh"]["shape"] in ([4], [2, 2])
+
+
+def slow_unless_first(graph, job):
+    if job == 0:
+        raise UsageError("job 0 failed")
+    import time
+
+    time.sleep(60)
+
+
+def test_a_failure_stops_the_later_jobs(graph):
+    import time
+
+    t0 = time.perf_counter()
+    with pytest.raises(UsageError, match="job 0 failed"):
+        pool.run_jobs(slow_unless_first, graph, [0, 1, 2], 2)
+    assert time.perf_counter() - t0 < 30
