@@ -208,6 +208,12 @@ def solve_ilp(p: Problem, options: IlpOptions = IlpOptions()) -> Solution:
             rounded = _round(p, np.asarray(h.getSolution().col_value))
             if p.fits(rounded) and p.cost(rounded) < p.cost(fallback):
                 fallback = rounded
+            cost = p.cost(fallback)
+            if p.fits(fallback) and relative_gap(cost, min(lp_bound, cost)) <= options.mip_gap:
+                # the rounded relaxation is optimal within the gap: no branch and bound needed
+                lower = min(lp_bound, cost)
+                return Solution(fallback, cost, lower, relative_gap(cost, lower), "optimal",
+                                time.perf_counter() - t0, "ilp(lp-rounding)")
     h.changeColsIntegrality(
         m.num_x,
         np.arange(m.num_x, dtype=np.int32),
