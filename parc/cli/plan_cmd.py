@@ -46,10 +46,15 @@ def _progress() -> Iterator[Callable[[str, int, int], None] | None]:
               help="Hints YAML: Whale replicate/split scopes and pinned layouts (docs/hints.md).")
 @click.option("--jobs", type=int, metavar="N",
               help="Search the meshes in N processes (default: one per CPU; 1: in-process).")
+@click.option("--micro-batches", type=int, default=1, show_default=True, metavar="M",
+              help="Plan the step as M microbatches with gradient accumulation and one optimizer step.")
+@click.option("--mesh-dims", type=int, default=2, show_default=True, metavar="N",
+              help="Search device meshes of up to N axes (3 adds meshes like 2x2x2; slow to price).")
 @click.option("--dim", "dims", multiple=True, metavar="NAME=VALUE", help="Bind a symbolic dim.")
 @click.option("-o", "--output", required=True, type=click.Path(file_okay=False), help="Plan directory.")
 def plan(model: str, devices: str | None, cluster_file: str | None, level: str, mem_limit: float | None,
-         time_limit: float, hints_file: str | None, jobs: int | None, dims: tuple[str, ...], output: str) -> None:
+         time_limit: float, hints_file: str | None, jobs: int | None, micro_batches: int, mesh_dims: int,
+         dims: tuple[str, ...], output: str) -> None:
     """Search how to split MODEL over the devices; write PLAN_DIR/plan.json."""
     from parc.cluster import resolve_cluster
     from parc.ir import importer
@@ -59,6 +64,10 @@ def plan(model: str, devices: str | None, cluster_file: str | None, level: str, 
         raise UsageError(f"--time-limit {time_limit}: expected a positive number of seconds")
     if mem_limit is not None and not mem_limit > 0:
         raise UsageError(f"--mem-limit {mem_limit}: expected a positive number of GiB")
+    if micro_batches < 1:
+        raise UsageError(f"--micro-batches {micro_batches}: expected a count >= 1")
+    if mesh_dims not in (1, 2, 3):
+        raise UsageError(f"--mesh-dims {mesh_dims}: expected 1, 2 or 3")
     if jobs is not None and jobs < 1:
         raise UsageError(f"--jobs {jobs}: expected a number of processes >= 1")
     from parc.hints import Hints, load_hints, read_annotations, write_sharded_model
@@ -70,7 +79,8 @@ def plan(model: str, devices: str | None, cluster_file: str | None, level: str, 
     budget = mem_limit * 2**30 if mem_limit is not None else None
     with _progress() as report:
         result = plan_graph(graph, cluster, level=level, memory_budget=budget, progress=report,
-                            time_limit=time_limit, hints=None if hints.empty else hints, jobs=jobs)
+                            time_limit=time_limit, hints=None if hints.empty else hints, jobs=jobs,
+                            micro_batches=micro_batches, max_mesh_dims=mesh_dims)
     out = Path(output)
     out.mkdir(parents=True, exist_ok=True)
     doc = result.to_json()

@@ -28,7 +28,7 @@ def test_meshes_of_8_and_2x8_devices():
 
 
 def test_plan_searches_the_3d_mesh_but_runs_megatron_on_2d_only():
-    plan = plan_graph(from_model(mlp_model()), parse_devices("8xa100-80g"), time_limit=10)
+    plan = plan_graph(from_model(mlp_model()), parse_devices("8xa100-80g"), time_limit=10, max_mesh_dims=3)
     doc = plan.to_json()
     assert [m["shape"] for m in doc["solver"]["meshes"]] == [[8], [2, 4], [4, 2], [2, 2, 2]]
     assert all(m["feasible"] for m in doc["solver"]["meshes"])
@@ -59,7 +59,7 @@ def test_cli_plans_explains_and_annotates_a_3d_plan(tmp_path):
     hints = tmp_path / "hints.yaml"
     hints.write_text('pins:\n  w1: "RS(1)S(0)"\n')  # a 3-axis pin: only 3-D meshes are eligible
     out = tmp_path / "p"
-    res = parc("plan", str(path), "--devices", "8xa100-80g", "--time-limit", "10", "--hints", str(hints),
+    res = parc("plan", str(path), "--devices", "8xa100-80g", "--mesh-dims", "3", "--time-limit", "10", "--hints", str(hints),
                "-o", str(out))
     assert res.returncode == 0, res.stderr
     doc = json.loads((out / "plan.json").read_text())
@@ -75,7 +75,7 @@ def test_cli_plans_explains_and_annotates_a_3d_plan(tmp_path):
     onnx.checker.check_model(sharded)
     assert {p.key: p.value for p in sharded.metadata_props}["parc.mesh"] == "2x2x2"
     # The annotations read back as pins: planning the annotated model gives the same layouts.
-    res = parc("plan", str(out / "model.sharded.onnx"), "--devices", "8xa100-80g", "--time-limit", "10",
+    res = parc("plan", str(out / "model.sharded.onnx"), "--devices", "8xa100-80g", "--mesh-dims", "3", "--time-limit", "10",
                "-o", str(tmp_path / "q"))
     assert res.returncode == 0, res.stderr
     again = json.loads((tmp_path / "q" / "plan.json").read_text())
@@ -90,7 +90,7 @@ def test_gpt_tiny_step_on_8_devices_searches_2x2x2(tmp_path):
                "--set", "ffn=32", "--set", "heads=2", "--set", "seq=8", "--set", "vocab=16", "--train", "adamw",
                "-o", str(path))
     assert res.returncode == 0, res.stderr
-    res = parc("plan", str(path), "--devices", "8xa100-80g", "-O2", "--time-limit", "5", "-o", str(tmp_path / "p"))
+    res = parc("plan", str(path), "--devices", "8xa100-80g", "--mesh-dims", "3", "-O2", "--time-limit", "5", "-o", str(tmp_path / "p"))
     assert res.returncode == 0, res.stderr
     doc = json.loads((tmp_path / "p" / "plan.json").read_text())
     assert [m["shape"] for m in doc["solver"]["meshes"]] == [[8], [2, 4], [4, 2], [2, 2, 2]]

@@ -26,7 +26,7 @@ from parc.cluster import Cluster, Mesh, enumerate_meshes
 from parc.errors import InfeasiblePlanError, UsageError
 from parc.hints import Hints, IneligibleMeshError, check_mesh, hint_pins, warn_once
 from parc.ir.graph import Graph
-from parc.passes.spmd.costs import CostModel, build
+from parc.passes.spmd.costs import CostModel, Micro, build, micro_layout
 from parc.passes.spmd.pool import run_jobs
 from parc.sharding import R, S, ShardSpec
 from parc.solver import IlpOptions, Problem, SearchOptions, Solution, solve
@@ -77,18 +77,24 @@ class Plan:
     def to_json(self) -> dict:
         m = self.best.model
         x = self.best.solution.choice
-        specs = {}
+        cut = 1 if m.micro is not None else 0  # the microbatch axis is reported apart
+        specs, time_specs = {}, {}
         for k, v in enumerate(m.sources):
-            specs[v.name] = str(m.source_specs[k][x[k]])
-        strategies = {}
+            spec = m.source_specs[k][x[k]]
+            specs[v.name], time_specs[v.name] = _device_part(spec, cut), str(spec[0])
+        strategies, time_labels = {}, {}
         for pos, n in enumerate(m.graph.nodes):
             s = m.strategies[pos][x[m.node_index(pos)]]
-            strategies[n.name] = str(s)
+            strategies[n.name] = "x".join(label or "-" for label in s.labels[cut:])
+            time_labels[n.name] = s.labels[0] or "-"
             for v, spec in zip(n.outputs, s.outputs):
                 if v.name:
-                    specs[v.name] = str(spec)
+                    specs[v.name], time_specs[v.name] = _device_part(spec, cut), str(spec[0])
         mem = self.best.memory_bytes
+        micro = None if m.micro is None else {
+            "count": m.micro.count, "specs": time_specs, "strategies": time_labels}
         return {
+            "micro_batches": micro,
             "communication": self.communication(),
             "tensors": _tensors(m),
             "format_version": FORMAT_VERSION,
@@ -108,6 +114,10 @@ class Plan:
         }
 
 
+def _device_part(spec: ShardSpec, cut: int) -> str:
+    return str(ShardSpec(tuple(spec)[cut:])) if cut else str(spec)
+
+
 def _edge_collectives(model: CostModel, x: np.ndarray) -> list[dict]:
     """The resharding each chosen edge needs: value, layouts, collectives, bytes, seconds."""
     out = []
@@ -122,7 +132,7 @@ def _edge_collectives(model: CostModel, x: np.ndarray) -> list[dict]:
         for i, v in enumerate(n.inputs):
             if v is None or s.inputs[i] is None or id(v) not in src_of:
                 continue
-            entry = _entry(model, v, v.name, n.name, src_of[id(v)], s.inputs[i])
+            entry = _entry(model, v, v.name, n.name, src_of[id(v)], s.inputs[i], n)
             if entry:
                 out.append(entry)
     out.extend(_binding_collectives(model, x, src_of))
@@ -150,9 +160,14 @@ def _binding_collectives(model: CostModel, x: np.ndarray, layout: dict[int, Shar
     return out
 
 
-def _entry(model: CostModel, v, value: str, consumer: str, a: ShardSpec, b: ShardSpec) -> dict | None:
-    """One communication record: the collectives turning layout a of v into b, and their time."""
-    from parc.passes.spmd.costs import reshard_time
+def _entry(model: CostModel, v, value: str, consumer: str, a: ShardSpec, b: ShardSpec,
+           node=None) -> dict | None:
+    """One communication record: the collectives turning layout a of v into b, and their time
+    as the cost model charges it (gradient syncs bucketed; per-microbatch moves M times).
+
+    With microbatches, mesh axis 0 is time: its all-reduce is the local accumulation of the
+    microbatches' gradients ("accumulate", axis "microbatch"); the device axes count from 0."""
+    from parc.passes.spmd.costs import OPTIMIZER, _is_gradient_sync, _phase, reshard_time
     from parc.sharding import reshard
 
     if a == b:
@@ -160,10 +175,15 @@ def _entry(model: CostModel, v, value: str, consumer: str, a: ShardSpec, b: Shar
     steps = [c for c in reshard(a, b, v.shape, v.dtype.itemsize, model.mesh.shape) if not c.is_local]
     if not steps:
         return None
-    return {"value": value, "consumer": consumer, "from": str(a), "to": str(b),
-            "collectives": [{"kind": c.kind, "axis": c.axis, "bytes_per_device": c.bytes_per_device}
-                            for c in steps],
-            "time_s": reshard_time(a, b, v.shape, v.dtype.itemsize, model.mesh)}
+    cut = 1 if model.micro is not None else 0
+    runs = model.micro.count if cut and node is not None and _phase(node) != OPTIMIZER else 1
+    bucketed = node is not None and _is_gradient_sync(v, node)
+    return {"value": value, "consumer": consumer, "from": _device_part(a, cut), "to": _device_part(b, cut),
+            "collectives": [{"kind": "accumulate" if cut and c.axis == 0 else c.kind,
+                             "axis": "microbatch" if cut and c.axis == 0 else c.axis - cut,
+                             "bytes_per_device": c.bytes_per_device} for c in steps],
+            "runs": runs,
+            "time_s": runs * reshard_time(a, b, v.shape, v.dtype.itemsize, model.mesh, bucketed)}
 
 
 def _tensors(model: CostModel) -> dict[str, dict]:
@@ -182,6 +202,7 @@ class _Search:
     budget: float
     options: SearchOptions
     hints: Hints | None
+    micro: Micro | None = None
 
 
 @dataclass(frozen=True)
@@ -212,14 +233,14 @@ def _run(search: _Search, graph: Graph, job: _Job) -> _Built | Solution | str | 
         try:
             if search.hints is not None:
                 check_mesh(graph, search.hints, mesh.shape)  # before the (slow) cost model
-            model = build(graph, mesh, search.cluster)
+            model = build(graph, mesh, search.cluster, search.micro)
             if search.hints is None:
                 return _Built(model)
             pins, warnings = hint_pins(model, search.hints)
             return _Built(model, pins, warnings)
         except IneligibleMeshError as e:
             return _Built(model, skipped=str(e))
-    model = model if model is not None else build(graph, mesh, search.cluster)
+    model = model if model is not None else build(graph, mesh, search.cluster, search.micro)
     if job.what == "plan":
         problem = model.problem.restricted(job.pins) if job.pins else model.problem
         try:
@@ -242,16 +263,24 @@ def _baseline_names(mesh: Mesh) -> list[str]:
 
 
 def plan_graph(graph: Graph, cluster: Cluster, *, level: str = "O3", memory_budget: float | None = None,
-               max_mesh_dims: int = 3, progress: Callable[[str, int, int], None] | None = None,
-               time_limit: float = 60.0, hints: Hints | None = None, jobs: int | None = None) -> Plan:
+               max_mesh_dims: int = 2, progress: Callable[[str, int, int], None] | None = None,
+               time_limit: float = 60.0, hints: Hints | None = None, jobs: int | None = None,
+               micro_batches: int = 1) -> Plan:
     """The cheapest plan over the cluster's meshes; raises InfeasiblePlanError if none fits.
 
     Jobs run in up to `jobs` processes (default: one per CPU, at most one per job; 1: in this
     process): per mesh, the cost model, then its plan and baselines side by side. The plan does
-    not depend on `jobs`. `progress(what, done, total)` is called as each job is done."""
+    not depend on `jobs`. `progress(what, done, total)` is called as each job is done.
+
+    `micro_batches` M > 1 plans the step as M microbatches with gradient accumulation: the
+    layout along time is decided once (`costs.micro_layout`), then every mesh is searched with
+    it as a leading mesh axis (`costs.Micro`)."""
     t0 = time.perf_counter()
     budget = float(memory_budget if memory_budget is not None else min(d.memory_bytes for d in cluster.devices))
-    search = _Search(cluster, level, budget, SearchOptions(ilp=IlpOptions(time_limit=time_limit)), hints)
+    if micro_batches < 1:
+        raise UsageError(f"--micro-batches {micro_batches}: expected a count >= 1")
+    micro = micro_layout(graph, cluster, micro_batches) if micro_batches > 1 else None
+    search = _Search(cluster, level, budget, SearchOptions(ilp=IlpOptions(time_limit=time_limit)), hints, micro)
     meshes = enumerate_meshes(cluster, max_dims=max_mesh_dims)
     total = sum(2 + len(_baseline_names(m)) for m in meshes)  # jobs: build, plan, baselines
     if jobs is None:
@@ -313,13 +342,23 @@ def flat_baseline(name: str, model: CostModel, budget: float, options: SearchOpt
     """`data-parallel` (data split on dim 0, parameters and state replicated) or `zero-3` (the
     same with parameters and state split on their largest divisible dim) on the flat mesh."""
     param_spec = {"data-parallel": _replicate, "zero-3": _largest_split}[name]
-    pins = []
+    micro = model.micro
+    devices = model.mesh if micro is None else _device_mesh(model.mesh)
+    pins = {}
     for k, v in enumerate(model.sources):
-        want = param_spec(v, model.mesh) if v.is_const else _batch_split(v, model.mesh)
+        want = param_spec(v, devices) if v.is_const else _batch_split(v, devices, micro)
+        if micro is not None:
+            want = ShardSpec((micro.sources[k][0], *want))  # type: ignore[index]
         specs = model.source_specs[k]
         if want in specs:
-            pins.append((k, (specs.index(want),)))
-    p: Problem = model.problem.restricted(dict(pins))
+            pins[k] = (specs.index(want),)
+    if name == "data-parallel":  # the optimizer runs whole on every device
+        for pos, n in enumerate(model.graph.nodes):
+            if n.meta.get("parc.phase") == "optimizer":
+                whole = tuple(j for j, s in enumerate(model.strategies[pos]) if s.labels[-1] is None)
+                if whole:
+                    pins[model.node_index(pos)] = whole
+    p: Problem = model.problem.restricted(pins)
     try:
         sol = solve(p, "O3", options or SearchOptions())
     except InfeasiblePlanError:
@@ -334,7 +373,7 @@ def megatron_baseline(model: CostModel, budget: float, options: SearchOptions) -
     rest is chosen freely (data parallel on the dp axis)."""
     from parc.hints import Request, Scope
 
-    tp = model.mesh.shape[1]
+    tp = model.mesh.shape[-1]
     hints = Hints(scopes=(Scope(".", Request("split", tp), "<megatron baseline>"),))
     try:
         pins, _ = hint_pins(model, hints)
@@ -342,10 +381,10 @@ def megatron_baseline(model: CostModel, budget: float, options: SearchOptions) -
         sol = solve(p, "O3", options)
     except (IneligibleMeshError, InfeasiblePlanError):
         return {"step_time_s": None, "memory_bytes_per_device": None, "feasible": False,
-                "mesh": list(model.mesh.shape)}
+                "mesh": list(model.mesh.shape[1 if model.micro is not None else 0:])}
     mem = float(sum(p.mem[i][sol.choice[i]] for i in range(p.n))) if p.mem else 0.0
     return {"step_time_s": sol.cost, "memory_bytes_per_device": mem, "feasible": mem <= budget,
-            "mesh": list(model.mesh.shape), "gap": sol.gap}
+            "mesh": list(model.mesh.shape[1 if model.micro is not None else 0:]), "gap": sol.gap}
 
 
 def _replicate(v, mesh: Mesh) -> ShardSpec:
@@ -358,10 +397,17 @@ def _largest_split(v, mesh: Mesh) -> ShardSpec:
     return ShardSpec((S(int(dims[0])),)) if dims and len(mesh.shape) == 1 else _replicate(v, mesh)
 
 
-def _batch_split(v, mesh: Mesh) -> ShardSpec:
-    if v.shape and len(mesh.shape) == 1 and v.shape[0] % mesh.shape[0] == 0:
+def _batch_split(v, mesh: Mesh, micro: Micro | None = None) -> ShardSpec:
+    count = micro.count if micro is not None else 1  # the devices split one microbatch
+    if v.shape and len(mesh.shape) == 1 and v.shape[0] % (mesh.shape[0] * count) == 0:
         return ShardSpec((S(0),))
     return _replicate(v, mesh)
+
+
+def _device_mesh(mesh: Mesh) -> Mesh:
+    """A microbatch model's mesh without its time axis."""
+    n = int(np.prod(mesh.shape[1:]))
+    return Mesh(mesh.shape[1:], tuple(range(n)), mesh.links[1:], mesh.spans_nodes[1:])
 
 
 def _infeasible_message(graph: Graph, budget: float, failures: list[str]) -> str:
