@@ -321,7 +321,10 @@ def plan_graph(graph: Graph, cluster: Cluster, *, level: str = "O3", memory_budg
         if skipped and not failures:
             raise UsageError("no mesh satisfies the hints: " + "; ".join(skipped))
         raise InfeasiblePlanError(_infeasible_message(graph, budget, failures + skipped))
-    best = min(results, key=lambda r: r.solution.cost)
+    cheapest = min(r.solution.cost for r in results)
+    # ties (within solver noise) go to the mesh with fewer axes, the first in mesh order
+    best = next(r for r in sorted(results, key=lambda r: r.mesh.ndim)
+                if r.solution.cost <= cheapest * (1 + 1e-6))
     plan = Plan(best, level, cluster, budget, tried, hints=hints)
     # Baselines of the meshes the hints skipped before building a cost model: build one now.
     late = [_Job(name, m) for m in meshes for name in _baseline_names(m) if (name, m) not in outcome]
