@@ -56,7 +56,12 @@ def node_strategies(node: Node, mesh_shape: tuple[int, ...],
             continue  # e.g. a partial kind (prod, mean) no ShardSpec expresses
     found.sort(key=lambda s: (s.labels != (None,) * len(mesh_shape), -s.split, str(s)))
     found = found[:MAX_STRATEGIES]
-    found += partial_variants(node, found, mesh_shape)
+    # Partial sums pass through on a flat mesh, and on the microbatch axis (axis 0 when `first`
+    # is given). On multi-axis device meshes they multiply near-equal choices: gpt-medium's step
+    # on 2x4 A100s then ends its 60 s ILP at a 27% gap (165 ms) where without them it is solved
+    # to optimality in 29 s (133 ms).
+    axes = range(len(mesh_shape)) if len(mesh_shape) == 1 else (0,) if first is not None else ()
+    found += partial_variants(node, found, mesh_shape, axes)
     if first is not None:
         found = [s for s in found if s.labels[0] in first]
     return found
@@ -74,9 +79,11 @@ PARTIAL = "+"  # the label of a mesh axis along which a strategy passes partial 
 MAX_PARTIAL = 8  # partial variants per node
 
 
-def partial_variants(node: Node, base: list[Strategy], mesh_shape: tuple[int, ...]) -> list[Strategy]:
-    """For a linear op, each strategy that replicates mesh axis k also taken with P(sum) on k
-    for one linear group of its inputs and for its outputs (the rest replicated)."""
+def partial_variants(node: Node, base: list[Strategy], mesh_shape: tuple[int, ...],
+                     axes=None) -> list[Strategy]:
+    """For a linear op, each strategy that replicates mesh axis k (k in `axes`, default all)
+    also taken with P(sum) on k for one linear group of its inputs and for its outputs (the
+    rest replicated)."""
     groups = LINEAR.get(node.op_type) if node.domain in ("", "ai.onnx") else None
     if not groups or any(v.dtype is None or not v.dtype.is_float for v in node.outputs):
         return []
@@ -86,7 +93,7 @@ def partial_variants(node: Node, base: list[Strategy], mesh_shape: tuple[int, ..
     out: list[Strategy] = []
     for s in base:
         for k, label in enumerate(s.labels):
-            if label is not None or mesh_shape[k] == 1:
+            if label is not None or mesh_shape[k] == 1 or (axes is not None and k not in axes):
                 continue
             for group in groups:
                 linear = group or tuple(range(len(node.inputs)))
