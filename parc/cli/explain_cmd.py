@@ -20,10 +20,13 @@ def explain(plan_dir: str, fmt: str, output: str | None) -> None:
     """Explain the plan in PLAN_DIR: mesh, strategies, communication, memory, baselines."""
     from parc.report import PLAN_FILE, load_plan, plan_path, print_text, render
     from parc.report import explain as explain_plan
+    from parc.report.manifest import MANIFEST, check_manifest
 
     plan_file = plan_path(plan_dir)
     if output is not None:
         _check_output(Path(output), plan_file, PLAN_FILE)
+    if (Path(plan_dir) / MANIFEST).is_file():
+        check_manifest(plan_dir, extra_ok=True)  # refuse a tampered or incomplete plan directory
     plan = load_plan(plan_dir)
     try:
         report = explain_plan(plan, str(plan_file))

@@ -71,6 +71,7 @@ def plan(model: str, devices: str | None, cluster_file: str | None, level: str, 
     if jobs is not None and jobs < 1:
         raise UsageError(f"--jobs {jobs}: expected a number of processes >= 1")
     from parc.hints import Hints, load_hints, read_annotations, write_sharded_model
+    from parc.report.manifest import sha256_file, write_manifest
 
     hints = load_hints(hints_file) if hints_file else Hints()
     hints = hints.merged(read_annotations(model))  # the model's own ONNX multi-device annotations
@@ -84,12 +85,13 @@ def plan(model: str, devices: str | None, cluster_file: str | None, level: str, 
     out = Path(output)
     out.mkdir(parents=True, exist_ok=True)
     doc = result.to_json()
-    doc["model"] = {"path": str(Path(model).resolve())}
+    doc["model"] = {"path": str(Path(model).resolve()), "sha256": sha256_file(Path(model))}
     tmp = out / "plan.json.tmp"
     tmp.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
     tmp.replace(out / "plan.json")
     write_sharded_model(model, doc["specs"], tuple(doc["mesh"]["shape"]), out / "model.sharded.onnx",
                         shapes={v.name: v.shape for v in graph.values() if v.shape is not None})
+    write_manifest(out)  # last: the sha256 of every file written above
     p = doc["predicted"]
     base = ", ".join(f"{k} {v['step_time_s'] * 1e3:.3f} ms" if v["step_time_s"] is not None else f"{k} infeasible"
                      for k, v in doc["baselines"].items())

@@ -1,0 +1,89 @@
+"""manifest.json of a plan directory: the sha256 of every file, so a tampered or incomplete
+directory is refused before anything reads it (DESIGN: the plan directory contract).
+
+Format (`format` "parc.manifest/1"): {"format": ..., "files": {relative posix path: {"sha256":
+hex, "bytes": size}}}. Every regular file under the directory except manifest.json itself is
+listed; symbolic links and paths leaving the directory are refused.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+from parc.errors import PlanFormatError
+
+MANIFEST = "manifest.json"
+FORMAT = "parc.manifest/1"
+_CHUNK = 1 << 20
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _files(root: Path) -> list[Path]:
+    out = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames.sort()
+        for name in sorted(filenames):
+            path = Path(dirpath) / name
+            rel = path.relative_to(root)
+            if rel.as_posix() == MANIFEST or name.endswith(".tmp"):
+                continue
+            if path.is_symlink():
+                raise PlanFormatError(f"{root}: {rel.as_posix()} is a symbolic link; a plan directory holds "
+                                      f"plain files only")
+            out.append(path)
+    return out
+
+
+def write_manifest(plan_dir: str | Path) -> Path:
+    """Hash every file of the plan directory into PLAN_DIR/manifest.json (atomically)."""
+    root = Path(plan_dir)
+    files = {p.relative_to(root).as_posix(): {"sha256": sha256_file(p), "bytes": p.stat().st_size}
+             for p in _files(root)}
+    tmp = root / (MANIFEST + ".tmp")
+    tmp.write_text(json.dumps({"format": FORMAT, "files": files}, indent=1, sort_keys=True) + "\n")
+    tmp.replace(root / MANIFEST)
+    return root / MANIFEST
+
+
+def check_manifest(plan_dir: str | Path, *, extra_ok: bool = False) -> dict[str, dict]:
+    """The manifest's file table, or PlanFormatError naming the first file that does not match
+    (missing, changed, or, unless `extra_ok`, not listed) or what is wrong with the manifest."""
+    root = Path(plan_dir)
+    path = root / MANIFEST
+    if not path.is_file():
+        raise PlanFormatError(f"{root}: no {MANIFEST} (was the plan directory written by `parc plan`?)")
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise PlanFormatError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT or not isinstance(doc.get("files"), dict):
+        found = doc.get("format") if isinstance(doc, dict) else type(doc).__name__
+        raise PlanFormatError(f"{path}: unknown manifest format {found!r} (this parc reads {FORMAT!r})")
+    files = doc["files"]
+    resolved = root.resolve()
+    for rel, entry in sorted(files.items()):
+        target = (root / rel).resolve()
+        if resolved not in target.parents:
+            raise PlanFormatError(f"{path}: entry {rel!r} leaves the plan directory")
+        if not isinstance(entry, dict) or not isinstance(entry.get("sha256"), str):
+            raise PlanFormatError(f"{path}: entry {rel!r}: expected {{\"sha256\": hex, \"bytes\": size}}")
+        if not target.is_file():
+            raise PlanFormatError(f"{root}: {rel} is listed in {MANIFEST} but missing")
+        if sha256_file(target) != entry["sha256"]:
+            raise PlanFormatError(f"{root}: {rel} does not match its sha256 in {MANIFEST} (changed after "
+                                  f"`parc plan` wrote it)")
+    for p in [] if extra_ok else _files(root):
+        rel = p.relative_to(root).as_posix()
+        if rel not in files:
+            raise PlanFormatError(f"{root}: {rel} is not listed in {MANIFEST}")
+    return files
