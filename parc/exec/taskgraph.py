@@ -1,0 +1,273 @@
+"""taskgraph.json: the static task graph a plan runs (Rhino 6.1-6.2), its checks, and 1F1B.
+
+Format `parc.taskgraph/1` (docs/taskgraph.md):
+
+    {"format": "parc.taskgraph/1", "ranks": R, "micro_batches": M,
+     "stages": [{"id": s, "ranks": [...]}, ...],
+     "tasks": [{"id": str, "kind": KIND, ...}, ...],
+     "edges": [[before_id, after_id], ...],
+     "order": {"<rank>": [task ids in the order that rank runs them], ...}}
+
+Kinds and their fields (all tasks may carry `stage`, `micro_batch`, `phase`):
+- compute: `rank`, `module` (an ONNX file relative to the plan directory);
+- collective: `group` (ranks), `op` (all_reduce, all_gather, reduce_scatter, all_to_all,
+  broadcast), `tensor`;
+- send / recv: `rank`, `peer`, `tensor` (a send pairs with the recv on `peer` of the same tensor);
+- source / sink: `rank`, `tensor` (data read in, results handed out).
+
+`load_taskgraph` validates everything an executor relies on: ids, kinds and fields, ranks in
+range, edges between known tasks and acyclic, sends paired with receives, and each rank's order
+listing exactly the tasks it takes part in; then it runs the orders against the edges (every rank
+in its own order, a collective only when its whole group has reached it) and refuses orders that
+deadlock. Errors are one-line PlanFormatErrors.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from parc.errors import PlanFormatError
+
+FORMAT = "parc.taskgraph/1"
+KINDS = {"compute": ("rank", "module"), "collective": ("group", "op", "tensor"),
+         "send": ("rank", "peer", "tensor"), "recv": ("rank", "peer", "tensor"),
+         "source": ("rank", "tensor"), "sink": ("rank", "tensor")}
+COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast")
+
+
+@dataclass(frozen=True)
+class TaskGraph:
+    """A validated task graph."""
+
+    ranks: int
+    micro_batches: int
+    stages: tuple[dict, ...]
+    tasks: Mapping[str, dict]
+    edges: tuple[tuple[str, str], ...]
+    order: Mapping[int, tuple[str, ...]]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"format": FORMAT, "ranks": self.ranks, "micro_batches": self.micro_batches,
+                "stages": list(self.stages), "tasks": list(self.tasks.values()),
+                "edges": [list(e) for e in self.edges],
+                "order": {str(r): list(ids) for r, ids in sorted(self.order.items())}}
+
+
+def ranks_of(task: Mapping[str, Any]) -> tuple[int, ...]:
+    return tuple(task["group"]) if task["kind"] == "collective" else (task["rank"],)
+
+
+def load_taskgraph(path: str | Path) -> TaskGraph:
+    """Read and validate a taskgraph.json."""
+    p = Path(path)
+    try:
+        doc = json.loads(p.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise PlanFormatError(f"{p}: no such task graph") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise PlanFormatError(f"{p}: not valid JSON ({e})") from None
+    return check_taskgraph(doc, str(p))
+
+
+def check_taskgraph(doc: Any, where: str = "taskgraph.json") -> TaskGraph:
+    """The TaskGraph of `doc`, or PlanFormatError saying the first thing wrong with it."""
+
+    def fail(msg: str) -> PlanFormatError:
+        return PlanFormatError(f"{where}: {msg}")
+
+    if not isinstance(doc, dict):
+        raise fail(f"expected a JSON object, found {type(doc).__name__}")
+    if doc.get("format") != FORMAT:
+        raise fail(f"unknown format {doc.get('format')!r} (this parc reads {FORMAT!r})")
+    ranks, micro = doc.get("ranks"), doc.get("micro_batches", 1)
+    if not isinstance(ranks, int) or ranks < 1:
+        raise fail(f"ranks: expected an int >= 1, found {ranks!r}")
+    if not isinstance(micro, int) or micro < 1:
+        raise fail(f"micro_batches: expected an int >= 1, found {micro!r}")
+    tasks: dict[str, dict] = {}
+    for t in doc.get("tasks", []):
+        if not isinstance(t, dict) or not isinstance(t.get("id"), str):
+            raise fail(f"a task needs a string id: {t!r}")
+        tid, kind = t["id"], t.get("kind")
+        if tid in tasks:
+            raise fail(f"task {tid!r} appears twice")
+        if kind not in KINDS:
+            raise fail(f"task {tid!r}: unknown kind {kind!r} (expected one of {', '.join(KINDS)})")
+        missing = [f for f in KINDS[kind] if f not in t]
+        if missing:
+            raise fail(f"task {tid!r} ({kind}): missing {', '.join(missing)}")
+        if kind == "collective":
+            group = t["group"]
+            if not isinstance(group, list) or not group or len(set(group)) != len(group):
+                raise fail(f"task {tid!r}: group must be a non-empty list of distinct ranks")
+            if t["op"] not in COLLECTIVES:
+                raise fail(f"task {tid!r}: unknown collective {t['op']!r}")
+        for r in ranks_of(t) + ((t["peer"],) if kind in ("send", "recv") else ()):
+            if not isinstance(r, int) or not 0 <= r < ranks:
+                raise fail(f"task {tid!r}: rank {r!r} out of range 0..{ranks - 1}")
+        tasks[tid] = t
+    edges = []
+    for e in doc.get("edges", []):
+        if not (isinstance(e, list) and len(e) == 2 and all(x in tasks for x in e)):
+            raise fail(f"edge {e!r}: expected [before, after] between known task ids")
+        edges.append((e[0], e[1]))
+    _check_acyclic(tasks, edges, fail)
+    _check_pairs(tasks, fail)
+    order = _check_order(doc.get("order"), tasks, ranks, fail)
+    _check_runs(tasks, edges, order, fail)
+    return TaskGraph(ranks, micro, tuple(doc.get("stages", [])), tasks, tuple(edges), order)
+
+
+def _check_acyclic(tasks, edges, fail) -> None:
+    succ: dict[str, list[str]] = {t: [] for t in tasks}
+    indeg = dict.fromkeys(tasks, 0)
+    for a, b in edges:
+        succ[a].append(b)
+        indeg[b] += 1
+    ready = [t for t, d in indeg.items() if d == 0]
+    seen = 0
+    while ready:
+        t = ready.pop()
+        seen += 1
+        for u in succ[t]:
+            indeg[u] -= 1
+            if indeg[u] == 0:
+                ready.append(u)
+    if seen != len(tasks):
+        stuck = sorted(t for t, d in indeg.items() if d > 0)[0]
+        raise fail(f"the edges have a cycle (through task {stuck!r})")
+
+
+def _check_pairs(tasks, fail) -> None:
+    sends = {(t["rank"], t["peer"], t["tensor"], t.get("micro_batch")) for t in tasks.values() if t["kind"] == "send"}
+    recvs = {(t["peer"], t["rank"], t["tensor"], t.get("micro_batch")) for t in tasks.values() if t["kind"] == "recv"}
+    for src, dst, tensor, mb in sorted(sends ^ recvs, key=str):
+        side = "send" if (src, dst, tensor, mb) in sends else "recv"
+        raise fail(f"{side} of {tensor!r} (micro-batch {mb}) from rank {src} to rank {dst} has no matching "
+                   f"{'recv' if side == 'send' else 'send'}")
+
+
+def _check_order(order, tasks, ranks, fail) -> dict[int, tuple[str, ...]]:
+    if not isinstance(order, dict):
+        raise fail("order: expected {rank: [task ids]}")
+    out = {}
+    for r in range(ranks):
+        ids = order.get(str(r), [])
+        want = {tid for tid, t in tasks.items() if r in ranks_of(t)}
+        if len(ids) != len(set(ids)) or set(ids) != want:
+            extra, missing = sorted(set(ids) - want), sorted(want - set(ids))
+            raise fail(f"order of rank {r}: must list each of its tasks once"
+                       + (f"; not its tasks: {extra[:3]}" if extra else "")
+                       + (f"; missing: {missing[:3]}" if missing else ""))
+        out[r] = tuple(ids)
+    return out
+
+
+def _check_runs(tasks, edges, order, fail) -> None:
+    """Run the static orders: a task runs when it is next on every rank it involves and all its
+    predecessors have run. Everything must run; otherwise the orders deadlock."""
+    preds: dict[str, set[str]] = {t: set() for t in tasks}
+    for a, b in edges:
+        preds[b].add(a)
+    pos = dict.fromkeys(order, 0)
+    done: set[str] = set()
+    progress = True
+    while progress:
+        progress = False
+        for r, ids in order.items():
+            while pos[r] < len(ids):
+                tid = ids[pos[r]]
+                t = tasks[tid]
+                if not preds[tid] <= done:
+                    break
+                if any(pos[q] >= len(order[q]) or order[q][pos[q]] != tid for q in ranks_of(t)):
+                    break
+                for q in ranks_of(t):
+                    pos[q] += 1
+                done.add(tid)
+                progress = True
+    if len(done) != len(tasks):
+        r = next(r for r, ids in order.items() if pos[r] < len(ids))
+        tid = order[r][pos[r]]
+        waiting = sorted(preds[tid] - done)
+        why = f"waits for {waiting[0]!r}" if waiting else "waits for its group"
+        raise fail(f"the static orders deadlock: rank {r} is stuck at task {tid!r}, which {why}")
+
+
+def one_f_one_b(stages: int, micro_batches: int) -> list[list[tuple[str, int]]]:
+    """The 1F1B (PipeDream-flush) order of each stage: ("F" | "B", micro-batch) steps.
+
+    Stage s runs min(stages - s - 1, M) forwards to fill the pipeline, then alternates one
+    forward and one backward, then drains the remaining backwards (Rhino 6.2's static schedule)."""
+    if stages < 1 or micro_batches < 1:
+        raise ValueError(f"one_f_one_b: need stages >= 1 and micro_batches >= 1, got {stages}, {micro_batches}")
+    out = []
+    for s in range(stages):
+        warm = min(stages - s - 1, micro_batches)
+        steps = [("F", k) for k in range(warm)]
+        f, b = warm, 0
+        while b < micro_batches:
+            if f < micro_batches:
+                steps.append(("F", f))
+                f += 1
+            steps.append(("B", b))
+            b += 1
+        out.append(steps)
+    return out
+
+
+def pipeline_taskgraph(stages: int, micro_batches: int) -> dict[str, Any]:
+    """A pipeline of `stages` single-rank stages over `micro_batches` micro-batches, ordered
+    1F1B: per stage and micro-batch a forward and a backward compute task, activations sent
+    forward and their gradients sent back between neighbouring stages, and one apply task per
+    stage after its last backward. The form the pipeline planner will emit."""
+    tasks, edges = [], []
+
+    def add(**t) -> str:
+        tasks.append(t)
+        return t["id"]
+
+    fwd, bwd, recv_f, recv_b = {}, {}, {}, {}
+    for s in range(stages):
+        for k in range(micro_batches):
+            common = {"rank": s, "stage": s, "micro_batch": k}
+            if s > 0:
+                recv_f[s, k] = add(id=f"s{s}.recv_act.{k}", kind="recv", peer=s - 1, tensor=f"act{s - 1}", **common)
+            fwd[s, k] = add(id=f"s{s}.fwd.{k}", kind="compute", module=f"rank_{s}/forward.onnx",
+                            phase="forward", **common)
+            if s + 1 < stages:
+                recv_b[s, k] = add(id=f"s{s}.recv_grad.{k}", kind="recv", peer=s + 1, tensor=f"grad{s}", **common)
+            bwd[s, k] = add(id=f"s{s}.bwd.{k}", kind="compute", module=f"rank_{s}/backward.onnx",
+                            phase="backward", **common)
+    sends_f, sends_b = {}, {}
+    for s in range(stages):
+        for k in range(micro_batches):
+            common = {"rank": s, "stage": s, "micro_batch": k}
+            if s + 1 < stages:
+                sends_f[s, k] = add(id=f"s{s}.send_act.{k}", kind="send", peer=s + 1, tensor=f"act{s}", **common)
+                edges += [[fwd[s, k], sends_f[s, k]], [sends_f[s, k], recv_f[s + 1, k]], [recv_f[s + 1, k], fwd[s + 1, k]]]
+                edges += [[recv_b[s, k], bwd[s, k]]]
+            if s > 0:
+                sends_b[s, k] = add(id=f"s{s}.send_grad.{k}", kind="send", peer=s - 1, tensor=f"grad{s - 1}", **common)
+                edges += [[bwd[s, k], sends_b[s, k]], [sends_b[s, k], recv_b[s - 1, k]]]
+            edges.append([fwd[s, k], bwd[s, k]])
+    applies = {s: add(id=f"s{s}.apply", kind="compute", rank=s, stage=s, micro_batch=None, phase="apply",
+                      module=f"rank_{s}/apply.onnx") for s in range(stages)}
+    for s in range(stages):
+        edges += [[bwd[s, k], applies[s]] for k in range(micro_batches)]
+    order = {}
+    for s, steps in enumerate(one_f_one_b(stages, micro_batches)):
+        ids = []
+        for what, k in steps:
+            if what == "F":
+                ids += ([recv_f[s, k]] if s > 0 else []) + [fwd[s, k]] + ([sends_f[s, k]] if s + 1 < stages else [])
+            else:
+                ids += ([recv_b[s, k]] if s + 1 < stages else []) + [bwd[s, k]] + ([sends_b[s, k]] if s > 0 else [])
+        order[str(s)] = ids + [applies[s]]
+    return {"format": FORMAT, "ranks": stages, "micro_batches": micro_batches,
+            "stages": [{"id": s, "ranks": [s]} for s in range(stages)],
+            "tasks": tasks, "edges": edges, "order": order}
