@@ -1,0 +1,132 @@
+"""Communicators: the collectives a plan's task graph names, over MPI (host buffers).
+
+One interface for every backend (NCCL on GPUs comes with the executor): `all_reduce`,
+`all_gather` and `reduce_scatter` along a tensor dim, `all_to_all` (split one dim, concatenate
+another), `broadcast`, `send`/`recv`, each with a deadline. `MpiComm.for_axis(mesh_shape, axis)`
+gives the communicator of one mesh axis: the ranks that differ only in that axis's coordinate
+(row-major ranks, as `parc.cluster.Mesh`), created once and cached (Rhino 6.3).
+
+Every operation is non-blocking underneath and polled until done or until `timeout` seconds
+pass; then it raises CommTimeout naming the operation, so a rank that died cannot hang the
+others (the executor then aborts the job).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from parc.errors import ParcError
+
+DEFAULT_TIMEOUT = 30.0
+_OPS = ("sum", "max", "min")
+
+
+class CommTimeout(ParcError):
+    """A collective or point-to-point operation did not complete in time."""
+
+
+@dataclass
+class MpiComm:
+    """A communicator over mpi4py (`comm`: an MPI.Comm, COMM_WORLD by default)."""
+
+    comm: object = None
+    timeout: float = DEFAULT_TIMEOUT
+    _axes: dict = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        from mpi4py import MPI
+
+        self._mpi = MPI
+        if self.comm is None:
+            self.comm = MPI.COMM_WORLD
+
+    @property
+    def rank(self) -> int:
+        return self.comm.Get_rank()
+
+    @property
+    def size(self) -> int:
+        return self.comm.Get_size()
+
+    def for_axis(self, mesh_shape: tuple[int, ...], axis: int) -> MpiComm:
+        """The communicator of mesh axis `axis` that holds this rank (cached)."""
+        key = (tuple(mesh_shape), axis)
+        if key not in self._axes:
+            if int(np.prod(mesh_shape)) != self.size:
+                raise ParcError(f"mesh {tuple(mesh_shape)} has {int(np.prod(mesh_shape))} ranks, "
+                                f"the communicator {self.size}")
+            coords = list(np.unravel_index(self.rank, mesh_shape))
+            key_coord = coords[axis]
+            coords[axis] = 0
+            color = int(np.ravel_multi_index(coords, mesh_shape))
+            self._axes[key] = MpiComm(self.comm.Split(color, key_coord), self.timeout)
+        return self._axes[key]
+
+    # -- collectives -------------------------------------------------------------------------
+
+    def _wait(self, request, what: str) -> None:
+        deadline = time.monotonic() + self.timeout
+        while not request.Test():
+            if time.monotonic() > deadline:
+                raise CommTimeout(f"rank {self.rank}: {what} did not complete within {self.timeout:g} s "
+                                  f"(a peer may have died)")
+            time.sleep(1e-4)
+
+    def _op(self, op: str):
+        if op not in _OPS:
+            raise ParcError(f"reduction {op!r}: expected one of {', '.join(_OPS)}")
+        return {"sum": self._mpi.SUM, "max": self._mpi.MAX, "min": self._mpi.MIN}[op]
+
+    def all_reduce(self, x: np.ndarray, op: str = "sum") -> np.ndarray:
+        x = np.ascontiguousarray(x)
+        out = np.empty_like(x)
+        self._wait(self.comm.Iallreduce(x, out, op=self._op(op)), f"all_reduce({op}) of {x.shape}")
+        return out
+
+    def all_gather(self, x: np.ndarray, dim: int = 0) -> np.ndarray:
+        """Every rank's x concatenated along `dim` in rank order (equal shapes)."""
+        x = np.ascontiguousarray(x)
+        out = np.empty((self.size, *x.shape), dtype=x.dtype)
+        self._wait(self.comm.Iallgather(x, out), f"all_gather of {x.shape}")
+        return np.concatenate(list(out), axis=dim)
+
+    def reduce_scatter(self, x: np.ndarray, dim: int = 0, op: str = "sum") -> np.ndarray:
+        """The `op` reduction of every rank's x, split along `dim`: this rank's piece."""
+        if x.shape[dim] % self.size:
+            raise ParcError(f"reduce_scatter: dim {dim} of {x.shape} does not split {self.size} ways")
+        send = np.ascontiguousarray(np.stack(np.split(x, self.size, axis=dim)))
+        out = np.empty(send.shape[1:], dtype=x.dtype)
+        self._wait(self.comm.Ireduce_scatter_block(send, out, op=self._op(op)), f"reduce_scatter of {x.shape}")
+        return out
+
+    def all_to_all(self, x: np.ndarray, split_dim: int, concat_dim: int) -> np.ndarray:
+        """Split x along `split_dim` into one piece per rank, send piece r to rank r, and
+        concatenate what arrives along `concat_dim` in rank order."""
+        if x.shape[split_dim] % self.size:
+            raise ParcError(f"all_to_all: dim {split_dim} of {x.shape} does not split {self.size} ways")
+        send = np.ascontiguousarray(np.stack(np.split(x, self.size, axis=split_dim)))
+        out = np.empty_like(send)
+        self._wait(self.comm.Ialltoall(send, out), f"all_to_all of {x.shape}")
+        return np.concatenate(list(out), axis=concat_dim)
+
+    def broadcast(self, x: np.ndarray, root: int = 0) -> np.ndarray:
+        x = np.array(x, copy=True, order="C")
+        self._wait(self.comm.Ibcast(x, root=root), f"broadcast from rank {root}")
+        return x
+
+    def send(self, x: np.ndarray, peer: int, tag: int = 0) -> None:
+        self._wait(self.comm.Isend(np.ascontiguousarray(x), dest=peer, tag=tag), f"send to rank {peer}")
+
+    def recv(self, shape: tuple[int, ...], dtype, peer: int, tag: int = 0) -> np.ndarray:
+        out = np.empty(shape, dtype=dtype)
+        self._wait(self.comm.Irecv(out, source=peer, tag=tag), f"recv from rank {peer}")
+        return out
+
+    def barrier(self) -> None:
+        self._wait(self.comm.Ibarrier(), "barrier")
+
+    def abort(self, code: int = 1) -> None:
+        self.comm.Abort(code)

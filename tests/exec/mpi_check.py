@@ -1,0 +1,61 @@
+"""Run under mpiexec: checks MpiComm's collectives against NumPy on every rank.
+
+    mpiexec -n 4 python tests/exec/mpi_check.py collectives
+    mpiexec -n 2 python tests/exec/mpi_check.py timeout
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import numpy as np
+
+from parc.exec.comm import CommTimeout, MpiComm
+
+
+def data(rank: int) -> np.ndarray:
+    return (np.arange(24, dtype=np.float32).reshape(4, 6) + 100 * rank)
+
+
+def collectives() -> None:
+    comm = MpiComm(timeout=20)
+    r, n = comm.rank, comm.size
+    every = [data(q) for q in range(n)]
+    np.testing.assert_array_equal(comm.all_reduce(data(r)), sum(every))
+    np.testing.assert_array_equal(comm.all_reduce(data(r), "max"), every[-1])
+    np.testing.assert_array_equal(comm.all_gather(data(r), dim=1), np.concatenate(every, axis=1))
+    np.testing.assert_array_equal(comm.reduce_scatter(data(r), dim=0), np.split(sum(every), n, axis=0)[r])
+    got = comm.all_to_all(data(r), split_dim=0, concat_dim=1)
+    np.testing.assert_array_equal(got, np.concatenate([np.split(every[q], n, axis=0)[r] for q in range(n)], axis=1))
+    np.testing.assert_array_equal(comm.broadcast(data(r), root=1), every[1])
+    if r == 0:
+        comm.send(data(0), peer=1, tag=7)
+    elif r == 1:
+        np.testing.assert_array_equal(comm.recv((4, 6), np.float32, peer=0, tag=7), every[0])
+    # mesh axes of a 2x2 mesh: axis 0 groups ranks {0,2},{1,3}; axis 1 groups {0,1},{2,3}
+    for axis, groups in ((0, [[0, 2], [1, 3]]), (1, [[0, 1], [2, 3]])):
+        sub = comm.for_axis((2, 2), axis)
+        group = next(g for g in groups if r in g)
+        assert sub.size == 2 and sub.rank == group.index(r), (axis, sub.rank, group)
+        np.testing.assert_array_equal(sub.all_reduce(data(r)), sum(every[q] for q in group))
+        assert comm.for_axis((2, 2), axis) is sub  # cached
+    comm.barrier()
+    print(f"rank {r}: ok", flush=True)
+
+
+def timeout() -> None:
+    comm = MpiComm(timeout=2)
+    if comm.rank == 1:
+        time.sleep(30)  # a rank that never joins (as if it died)
+        return
+    t = time.monotonic()
+    try:
+        comm.all_reduce(data(0))
+    except CommTimeout as e:
+        print(f"{e} after {time.monotonic() - t:.1f} s", flush=True)
+        comm.abort(3)
+
+
+if __name__ == "__main__":
+    {"collectives": collectives, "timeout": timeout}[sys.argv[1]]()

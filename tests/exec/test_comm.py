@@ -1,0 +1,33 @@
+"""MpiComm on CPU ranks under mpiexec (the mpich wheel's): collectives against NumPy, mesh-axis
+sub-communicators, and a timeout when a peer never joins."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).with_name("mpi_check.py")
+MPIEXEC = shutil.which("mpiexec", path=str(Path(sys.executable).parent)) or shutil.which("mpiexec")
+pytestmark = pytest.mark.skipif(MPIEXEC is None, reason="no mpiexec (install the mpich wheel)")
+
+
+def test_collectives_on_four_ranks():
+    res = subprocess.run([MPIEXEC, "-n", "4", sys.executable, str(SCRIPT), "collectives"],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert sorted(re.findall(r"rank \d: ok", res.stdout)) == [f"rank {r}: ok" for r in range(4)]  # lines may interleave
+
+
+def test_a_peer_that_never_joins_times_out_instead_of_hanging():
+    t = time.monotonic()
+    res = subprocess.run([MPIEXEC, "-n", "2", sys.executable, str(SCRIPT), "timeout"],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode != 0
+    assert "rank 0: all_reduce(sum) of (4, 6) did not complete within 2 s" in res.stdout
+    assert time.monotonic() - t < 30
