@@ -3,7 +3,8 @@ directory is refused before anything reads it (DESIGN: the plan directory contra
 
 Format (`format` "parc.manifest/1"): {"format": ..., "files": {relative posix path: {"sha256":
 hex, "bytes": size}}}. Every regular file under the directory except manifest.json itself is
-listed; symbolic links and paths leaving the directory are refused.
+listed; symbolic links, paths leaving the directory and ONNX external data outside it (or not
+listed) are refused.
 """
 
 from __future__ import annotations
@@ -86,4 +87,31 @@ def check_manifest(plan_dir: str | Path, *, extra_ok: bool = False) -> dict[str,
         rel = p.relative_to(root).as_posix()
         if rel not in files:
             raise PlanFormatError(f"{root}: {rel} is not listed in {MANIFEST}")
+    for rel in sorted(files):
+        if rel.endswith(".onnx"):
+            check_external_data(root, rel, files)
     return files
+
+
+def check_external_data(root: Path, rel: str, files: dict) -> None:
+    """Refuse an ONNX file of the plan whose external data lies outside the plan directory or
+    is not a file the manifest lists."""
+    import onnx
+
+    path = root / rel
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception as e:  # protobuf raises its own types
+        raise PlanFormatError(f"{root}: {rel} is not a readable ONNX model ({e})") from None
+    resolved = root.resolve()
+    for t in model.graph.initializer:
+        if t.data_location != onnx.TensorProto.EXTERNAL:
+            continue
+        location = next((e.value for e in t.external_data if e.key == "location"), "")
+        target = (path.parent / location).resolve()
+        if resolved not in target.parents:
+            raise PlanFormatError(f"{root}: {rel}: initializer '{t.name}' reads external data from "
+                                  f"{location!r}, outside the plan directory")
+        if target.relative_to(resolved).as_posix() not in files:
+            raise PlanFormatError(f"{root}: {rel}: initializer '{t.name}' reads external data from "
+                                  f"{location!r}, which {MANIFEST} does not list")

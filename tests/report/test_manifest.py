@@ -67,3 +67,26 @@ def test_a_bad_manifest_is_refused(plan_dir, tmp_path):
     (d / MANIFEST).unlink()
     with pytest.raises(PlanFormatError, match=r"no manifest.json"):
         check_manifest(d)
+
+
+def test_external_data_outside_the_plan_directory_is_refused(plan_dir, tmp_path):
+    import numpy as np
+    import onnx
+    from onnx import helper, numpy_helper
+
+    from parc.report.manifest import write_manifest
+
+    d = copy(plan_dir, tmp_path)
+    (tmp_path / "outside.bin").write_bytes(np.zeros(4, np.float32).tobytes())
+    w = numpy_helper.from_array(np.zeros(4, np.float32), "w")
+    w.ClearField("raw_data")
+    w.data_location = onnx.TensorProto.EXTERNAL
+    for key, value in (("location", "../outside.bin"), ("offset", "0"), ("length", "16")):
+        w.external_data.add(key=key, value=value)
+    graph = helper.make_graph([helper.make_node("Identity", ["w"], ["y"])], "g", [],
+                              [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [4])], [w])
+    onnx.save(helper.make_model(graph), str(d / "rank_0.onnx"))
+    write_manifest(d)
+    with pytest.raises(PlanFormatError, match=r"rank_0.onnx: initializer 'w' reads external data from "
+                                              r"'../outside.bin', outside the plan directory"):
+        check_manifest(d)
