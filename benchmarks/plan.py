@@ -248,16 +248,7 @@ def suite_scaling(args: argparse.Namespace, tmp: Path) -> None:
         r = plan(step, tmp / f"gpt-L{L}-d{dims}", devices, "O2", limit, mesh_dims=dims)
         row = {"layers": L, "mesh_dims": dims, "ir_nodes": ir, "wall": r["wall"], "error": r.get("error")}
         if "doc" in r:
-            doc = r["doc"]
-            row.update(
-                nodes=doc["solver"]["nodes"],
-                step=doc["predicted"]["step_time_s"],
-                gap=doc["solver"]["gap"],
-                status=doc["solver"]["status"],
-                mesh="x".join(map(str, doc["mesh"]["shape"])),
-                meshes=doc["solver"]["meshes"],
-                matmuls=forward_matmuls(step, doc["strategies"]),
-            )
+            row.update(plan_facts(r["doc"], step))
         rows.append(row)
         log(f"L={L} mesh-dims {dims}: {r['wall']:.1f} s {r.get('error') or ''}")
     head = (
@@ -285,6 +276,14 @@ def suite_scaling(args: argparse.Namespace, tmp: Path) -> None:
     write("scaling", head + body, rows)
 
 
+def plan_facts(doc: dict, step: Path) -> dict:
+    """The plan.json figures the scaling and medium tables show."""
+    return {"nodes": doc["solver"]["nodes"], "step": doc["predicted"]["step_time_s"],
+            "gap": doc["solver"]["gap"], "status": doc["solver"]["status"],
+            "mesh": "x".join(map(str, doc["mesh"]["shape"])), "meshes": doc["solver"]["meshes"],
+            "matmuls": forward_matmuls(step, doc["strategies"])}
+
+
 def suite_medium(args: argparse.Namespace, tmp: Path) -> None:
     devices, limit = "8xa100-80g", "60"
     step = tmp / "gpt-medium.train.onnx"
@@ -294,16 +293,7 @@ def suite_medium(args: argparse.Namespace, tmp: Path) -> None:
         r = plan(step, tmp / f"gpt-medium-{level}", devices, level, limit)
         row = {"level": level, "ir_nodes": ir, "wall": r["wall"], "error": r.get("error")}
         if "doc" in r:
-            doc = r["doc"]
-            row.update(
-                nodes=doc["solver"]["nodes"],
-                step=doc["predicted"]["step_time_s"],
-                gap=doc["solver"]["gap"],
-                status=doc["solver"]["status"],
-                mesh="x".join(map(str, doc["mesh"]["shape"])),
-                meshes=doc["solver"]["meshes"],
-                matmuls=forward_matmuls(step, doc["strategies"]),
-            )
+            row.update(plan_facts(r["doc"], step))
         rows.append(row)
         log(f"gpt-medium {level}: {r['wall']:.1f} s {r.get('error') or ''}")
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -95,7 +95,7 @@ def _solve(p: Problem, options: IlpOptions, t0: float) -> Solution:
         return Solution(x, cost, cost, 0.0, "optimal", time.perf_counter() - t0,
                         f"coarse-ilp({p.n}->0)")
     left = max(options.time_limit - (time.perf_counter() - t0), 1e-3)
-    sol = solve_ilp(c.problem, IlpOptions(**{**options.__dict__, "time_limit": left}))
+    sol = solve_ilp(c.problem, replace(options, time_limit=left))
     x[c.kept] = sol.choice
     c.graph.backtrack(x)
     cost = p.cost(x)

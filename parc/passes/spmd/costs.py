@@ -207,20 +207,13 @@ def build(graph: Graph, mesh: Mesh | None, cluster: Cluster, micro: Micro | None
                 continue
             if id(v) in producer:
                 ui, k = producer[id(v)]
-                u_list: list = strategies[ui - len(sources)]
-                u_specs = [s.outputs[k] for s in u_list] if (id(u_list), k) not in pricer.outputs else None
-                u_key = (id(u_list), k)
-                if u_specs is None:
-                    u_specs = pricer.outputs[u_key]
-                else:
-                    pricer.outputs[u_key] = u_specs
+                u_list, k_out = strategies[ui - len(sources)], k
             else:
                 ui = index[id(v)]
-                u_specs = source_specs[ui]
-                u_key = (id(u_specs), -1)
+                u_list, k_out = source_specs[ui], None
             rule = 0 if micro is None else 2 if _phase(n) == OPTIMIZER else 1
-            m = pricer.matrix(u_key, u_specs, (id(strats), i), [s.inputs[i] for s in strats],
-                              v.shape, v.dtype.itemsize, rule, _is_gradient_sync(v, n))  # type: ignore[union-attr]
+            m = pricer.matrix(u_list, k_out, strats, i, v.shape, v.dtype.itemsize,  # type: ignore[union-attr]
+                              rule, _is_gradient_sync(v, n))
             if rule == 1:
                 m = m * micro.count  # type: ignore[union-attr]
             key = (ui, vi)
@@ -318,25 +311,26 @@ def peak_live(graph: Graph) -> set[int]:
 
 class _Pricer:
     """Resharding cost matrices, computed once per (producer list, consumer list, tensor type)
-    and, inside a matrix, once per distinct (source spec, target spec) object pair."""
+    and, inside a matrix, once per distinct (source spec, target spec) object pair. Keys are the
+    ids of strategy and spec lists the cost model holds for the whole build."""
 
     def __init__(self, mesh: Mesh) -> None:
         self.mesh = mesh
-        self.outputs: dict[tuple[int, int], list[ShardSpec]] = {}
         self.matrices: dict[tuple, np.ndarray] = {}
         self.pairs: dict[tuple, float] = {}
-        self.keep: list = []  # the lists whose ids key the caches stay alive while they are used
 
-    def matrix(self, u_key, u_specs: list[ShardSpec], v_key, v_specs: list[ShardSpec],
+    def matrix(self, u_list: list, k_out: int | None, v_list: list[Strategy], i: int,
                shape: tuple[int, ...], itemsize: int, rule: int = 0, bucketed: bool = False) -> np.ndarray:
-        """rule (microbatching): 0 none; 1 the consumer runs per microbatch, so nothing may move
-        along the time axis; 2 it runs once, after the microbatches: only their sum may."""
-        key = (u_key, v_key, shape, itemsize, rule, bucketed)
+        """The edge matrix from output `k_out` of u's strategies (`k_out` None: `u_list` is a
+        source's specs) to input `i` of v's strategies. rule (microbatching): 0 none; 1 the
+        consumer runs per microbatch, so nothing may move along the time axis; 2 it runs once,
+        after the microbatches: only their sum may."""
+        key = (id(u_list), k_out, id(v_list), i, shape, itemsize, rule, bucketed)
         m = self.matrices.get(key)
         if m is None:
-            self.keep.append((u_specs, v_specs))
+            u_specs = u_list if k_out is None else [s.outputs[k_out] for s in u_list]
             ua, ui = _unique(u_specs)
-            va, vi = _unique(v_specs)
+            va, vi = _unique([s.inputs[i] for s in v_list])
             small = np.empty((len(ua), len(va)))
             for r, a in enumerate(ua):
                 for c, b in enumerate(va):
@@ -420,14 +414,14 @@ def micro_layout(graph: Graph, cluster: Cluster, count: int) -> Micro:
     model = build(graph, None, cluster, Micro(count))
     sol = solve(model.problem, "O2")
     if sol.cost >= FORBIDDEN:
-        x = sol.choice
-        for pos, n in enumerate(graph.nodes):
-            vi = model.node_index(pos)
-            for e, (u, v) in enumerate(model.problem.edges.tolist()):
-                if v == vi and model.problem.comm[e][x[u], x[v]] >= FORBIDDEN:
-                    raise UsageError(f"--micro-batches {count}: node '{n.label}' needs values of several "
-                                     f"microbatches at once (its input from {model.problem.name(u)}); "
-                                     f"this graph cannot be split into microbatches")
+        x, p = sol.choice, model.problem
+        bad = [(v, u) for e, (u, v) in enumerate(p.edges.tolist()) if p.comm[e][x[u], x[v]] >= FORBIDDEN]
+        if bad:
+            v, u = min(bad)  # the first consumer in graph order
+            n = graph.nodes[v - len(model.sources)]
+            raise UsageError(f"--micro-batches {count}: node '{n.label}' needs values of several "
+                             f"microbatches at once (its input from {p.name(u)}); "
+                             f"this graph cannot be split into microbatches")
         raise UsageError(f"--micro-batches {count}: this graph cannot be split into microbatches")
     labels = tuple(model.strategies[pos][sol.choice[model.node_index(pos)]].labels[0]
                    for pos in range(len(graph.nodes)))
