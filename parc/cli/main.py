@@ -63,13 +63,15 @@ def cli(verbose: bool) -> None:
 
 
 def _register() -> None:
-    from parc.cli import explain_cmd, grad_cmd, inspect_cmd, models_cmd, plan_cmd
+    from parc.cli import explain_cmd, grad_cmd, inspect_cmd, models_cmd, plan_cmd, run_cmd
 
     cli.add_command(grad_cmd.grad)
     cli.add_command(plan_cmd.plan)
     cli.add_command(inspect_cmd.inspect)
     cli.add_command(models_cmd.models)
     cli.add_command(explain_cmd.explain)
+    cli.add_command(run_cmd.run)
+    cli.add_command(run_cmd.verify)
 
 
 _register()

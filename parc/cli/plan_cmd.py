@@ -51,10 +51,12 @@ def _progress() -> Iterator[Callable[[str, int, int], None] | None]:
 @click.option("--mesh-dims", type=int, default=2, show_default=True, metavar="N",
               help="Search device meshes of up to N axes (3 adds meshes like 2x2x2; slow to price).")
 @click.option("--dim", "dims", multiple=True, metavar="NAME=VALUE", help="Bind a symbolic dim.")
+@click.option("--programs/--no-programs", default=True, show_default=True,
+              help="Write the per-rank programs and taskgraph.json (what `parc run` needs).")
 @click.option("-o", "--output", required=True, type=click.Path(file_okay=False), help="Plan directory.")
 def plan(model: str, devices: str | None, cluster_file: str | None, level: str, mem_limit: float | None,
          time_limit: float, hints_file: str | None, jobs: int | None, micro_batches: int, mesh_dims: int,
-         dims: tuple[str, ...], output: str) -> None:
+         dims: tuple[str, ...], programs: bool, output: str) -> None:
     """Search how to split MODEL over the devices; write PLAN_DIR/plan.json."""
     from parc.cluster import resolve_cluster
     from parc.ir import importer
@@ -89,6 +91,13 @@ def plan(model: str, devices: str | None, cluster_file: str | None, level: str, 
     tmp = out / "plan.json.tmp"
     tmp.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
     tmp.replace(out / "plan.json")
+    if programs:
+        from parc.passes.emit import write_programs
+
+        graph_doc = write_programs(result, out)
+        tmp = out / "taskgraph.json.tmp"
+        tmp.write_text(json.dumps(graph_doc, indent=0) + "\n")
+        tmp.replace(out / "taskgraph.json")
     write_sharded_model(model, doc["specs"], tuple(doc["mesh"]["shape"]), out / "model.sharded.onnx",
                         shapes={v.name: v.shape for v in graph.values() if v.shape is not None})
     write_manifest(out)  # last: the sha256 of every file written above

@@ -81,14 +81,14 @@ class MpiComm:
         return {"sum": self._mpi.SUM, "max": self._mpi.MAX, "min": self._mpi.MIN}[op]
 
     def all_reduce(self, x: np.ndarray, op: str = "sum") -> np.ndarray:
-        x = np.ascontiguousarray(x)
+        x = np.asarray(x, order="C")
         out = np.empty_like(x)
         self._wait(self.comm.Iallreduce(x, out, op=self._op(op)), f"all_reduce({op}) of {x.shape}")
         return out
 
     def all_gather(self, x: np.ndarray, dim: int = 0) -> np.ndarray:
         """Every rank's x concatenated along `dim` in rank order (equal shapes)."""
-        x = np.ascontiguousarray(x)
+        x = np.asarray(x, order="C")
         out = np.empty((self.size, *x.shape), dtype=x.dtype)
         self._wait(self.comm.Iallgather(x, out), f"all_gather of {x.shape}")
         return np.concatenate(list(out), axis=dim)
@@ -97,7 +97,7 @@ class MpiComm:
         """The `op` reduction of every rank's x, split along `dim`: this rank's piece."""
         if x.shape[dim] % self.size:
             raise ParcError(f"reduce_scatter: dim {dim} of {x.shape} does not split {self.size} ways")
-        send = np.ascontiguousarray(np.stack(np.split(x, self.size, axis=dim)))
+        send = np.asarray(np.stack(np.split(x, self.size, axis=dim)), order="C")
         out = np.empty(send.shape[1:], dtype=x.dtype)
         self._wait(self.comm.Ireduce_scatter_block(send, out, op=self._op(op)), f"reduce_scatter of {x.shape}")
         return out
@@ -107,10 +107,26 @@ class MpiComm:
         concatenate what arrives along `concat_dim` in rank order."""
         if x.shape[split_dim] % self.size:
             raise ParcError(f"all_to_all: dim {split_dim} of {x.shape} does not split {self.size} ways")
-        send = np.ascontiguousarray(np.stack(np.split(x, self.size, axis=split_dim)))
+        send = np.asarray(np.stack(np.split(x, self.size, axis=split_dim)), order="C")
         out = np.empty_like(send)
         self._wait(self.comm.Ialltoall(send, out), f"all_to_all of {x.shape}")
         return np.concatenate(list(out), axis=concat_dim)
+
+    def gather_parts(self, x: np.ndarray) -> list[np.ndarray]:
+        """Every rank's x, in rank order; shapes may differ in any dim (uneven or strided
+        layouts, which the generic resharding step then rearranges)."""
+        x = np.asarray(x, order="C")
+        shapes = np.empty((self.size, max(x.ndim, 1)), dtype=np.int64)
+        mine = np.array(x.shape if x.ndim else (1,), dtype=np.int64)
+        self._wait(self.comm.Iallgather(mine, shapes), f"all_gather of shapes {x.shape}")
+        shapes = [tuple(int(d) for d in s) if x.ndim else () for s in shapes]
+        counts = [int(np.prod(s, dtype=np.int64)) for s in shapes]
+        flat = np.empty(sum(counts), dtype=x.dtype)
+        displs = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
+        mpi_type = self._mpi._typedict[x.dtype.char]
+        self._wait(self.comm.Iallgatherv(x.reshape(-1), [flat, counts, displs, mpi_type]),
+                   f"all_gather of pieces {x.shape}")
+        return [flat[d:d + c].reshape(s) for d, c, s in zip(displs, counts, shapes)]
 
     def broadcast(self, x: np.ndarray, root: int = 0) -> np.ndarray:
         x = np.array(x, copy=True, order="C")
@@ -118,7 +134,7 @@ class MpiComm:
         return x
 
     def send(self, x: np.ndarray, peer: int, tag: int = 0) -> None:
-        self._wait(self.comm.Isend(np.ascontiguousarray(x), dest=peer, tag=tag), f"send to rank {peer}")
+        self._wait(self.comm.Isend(np.asarray(x, order="C"), dest=peer, tag=tag), f"send to rank {peer}")
 
     def recv(self, shape: tuple[int, ...], dtype, peer: int, tag: int = 0) -> np.ndarray:
         out = np.empty(shape, dtype=dtype)

@@ -109,6 +109,11 @@ _RUN: dict[str, Callable[[Collective, list[np.ndarray]], list[np.ndarray]]] = {
 }
 
 
+def run_step(step: Collective, parts: list[np.ndarray]) -> list[np.ndarray]:
+    """One step on the pieces of one group of devices (coordinate order along the step's axis)."""
+    return _RUN[step.kind](step, parts)
+
+
 def simulate(steps: Sequence[Collective], shards: Mapping[Coords, np.ndarray]) -> dict[Coords, np.ndarray]:
     """Apply resharding `steps` to every device's shard; returns the new shards."""
     cur = {tuple(k): np.asarray(v) for k, v in shards.items()}

@@ -1,0 +1,138 @@
+"""`parc run PLAN_DIR`: train (or run) a plan on its ranks; `parc verify PLAN_DIR`: compare it with
+the source model on one device."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+import click
+
+from parc.errors import PlanFormatError, UsageError
+
+
+def precheck(plan_dir: str, force: bool) -> tuple[dict, int]:
+    """Refuse a plan directory that was changed, is incomplete, of an unknown format, or whose
+    predicted memory exceeds its devices (unless `force`); (plan.json, rank count)."""
+    from parc.exec.taskgraph import load_taskgraph
+    from parc.report import load_plan
+    from parc.report.manifest import check_manifest
+
+    root = Path(plan_dir)
+    if not root.is_dir():
+        raise UsageError(f"{plan_dir}: no such plan directory")
+    check_manifest(root, extra_ok=True)
+    plan = load_plan(root)
+    if not (root / "taskgraph.json").is_file():
+        raise PlanFormatError(f"{root}: no taskgraph.json (planned with --no-programs? plan again without it)")
+    graph = load_taskgraph(root / "taskgraph.json")
+    for r in range(graph.ranks):
+        if not (root / f"rank_{r}" / "program.json").is_file():
+            raise PlanFormatError(f"{root}: rank_{r}/program.json is missing")
+    cap = min(t["memory_bytes"] for t in plan["cluster"]["device_types"].values())
+    need = max(plan["predicted"]["memory_bytes_per_device"])
+    if need > cap and not force:
+        raise UsageError(f"{root}: the plan needs {need / 2**30:.2f} GiB per device, the devices have "
+                         f"{cap / 2**30:.2f} GiB (--force runs it anyway)")
+    return plan, graph.ranks
+
+
+def _common(f):
+    for opt in reversed([
+        click.option("--engine", type=click.Choice(["auto", "ort", "cupy"]), default="auto", show_default=True,
+                     help="auto: onnxruntime on CPU; cupy: parc's own kernels (NumPy on CPU, CuPy on GPU)."),
+        click.option("--seed", type=int, default=0, show_default=True, help="Seed of the synthetic data."),
+        click.option("--timeout", type=float, default=60.0, show_default=True, metavar="SECONDS",
+                     help="A collective that does not complete in this time ends the job."),
+        click.option("--force", is_flag=True, help="Run even if the plan's predicted memory exceeds the devices."),
+    ]):
+        f = opt(f)
+    return f
+
+
+@click.command()
+@click.argument("plan_dir", metavar="PLAN_DIR")
+@click.option("--steps", type=int, default=10, show_default=True, help="Training steps to run.")
+@click.option("--data", type=click.Path(dir_okay=False), help="npz: one array per data input ([steps, ...] or one batch).")
+@click.option("--checkpoint", type=click.Path(file_okay=False), help="Checkpoint directory (written at the end).")
+@click.option("--checkpoint-every", type=int, default=0, metavar="N", help="Also checkpoint every N steps.")
+@click.option("--resume", is_flag=True, help="Continue from --checkpoint (resharding if the plan differs).")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per step on stdout.")
+@click.option("--dump", hidden=True, type=click.Path(file_okay=False))
+@_common
+def run(plan_dir: str, steps: int, data: str | None, checkpoint: str | None, checkpoint_every: int, resume: bool,
+        as_json: bool, dump: str | None, engine: str, seed: int, timeout: float, force: bool) -> None:
+    """Run the plan in PLAN_DIR on its ranks for --steps steps (loss, step time, samples/s)."""
+    from parc.exec.launch import CHILD, launch, rank_from_env, train
+
+    if steps < 1:
+        raise UsageError(f"--steps {steps}: expected a count >= 1")
+    if resume and not checkpoint:
+        raise UsageError("--resume needs --checkpoint DIR")
+    if checkpoint_every < 0:
+        raise UsageError(f"--checkpoint-every {checkpoint_every}: expected a count >= 0")
+    in_job = rank_from_env() is not None or os.environ.get(CHILD)
+    if not in_job:
+        _, ranks = precheck(plan_dir, force)
+        program = json.loads((Path(plan_dir) / "rank_0" / "program.json").read_text())
+        if data:
+            from parc.exec.data import NpzData, data_inputs
+
+            NpzData(data, data_inputs(program))
+        if resume:
+            from parc.exec.checkpoint import check_checkpoint
+
+            check_checkpoint(checkpoint)  # type: ignore[arg-type]
+        if ranks > 1:
+            argv = ["run", plan_dir, "--steps", str(steps), "--engine", engine, "--seed", str(seed),
+                    "--timeout", str(timeout), "--force"]
+            argv += ["--data", data] if data else []
+            argv += ["--checkpoint", checkpoint, "--checkpoint-every", str(checkpoint_every)] if checkpoint else []
+            argv += ["--resume"] if resume else []
+            argv += ["--json"] if as_json else []
+            argv += ["--dump", dump] if dump else []
+            rc = launch(ranks, argv)
+            if rc:
+                raise SystemExit(rc)
+            return
+    train(Path(plan_dir), steps=steps, seed=seed, engine=engine, data=data, as_json=as_json, timeout=timeout,
+          dump=dump, checkpoint=checkpoint, resume=resume, checkpoint_every=checkpoint_every,
+          echo=lambda s: click.echo(s))
+
+
+@click.command()
+@click.argument("plan_dir", metavar="PLAN_DIR")
+@click.option("--steps", type=int, default=3, show_default=True, help="Steps to compare.")
+@click.option("--rtol", type=float, default=1e-3, show_default=True, help="Relative tolerance.")
+@click.option("--atol", type=float, default=1e-5, show_default=True, help="Absolute tolerance.")
+@click.option("--json", "as_json", is_flag=True, help="The comparison as JSON.")
+@_common
+def verify(plan_dir: str, steps: int, rtol: float, atol: float, as_json: bool, engine: str, seed: int,
+           timeout: float, force: bool) -> None:
+    """Run the source model on one device (onnxruntime) and the plan on its ranks from the same
+    state and data; compare the outputs every step and the parameters at the end (exit 1 on a
+    mismatch)."""
+    from parc.exec.verify import compare, plan_run, reference_run
+
+    if steps < 1:
+        raise UsageError(f"--steps {steps}: expected a count >= 1")
+    plan, ranks = precheck(plan_dir, force)
+    want = reference_run(plan_dir, plan, steps, seed)
+    with tempfile.TemporaryDirectory(prefix="parc-verify-") as tmp:
+        got = plan_run(plan_dir, ranks, steps, seed, engine, timeout, Path(tmp))
+    rows, ok = compare(want, got, rtol, atol)
+    if as_json:
+        click.echo(json.dumps({"ok": ok, "rtol": rtol, "atol": atol, "steps": steps, "tensors": rows}, indent=1))
+    else:
+        width = max(len(r["tensor"]) for r in rows)
+        for r in rows:
+            click.echo(f"{'ok ' if r['ok'] else 'BAD'} {r['tensor']:<{width}}  max rel err {r['max_rel_err']:.3e}  "
+                       f"max abs err {r['max_abs_err']:.3e}")
+        bad = sum(not r["ok"] for r in rows)
+        click.echo(f"{'verified' if ok else 'MISMATCH'}: {len(rows) - bad}/{len(rows)} tensors within rtol {rtol:g}, "
+                   f"atol {atol:g} over {steps} step{'s' if steps > 1 else ''} on {ranks} rank{'s' if ranks > 1 else ''}")
+    if not ok:
+        sys.exit(1)

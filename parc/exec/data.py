@@ -1,0 +1,89 @@
+"""Training data for `parc run` and `parc verify`: synthetic (seeded) or from an npz file.
+
+Every rank builds the same whole batch for a step and keeps its piece (`Rank.data_piece`), so
+the data a plan sees does not depend on how it is split. Synthetic data is drawn from
+`numpy.random.default_rng((seed, step))`: floats standard normal, integers uniform below the
+smallest table they index (token ids, class labels). An npz file holds one array per data input
+with a leading step axis (``[steps, *shape]``) or exactly the input's shape (the same batch
+every step); names, shapes and dtypes are checked before any rank starts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import numpy as np
+from onnx import helper
+
+from parc.errors import UsageError
+
+
+def data_inputs(program: Mapping) -> list[dict]:
+    """The data residents of a rank program (name, shape, dtype, high), in graph order."""
+    return [r for r in program["residents"] if r["kind"] == "data"]
+
+
+def synthetic(inputs: Sequence[Mapping], seed: int, step: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng((seed, step))
+    out = {}
+    for r in inputs:
+        dtype = helper.tensor_dtype_to_np_dtype(r["dtype"])
+        shape = tuple(r["shape"])
+        if np.issubdtype(dtype, np.floating):
+            out[r["name"]] = rng.standard_normal(shape).astype(dtype)
+        elif dtype == np.bool_:
+            out[r["name"]] = rng.integers(0, 2, size=shape).astype(dtype)
+        else:
+            out[r["name"]] = rng.integers(0, r.get("high") or 2, size=shape).astype(dtype)
+    return out
+
+
+class NpzData:
+    """Batches from an npz file (see the module docstring)."""
+
+    def __init__(self, path: str | Path, inputs: Sequence[Mapping]) -> None:
+        p = Path(path)
+        try:
+            self.arrays = dict(np.load(p, allow_pickle=False))
+        except FileNotFoundError:
+            raise UsageError(f"--data {p}: no such file") from None
+        except (OSError, ValueError) as e:
+            raise UsageError(f"--data {p}: not an npz file ({str(e).splitlines()[0]})") from None
+        want = {r["name"]: r for r in inputs}
+        missing = sorted(set(want) - set(self.arrays))
+        extra = sorted(set(self.arrays) - set(want))
+        if missing:
+            raise UsageError(f"--data {p}: no array for input '{missing[0]}' (the model reads "
+                             f"{', '.join(sorted(want))})")
+        if extra:
+            raise UsageError(f"--data {p}: array '{extra[0]}' is not an input of the model "
+                             f"(inputs: {', '.join(sorted(want))})")
+        self.steps = None
+        for name, r in want.items():
+            a, shape = self.arrays[name], tuple(r["shape"])
+            dtype = helper.tensor_dtype_to_np_dtype(r["dtype"])
+            if a.dtype != dtype:
+                raise UsageError(f"--data {p}: '{name}' has dtype {a.dtype}, the model expects {np.dtype(dtype)}")
+            if a.shape == shape:
+                continue
+            if a.shape[1:] != shape:
+                raise UsageError(f"--data {p}: '{name}' has shape {a.shape}, the model expects {shape} "
+                                 f"or [steps, {', '.join(map(str, shape))}]")
+            if self.steps is not None and a.shape[0] != self.steps:
+                raise UsageError(f"--data {p}: '{name}' has {a.shape[0]} steps, another input {self.steps}")
+            self.steps = a.shape[0]
+            high = r.get("high")
+            if high and np.issubdtype(a.dtype, np.integer) and (a.min() < 0 or a.max() >= high):
+                raise UsageError(f"--data {p}: '{name}' has values outside [0, {high})")
+        for name, r in want.items():
+            high, a = r.get("high"), self.arrays[name]
+            if high and np.issubdtype(a.dtype, np.integer) and a.size and (a.min() < 0 or a.max() >= high):
+                raise UsageError(f"--data {p}: '{name}' has values outside [0, {high})")
+        self.shapes = {name: tuple(r["shape"]) for name, r in want.items()}
+
+    def batch(self, step: int) -> dict[str, np.ndarray]:
+        out = {}
+        for name, a in self.arrays.items():
+            out[name] = a if a.shape == self.shapes[name] else a[step % a.shape[0]]
+        return out

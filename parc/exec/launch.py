@@ -1,0 +1,131 @@
+"""Starting a plan's ranks, and the training loop each rank runs.
+
+`parc run` started by a person (no MPI environment) checks the plan directory, then starts the
+plan's ranks itself through `mpiexec` (the mpich wheel's next to this Python, else one on PATH),
+each running `parc run` again. Under `mpiexec` or `srun` a process reads its rank from the
+environment (`rank_from_env`) and runs `train`. On a cluster, start the ranks yourself:
+
+    mpiexec -hosts node1,node2 -n 16 parc run plan/       # MPICH / hydra
+    srun -N 2 --ntasks-per-node 8 parc run plan/          # Slurm (PMI)
+
+A rank that fails prints one line naming itself and aborts the job (MPI_Abort), so no rank is
+left waiting; collectives also time out (`--timeout`) when a peer dies without a word.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from parc.errors import ParcError, UsageError
+from parc.exec.data import NpzData, data_inputs, synthetic
+
+CHILD = "PARC_RANK_CHILD"  # set by the launcher: this process is one rank
+
+
+def rank_from_env() -> tuple[int, int] | None:
+    """(rank, size) when started by mpiexec (MPICH, Open MPI) or srun, else None."""
+    for r, s in (("PMI_RANK", "PMI_SIZE"), ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"),
+                 ("PMIX_RANK", "PMIX_SIZE"), ("SLURM_PROCID", "SLURM_NTASKS")):
+        if r in os.environ and s in os.environ and (r != "SLURM_PROCID" or "SLURM_STEP_ID" in os.environ):
+            return int(os.environ[r]), int(os.environ[s])
+    return None
+
+
+def find_mpiexec() -> str:
+    found = (shutil.which("mpiexec", path=str(Path(sys.executable).parent)) or shutil.which("mpiexec")
+             or shutil.which("mpirun"))
+    if found is None:
+        raise UsageError("no mpiexec found: install the mpich wheel (pip install mpich) or put an MPI's "
+                         "mpiexec on PATH")
+    return found
+
+
+def launch(ranks: int, argv: list[str], timeout: float | None = None) -> int:
+    """Run `parc ARGV` as `ranks` MPI ranks; the job's exit code."""
+    env = dict(os.environ, **{CHILD: "1"})
+    cmd = [find_mpiexec(), "-n", str(ranks), sys.executable, "-m", "parc.cli.main", *argv]
+    try:
+        return subprocess.run(cmd, env=env, timeout=timeout).returncode
+    except subprocess.TimeoutExpired:
+        print(f"parc: the ranks did not finish within {timeout:g} s; stopped", file=sys.stderr)
+        return 1
+
+
+def state_digest(state: dict[str, np.ndarray]) -> str:
+    h = hashlib.sha256()
+    for k in sorted(state):
+        h.update(k.encode())
+        h.update(np.asarray(state[k], order="C").tobytes())
+    return h.hexdigest()
+
+
+def train(plan_dir: Path, *, steps: int, seed: int, engine: str, data: str | None, as_json: bool,
+          timeout: float, dump: str | None = None, checkpoint: str | None = None, resume: bool = False,
+          checkpoint_every: int = 0, echo: Callable[[str], None] = print) -> None:
+    """One rank's training loop (see the module docstring). Rank 0 reports each step."""
+    from parc.exec.comm import MpiComm
+    from parc.exec.runner import Rank
+
+    comm = MpiComm(timeout=timeout)
+    rank = comm.rank
+    try:
+        runner = Rank(plan_dir, rank, comm, engine)
+        if comm.size != runner.graph.ranks:
+            raise UsageError(f"{plan_dir}: the plan has {runner.graph.ranks} ranks, this job {comm.size}")
+        inputs = data_inputs(runner.program)
+        source = NpzData(data, inputs) if data else None
+        start = 0
+        if resume:
+            from parc.exec.checkpoint import load_checkpoint
+
+            start = load_checkpoint(checkpoint, runner)  # type: ignore[arg-type]
+        loss_name = runner.program.get("loss")
+        batch_size = inputs[0]["shape"][0] if inputs and inputs[0]["shape"] else 1
+        dumped = []
+        for step in range(start, steps):
+            batch = source.batch(step) if source is not None else synthetic(inputs, seed, step)
+            t0 = time.perf_counter()
+            outs = runner.step(batch)
+            dt = time.perf_counter() - t0
+            loss = float(np.asarray(outs[loss_name]).reshape(-1)[0]) if loss_name in outs else None
+            if rank == 0 and dump is None:
+                record = {"step": step + 1, "loss": loss, "step_time_s": dt, "samples_per_s": batch_size / dt}
+                if as_json:
+                    echo(json.dumps(record))
+                else:
+                    echo(f"step {step + 1:>4}/{steps}  loss {loss if loss is not None else float('nan'):.6f}  "
+                         f"{dt * 1e3:8.2f} ms  {batch_size / dt:9.1f} samples/s")
+            if dump is not None:
+                dumped.append({k: np.asarray(v) for k, v in outs.items()
+                               if k not in runner.program["bindings"]})
+            if checkpoint and checkpoint_every and (step + 1) % checkpoint_every == 0:
+                from parc.exec.checkpoint import save_checkpoint
+
+                save_checkpoint(checkpoint, runner, step + 1)
+        if checkpoint:
+            from parc.exec.checkpoint import save_checkpoint
+
+            save_checkpoint(checkpoint, runner, max(steps, start))
+        if dump is not None:
+            out = Path(dump)
+            np.savez(out / f"rank_{rank}.state.npz", **runner.state)
+            if rank == 0:
+                np.savez(out / "outputs.npz", **{f"{k}@{i}": v for i, d in enumerate(dumped) for k, v in d.items()})
+        comm.barrier()
+    except ParcError as e:
+        print(f"parc: rank {rank}: {e}", file=sys.stderr, flush=True)
+        comm.abort(2 if isinstance(e, UsageError) else 1)
+    except Exception as e:  # any other failure of one rank ends the job, naming the rank
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        print(f"parc: rank {rank}: {type(e).__name__}: {first}", file=sys.stderr, flush=True)
+        comm.abort(1)

@@ -1,0 +1,229 @@
+"""One rank of a plan: load its programs, run the static order, keep state between steps.
+
+`Rank(plan_dir, rank, comm, engine)` loads only `rank_<r>/`: the modules (one engine session
+each), the resident shards from `init.onnx`, and `program.json`; then `step(batch)` runs the
+rank's order from `taskgraph.json` once:
+
+- source: the rank's piece of a data input (the batch is given whole and sliced by the plan's
+  layout; with microbatches, also by the microbatch);
+- compute: one module on the engine;
+- collective: one resharding step among the task's group, on the mesh-axis communicator
+  (created before the first step and cached). Even contiguous layouts use the matching MPI
+  collective; strided and uneven ones gather the pieces and rearrange them as
+  `parc.sharding.simulator` defines;
+- sink: a graph output, handed back whole.
+
+After the microbatch part of a microbatched plan, the values the apply part reads are
+accumulated (summed, concatenated, or taken from the last microbatch). New parameters and
+optimizer state replace their inputs (the `parc.state` bindings), in the same layout.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from parc.errors import ParcError, PlanFormatError
+from parc.exec.taskgraph import load_taskgraph
+from parc.sharding.layout import shard_index
+from parc.sharding.reshard import Collective
+from parc.sharding.simulator import run_step
+from parc.sharding.spec import ShardSpec, Split
+
+ENGINES = ("auto", "ort", "cupy")
+
+
+class RunError(ParcError):
+    """A plan failed while running (names the rank and task)."""
+
+
+class _Ort:
+    name = "ort"
+
+    def __init__(self, path: Path, threads: int) -> None:
+        import onnxruntime as ort
+
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = threads
+        opts.inter_op_num_threads = 1
+        opts.log_severity_level = 3
+        self.session = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+        self.outputs = [o.name for o in self.session.get_outputs()]
+
+    def run(self, feeds: Mapping[str, Any]) -> dict[str, Any]:
+        return dict(zip(self.outputs, self.session.run(self.outputs, dict(feeds))))
+
+
+class _Array:
+    name = "cupy"
+
+    def __init__(self, path: Path, device: str) -> None:
+        from parc.exec.engines.array import ArrayEngine
+
+        self.engine = ArrayEngine(onnx.load(str(path)), device=device)
+
+    def run(self, feeds: Mapping[str, Any]) -> dict[str, Any]:
+        out = self.engine.run(feeds)
+        if self.engine.xp is not np:
+            return {k: self.engine.xp.asnumpy(v) for k, v in out.items()}
+        return out
+
+
+def pick_engine(engine: str) -> str:
+    """`auto`: onnxruntime on CPU (the executor's host path)."""
+    if engine not in ENGINES:
+        raise ParcError(f"--engine {engine}: expected one of {', '.join(ENGINES)}")
+    return "ort" if engine == "auto" else engine
+
+
+def _is_even(ax) -> bool:
+    return isinstance(ax, Split) and ax.stride is None and ax.sizes is None
+
+
+class Rank:
+    """The runtime state of one rank (see the module docstring)."""
+
+    def __init__(self, plan_dir: str | Path, rank: int, comm, engine: str = "auto", threads: int | None = None,
+                 device: str = "cpu") -> None:
+        self.dir = Path(plan_dir)
+        self.rank = rank
+        self.comm = comm
+        self.graph = load_taskgraph(self.dir / "taskgraph.json")
+        self.program = json.loads((self.dir / f"rank_{rank}" / "program.json").read_text())
+        self.mesh = tuple(self.graph_doc_mesh())
+        self.model_mesh = tuple(self.program["mesh"])
+        self.micro = int(self.program["micro_batches"])
+        self.order = [self.graph.tasks[t] for t in self.graph.order[rank]]
+        kind = pick_engine(engine)
+        threads = threads or max(1, (os.cpu_count() or 1) // self.graph.ranks)
+        self.engines: dict[str, Any] = {}
+        for t in self.order:
+            if t["kind"] == "compute" and t["module"] not in self.engines:
+                path = self.dir / t["module"]
+                self.engines[t["module"]] = _Ort(path, threads) if kind == "ort" else _Array(path, device)
+        self.residents = {r["name"]: r for r in self.program["residents"]}
+        self.state = self._load_init()
+        for t in self.order:  # every communicator before the first step (Rhino 6.3)
+            if t["kind"] == "collective" and len(t["group"]) > 1:
+                self.comm.for_axis(self.mesh, t["axis"])
+        self.timings = {"compute": 0.0, "comm": 0.0}
+
+    def graph_doc_mesh(self) -> list[int]:
+        doc = json.loads((self.dir / "taskgraph.json").read_text())
+        return doc.get("mesh", [self.graph.ranks])
+
+    def _load_init(self) -> dict[str, np.ndarray]:
+        model = onnx.load(str(self.dir / f"rank_{self.rank}" / "init.onnx"),
+                          load_external_data=False)
+        onnx.external_data_helper.load_external_data_for_model(model, str(self.dir / f"rank_{self.rank}"))
+        out = {}
+        for t in model.graph.initializer:
+            out[t.name.removesuffix(".init")] = numpy_helper.to_array(t).copy()
+        return out
+
+    # -- one step -----------------------------------------------------------------------------
+    def data_piece(self, name: str, batch: Mapping[str, np.ndarray], micro_batch: int | None) -> np.ndarray:
+        r = self.residents[name]
+        full = batch[name]
+        coords = tuple(int(c) for c in self.program["coords"])
+        if micro_batch is not None:
+            coords = (micro_batch,) + coords[1:]
+        spec = ShardSpec.parse(r["spec"])
+        return np.asarray(full[np.ix_(*shard_index(tuple(r["shape"]), spec, self.model_mesh, coords))]
+                                    if full.ndim else full, order="C")
+
+    def step(self, batch: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Run one step on `batch` (every data input, whole); returns the graph outputs whole
+        (new parameters and state in this rank's layout) and updates the resident state."""
+        values: dict[str, Any] = dict(self.state)
+        acc = self.program["accumulate"]
+        sums: dict[str, Any] = {}
+        current_mb = None
+        outputs: dict[str, np.ndarray] = {}
+
+        def fold(mb: int) -> None:
+            for name, (src, how, *_dim) in acc.items():
+                x = values[src]
+                if how == "sum":
+                    sums[name] = x.copy() if mb == 0 else sums[name] + x
+                elif how == "last":
+                    sums[name] = x
+                else:
+                    sums.setdefault(name, []).append(x)
+
+        for t in self.order:
+            mb = t.get("micro_batch")
+            if self.micro > 1 and current_mb is not None and mb != current_mb:
+                fold(current_mb)
+                if mb is None:
+                    for name, (_src, how, *dim) in acc.items():
+                        values[name] = np.concatenate(sums[name], axis=dim[0]) if how == "concat" else sums[name]
+            current_mb = mb
+            kind = t["kind"]
+            try:
+                if kind == "source":
+                    values[t["tensor"]] = self.data_piece(t["tensor"], batch, mb)
+                elif kind == "compute":
+                    t0 = time.perf_counter()
+                    feeds = {i: values[i] if i in values else self._per_micro(i, mb) for i in t["inputs"]}
+                    values.update(self.engines[t["module"]].run(feeds))
+                    self.timings["compute"] += time.perf_counter() - t0
+                elif kind == "collective":
+                    t0 = time.perf_counter()
+                    values[t["dst"]] = self._collective(t, values[t["src"]])
+                    self.timings["comm"] += time.perf_counter() - t0
+                elif kind == "sink":
+                    outputs[t["tensor"]] = values[t["local"]]
+            except ParcError:
+                raise
+            except KeyError as e:
+                raise PlanFormatError(f"rank {self.rank}, task {t['id']}: value {e} is not available") from None
+            except Exception as e:  # onnxruntime and MPI raise their own types
+                first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+                raise RunError(f"rank {self.rank}, task {t['id']}: {first}") from None
+        for out, inp in self.program["bindings"].items():
+            if out in outputs and inp in self.state:
+                self.state[inp] = outputs[out]
+        return outputs
+
+    @staticmethod
+    def _per_micro(name: str, mb: int | None) -> np.ndarray:
+        """The inputs the lowering leaves to the executor per microbatch (see parc.passes.lower)."""
+        from onnx import helper
+
+        from parc.passes.lower import MB_END, MB_FIRST, MB_START
+
+        key, _, arg = name.rpartition(".")
+        t = mb or 0
+        if key == MB_START:
+            return np.array([t * int(arg)], np.int64)
+        if key == MB_END:
+            return np.array([(t + 1) * int(arg)], np.int64)
+        if key == MB_FIRST:
+            return np.array(1 if t == 0 else 0, helper.tensor_dtype_to_np_dtype(int(arg)))
+        raise KeyError(name)
+
+    def _collective(self, t: dict, x: np.ndarray) -> np.ndarray:
+        step = Collective.from_json(t["step"])
+        if len(t["group"]) == 1:
+            return run_step(step, [x])[0]
+        comm = self.comm.for_axis(self.mesh, t["axis"])
+        src, dst = step.src, step.dst
+        if step.kind == "all_reduce":
+            return comm.all_reduce(x, src.op)
+        if step.kind == "all_gather" and _is_even(src):
+            return comm.all_gather(x, src.dim)
+        if step.kind == "reduce_scatter" and _is_even(dst):
+            return comm.reduce_scatter(x, dst.dim, src.op)
+        if step.kind == "all_to_all" and _is_even(src) and _is_even(dst):
+            return comm.all_to_all(x, split_dim=dst.dim, concat_dim=src.dim)
+        parts = comm.gather_parts(x)
+        return run_step(step, parts)[comm.rank]

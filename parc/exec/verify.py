@@ -1,0 +1,136 @@
+"""`parc verify`: the source model on one device against the plan on its ranks.
+
+The reference is the source model file itself (plan.json names it and its sha256) run by plain
+onnxruntime, step after step, with the `parc.state` bindings feeding new parameters and state
+back. The plan runs through `parc run --dump` on its ranks from the same initial state (the
+model's initializers, which every rank slices) and the same seeded data. Compared: every
+output other than the new state at every step (the loss), and every state tensor at the end,
+gathered from the ranks' shards.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from parc.errors import UsageError
+from parc.exec.data import data_inputs, synthetic
+from parc.sharding.layout import assemble, devices
+from parc.sharding.spec import ShardSpec
+
+
+def _source(plan_dir: str, plan: dict) -> Path:
+    info = plan.get("model") or {}
+    path = Path(info.get("path", ""))
+    if not path.is_file():
+        raise UsageError(f"{plan_dir}: the source model {path} is gone; parc verify compares against it")
+    h = hashlib.sha256(path.read_bytes()).hexdigest()
+    if h != info.get("sha256"):
+        raise UsageError(f"{plan_dir}: the source model {path} changed since it was planned (sha256 differs)")
+    return path
+
+
+def reference_run(plan_dir: str, plan: dict, steps: int, seed: int) -> dict:
+    """{"outputs": [per step {name: array}], "state": {name: array}} of the source model."""
+    import onnxruntime as ort
+
+    path = _source(plan_dir, plan)
+    program = json.loads((Path(plan_dir) / "rank_0" / "program.json").read_text())
+    model = onnx.load(str(path))
+    inputs = {i.name for i in model.graph.input}
+    state = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer if t.name in inputs}
+    binds = program["bindings"]
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3
+    sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    names = [o.name for o in sess.get_outputs()]
+    data = data_inputs(program)
+    outputs = []
+    for step in range(steps):
+        feeds = {**synthetic(data, seed, step), **{k: v for k, v in state.items() if k in binds.values()}}
+        got = dict(zip(names, sess.run(names, feeds)))
+        outputs.append({k: v for k, v in got.items() if k not in binds})
+        for out, inp in binds.items():
+            state[inp] = got[out]
+    return {"outputs": outputs, "state": {k: state[k] for k in binds.values()}}
+
+
+def plan_run(plan_dir: str, ranks: int, steps: int, seed: int, engine: str, timeout: float, tmp: Path) -> dict:
+    """The same, from the plan's ranks (`parc run --dump`), state assembled from the shards."""
+    from parc.cli.main import cli
+
+    argv = ["run", plan_dir, "--steps", str(steps), "--seed", str(seed), "--engine", engine,
+            "--timeout", str(timeout), "--force", "--dump", str(tmp)]
+    if ranks > 1:
+        from parc.exec.launch import launch
+
+        if launch(ranks, argv):
+            raise UsageError(f"{plan_dir}: the plan's ranks failed (see above); nothing to compare")
+    else:
+        cli.main(argv, standalone_mode=False)
+    flat = np.load(tmp / "outputs.npz")
+    outputs: list[dict] = [{} for _ in range(steps)]
+    for key in flat.files:
+        name, step = key.rsplit("@", 1)
+        outputs[int(step)][name] = flat[key]
+    return {"outputs": outputs, "state": gather_state(Path(plan_dir), ranks, tmp)}
+
+
+def gather_state(plan_dir: Path, ranks: int, tmp: Path) -> dict[str, np.ndarray]:
+    """Whole state tensors from the ranks' dumped shards."""
+    programs = [json.loads((plan_dir / f"rank_{r}" / "program.json").read_text()) for r in range(ranks)]
+    shards = [dict(np.load(tmp / f"rank_{r}.state.npz")) for r in range(ranks)]
+    return assemble_state(programs, shards)
+
+
+def assemble_state(programs: list[dict], shards: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """Whole tensors from per-rank shards (rank order), each laid out as its program says."""
+    micro = programs[0]["micro_batches"] > 1
+    mesh = tuple(programs[0]["mesh"][1:] if micro else programs[0]["mesh"])
+    coords = devices(mesh)
+    out = {}
+    for res in programs[0]["residents"]:
+        if res["kind"] != "state":
+            continue
+        spec = ShardSpec.parse(res["spec"])
+        if micro:
+            spec = ShardSpec(tuple(spec)[1:])
+        out[res["name"]] = assemble({c: shards[r][res["name"]] for r, c in enumerate(coords)}, spec, mesh)
+    return out
+
+
+def _errors(got: np.ndarray, want: np.ndarray, rtol: float, atol: float) -> tuple[float, float, bool]:
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    if got.shape != want.shape:
+        return float("inf"), float("inf"), False
+    if got.size == 0:
+        return 0.0, 0.0, True
+    diff = np.abs(got - want)
+    scale = float(np.max(np.abs(want)))
+    ok = bool(np.all(diff <= atol + rtol * np.abs(want)))
+    return float(diff.max()) / scale if scale else float(diff.max()), float(diff.max()), ok
+
+
+def compare(want: dict, got: dict, rtol: float, atol: float) -> tuple[list[dict], bool]:
+    """One row per output (worst step) and per state tensor: max relative (to the tensor's
+    largest magnitude) and absolute error, and whether every element is within atol + rtol*|want|."""
+    rows = []
+    for name in want["outputs"][0]:
+        worst = (0.0, 0.0, True)
+        for _step, (w, g) in enumerate(zip(want["outputs"], got["outputs"])):
+            if name not in g:
+                worst = (float("inf"), float("inf"), False)
+                break
+            e = _errors(g[name], w[name], rtol, atol)
+            worst = (max(worst[0], e[0]), max(worst[1], e[1]), worst[2] and e[2])
+        rows.append({"tensor": name, "max_rel_err": worst[0], "max_abs_err": worst[1], "ok": worst[2]})
+    for name, w in want["state"].items():
+        g = got["state"].get(name)
+        e = _errors(g, w, rtol, atol) if g is not None else (float("inf"), float("inf"), False)
+        rows.append({"tensor": name, "max_rel_err": e[0], "max_abs_err": e[1], "ok": e[2]})
+    return rows, all(r["ok"] for r in rows)

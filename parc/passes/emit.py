@@ -1,0 +1,243 @@
+"""Emit a plan's per-rank programs (DESIGN: --schedule-->, --emit-->).
+
+For every rank, `lower_rank`'s program is cut into ONNX modules at communication (see
+`parc/passes/lower.py`) and written to the plan directory:
+
+- ``rank_<r>/m<part><depth>.onnx``: the modules, each a valid ONNX model on local shapes;
+- ``rank_<r>/init.onnx`` + ``rank_<r>/weights.bin``: the rank's shards of the parameters,
+  optimizer state and large constants (external data), sliced from the source model without
+  reading more of it than the shard; running init.onnx yields them;
+- ``rank_<r>/program.json``: what the executor holds (residents: data, state, weights, with
+  global shape, layout and local shape), which local value each graph output is, the
+  microbatch accumulations, and the step bindings;
+- ``taskgraph.json``: compute, collective, source and sink tasks, data edges, each rank's order.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import helper
+
+from parc.exec.taskgraph import FORMAT, check_taskgraph
+from parc.ir.graph import Graph
+from parc.passes.lower import APPLY, MICRO, Comm, RankProgram, bindings, loss_name, lower_rank
+from parc.sharding.layout import shard_index
+from parc.sharding.spec import ShardSpec
+
+PROGRAM_FORMAT = "parc.program/1"
+ALIGN = 64
+
+
+def plan_inputs(plan) -> tuple[Graph, tuple[int, ...], list, dict[str, ShardSpec], int]:
+    """(graph, model mesh shape, chosen strategy per node, source specs, microbatches) of a Plan."""
+    m = plan.best.model
+    x = plan.best.solution.choice
+    strategies = [m.strategies[pos][x[m.node_index(pos)]] for pos in range(len(m.graph.nodes))]
+    specs = {v.name: m.source_specs[k][x[k]] for k, v in enumerate(m.sources)}
+    micro = m.micro.count if m.micro is not None else 1
+    return m.graph, tuple(m.mesh.shape), strategies, specs, micro
+
+
+def _modules(p: RankProgram) -> list[tuple[str, int, list[onnx.NodeProto]]]:
+    """(part, depth, nodes) per module, in run order: the microbatch part, then the apply part."""
+    groups: dict[tuple[str, int], list[onnx.NodeProto]] = defaultdict(list)
+    for depth, part, node in p.nodes:
+        groups[part, depth].append(node)
+    return [(part, d, groups[part, d]) for part, d in sorted(groups, key=lambda k: (k[0] != MICRO, k[1]))]
+
+
+def _value_info(p: RankProgram, name: str) -> onnx.ValueInfoProto:
+    dtype, shape = p.info[name]
+    return helper.make_tensor_value_info(name, dtype, list(shape))
+
+
+def build_modules(p: RankProgram, graph: Graph) -> tuple[list[dict], dict[str, onnx.ModelProto]]:
+    """The rank's module tasks (name, part, depth, inputs, outputs) and ONNX models."""
+    groups = _modules(p)
+    read_later: set[str] = set(p.outputs.values())
+    read_later |= {c.src for c in p.comms}
+    read_later |= {src for src, *_ in p.accumulate.values()}
+    readers: dict[str, set[int]] = defaultdict(set)
+    for k, (_, _, nodes) in enumerate(groups):
+        for n in nodes:
+            for i in n.input:
+                if i:
+                    readers[i].add(k)
+    opsets = [helper.make_opsetid(d, v) for d, v in sorted(p.opset.items())]
+    ir_version = max(8, helper.find_min_ir_version_for(opsets, ignore_unknown=True))
+    tasks, models = [], {}
+    for k, (part, depth, nodes) in enumerate(groups):
+        made = {o for n in nodes for o in n.output if o}
+        ins, inits, seen = [], [], set()
+        for n in nodes:
+            for i in n.input:
+                if not i or i in made or i in seen:
+                    continue
+                seen.add(i)
+                if i in p.embedded:
+                    inits.append(p.embedded[i])
+                else:
+                    ins.append(i)
+        outs = [o for n in nodes for o in n.output
+                if o and (o in read_later or readers[o] - {k})]
+        name = f"m{'a' if part == APPLY else ''}{depth:03d}"
+        g = helper.make_graph(nodes, f"{graph.name}.rank{p.rank}.{name}", [_value_info(p, i) for i in ins],
+                              [_value_info(p, o) for o in outs], initializer=inits)
+        models[name] = helper.make_model(g, opset_imports=opsets, producer_name="parc", ir_version=ir_version)
+        tasks.append({"name": name, "part": part, "depth": depth, "inputs": ins, "outputs": outs})
+    return tasks, models
+
+
+def _write_init(p: RankProgram, graph: Graph, specs: dict[str, ShardSpec], rank_dir: Path) -> None:
+    """init.onnx + weights.bin: the rank's shard of every state tensor and large constant."""
+    by_name = {v.name: v for v in (*graph.input_constants, *graph.constants.values())}
+    residents = [r for r in p.residents.values() if r.kind != "data"]
+    inits, nodes, outs = [], [], []
+    offset = 0
+    with open(rank_dir / "weights.bin.tmp", "wb") as f:
+        for r in residents:
+            v = by_name[r.name]
+            full = v.const.numpy()
+            shard = np.asarray(full[np.ix_(*shard_index(r.shape, r.spec, p.mesh, p.coords))]
+                                         if r.shape else np.asarray(full), order="C")
+            data = shard.tobytes()
+            f.seek(offset)
+            f.write(data)
+            t = onnx.TensorProto(name=r.name + ".init", data_type=r.dtype, dims=list(shard.shape))
+            t.data_location = onnx.TensorProto.EXTERNAL
+            for key, val in (("location", "weights.bin"), ("offset", str(offset)), ("length", str(len(data)))):
+                t.external_data.add(key=key, value=val)
+            inits.append(t)
+            nodes.append(helper.make_node("Identity", [r.name + ".init"], [r.name]))
+            outs.append(helper.make_tensor_value_info(r.name, r.dtype, list(r.local)))
+            offset += -(-len(data) // ALIGN) * ALIGN
+    (rank_dir / "weights.bin.tmp").replace(rank_dir / "weights.bin")
+    opsets = [helper.make_opsetid("", 13)]
+    g = helper.make_graph(nodes, f"{graph.name}.rank{p.rank}.init", [], outs, initializer=inits)
+    model = helper.make_model(g, opset_imports=opsets, producer_name="parc", ir_version=8)
+    onnx.save(model, rank_dir / "init.onnx")
+
+
+def write_programs(plan, out: Path) -> dict:
+    """Lower every rank of `plan`, write its modules, init and program; return the task graph."""
+    graph, mesh, strategies, specs, micro = plan_inputs(plan)
+    device_mesh = mesh[1:] if micro > 1 else mesh
+    ranks = int(np.prod(device_mesh))
+    binds = bindings(graph)
+    tasks: list[dict] = []
+    edges: list[list[str]] = []
+    order: dict[str, list[str]] = {}
+    collectives: dict[str, dict] = {}
+    for r in range(ranks):
+        p = lower_rank(graph, mesh, r, strategies, specs, micro)
+        rank_dir = out / f"rank_{r}"
+        rank_dir.mkdir(parents=True, exist_ok=True)
+        mod_tasks, models = build_modules(p, graph)
+        for name, model in models.items():
+            onnx.save(model, rank_dir / f"{name}.onnx")
+        _write_init(p, graph, specs, rank_dir)
+        program = {
+            "format": PROGRAM_FORMAT, "rank": r, "coords": list(p.coords), "mesh": list(mesh),
+            "micro_batches": micro,
+            "residents": [{"name": x.name, "kind": x.kind, "spec": str(x.spec), "shape": list(x.shape),
+                           "local": list(x.local), "dtype": x.dtype, "high": x.high} for x in p.residents.values()],
+            "outputs": p.outputs, "accumulate": p.accumulate, "bindings": binds, "loss": loss_name(graph),
+            "info": {k: [d, list(s)] for k, (d, s) in p.info.items()
+                     if k in p.outputs.values() or k in p.accumulate or k in p.residents},
+        }
+        (rank_dir / "program.json").write_text(json.dumps(program, indent=1, sort_keys=True) + "\n")
+        ids = _rank_tasks(r, p, mod_tasks, device_mesh, micro, tasks, edges, collectives)
+        order[str(r)] = ids
+    tasks.extend(collectives.values())
+    doc = {"format": FORMAT, "ranks": ranks, "micro_batches": micro, "mesh": list(device_mesh),
+           "stages": [{"id": 0, "ranks": list(range(ranks))}],
+           "tasks": tasks, "edges": edges, "order": order}
+    check_taskgraph(doc)
+    return doc
+
+
+def _group(rank: int, device_mesh: tuple[int, ...], axis: int) -> tuple[list[int], int]:
+    """The ranks of `rank`'s group along mesh `axis` (row-major), and the group's index."""
+    coords = list(np.unravel_index(rank, device_mesh))
+    members = []
+    for c in range(device_mesh[axis]):
+        coords[axis] = c
+        members.append(int(np.ravel_multi_index(coords, device_mesh)))
+    rest = [int(x) for k, x in enumerate(np.unravel_index(rank, device_mesh)) if k != axis]
+    gid = int(np.ravel_multi_index(rest, [n for k, n in enumerate(device_mesh) if k != axis])) if rest else 0
+    return members, gid
+
+
+def _rank_tasks(r: int, p: RankProgram, mod_tasks: list[dict], device_mesh: tuple[int, ...], micro: int,
+                tasks: list[dict], edges: list[list[str]], collectives: dict[str, dict]) -> list[str]:
+    """Append rank r's tasks and edges; return its order (microbatch part repeated `micro` times)."""
+    shift = 1 if micro > 1 else 0
+    comms_at: dict[tuple[str, int], list[tuple[int, Comm]]] = defaultdict(list)
+    for j, c in enumerate(p.comms):
+        comms_at[c.part, c.depth].append((j, c))
+    ids: list[str] = []
+    made: dict[str, str] = {}  # local name -> producing task (this rank, current microbatch)
+
+    def add_edges(tid: str, names) -> None:
+        for n in names:
+            if n in made:
+                edges.append([made[n], tid])
+
+    data = [x for x in p.residents.values() if x.kind == "data"]
+    for k in range(micro):
+        suffix = f".mb{k}" if micro > 1 else ""
+        made = {}
+        for x in data:
+            tid = f"r{r}.source.{x.name}{suffix}"
+            tasks.append({"id": tid, "kind": "source", "rank": r, "tensor": x.name, "phase": MICRO,
+                          **({"micro_batch": k} if micro > 1 else {})})
+            ids.append(tid)
+            made[x.name] = tid
+        _part_tasks(r, p, MICRO, mod_tasks, comms_at, device_mesh, shift, suffix, k if micro > 1 else None,
+                    tasks, edges, collectives, ids, made, add_edges)
+        micro_made = made
+    made = dict(micro_made)
+    if micro > 1:
+        _part_tasks(r, p, APPLY, mod_tasks, comms_at, device_mesh, shift, "", None,
+                    tasks, edges, collectives, ids, made, add_edges)
+    for name, local in p.outputs.items():
+        tid = f"r{r}.sink.{name}"
+        tasks.append({"id": tid, "kind": "sink", "rank": r, "tensor": name, "local": local})
+        add_edges(tid, [local])
+        ids.append(tid)
+    return ids
+
+
+def _part_tasks(r, p, part, mod_tasks, comms_at, device_mesh, shift, suffix, mb, tasks, edges, collectives,
+                ids, made, add_edges) -> None:
+    extra = {"micro_batch": mb} if mb is not None else {}
+    depths = sorted({t["depth"] for t in mod_tasks if t["part"] == part} | {d for (q, d) in comms_at if q == part})
+    for d in depths:
+        for t in mod_tasks:
+            if t["part"] == part and t["depth"] == d:
+                tid = f"r{r}.{t['name']}{suffix}"
+                tasks.append({"id": tid, "kind": "compute", "rank": r, "module": f"rank_{r}/{t['name']}.onnx",
+                              "phase": part, "inputs": t["inputs"], "outputs": t["outputs"], **extra})
+                add_edges(tid, t["inputs"])
+                ids.append(tid)
+                for o in t["outputs"]:
+                    made[o] = tid
+        for j, c in comms_at.get((part, d), []):
+            axis = c.step.axis - shift
+            members, gid = _group(r, device_mesh, axis)
+            tid = f"c{j}.a{axis}.g{gid}{suffix}"
+            if tid not in collectives:
+                collectives[tid] = {"id": tid, "kind": "collective", "group": members, "op": c.step.kind,
+                                    "tensor": c.value, "axis": axis, "step": c.step.to_json(),
+                                    "shape": list(c.shape), "dtype": c.dtype, "src": c.src, "dst": c.dst,
+                                    "phase": part, **extra}
+            elif (collectives[tid]["src"], collectives[tid]["dst"]) != (c.src, c.dst):
+                raise AssertionError(f"collective {tid}: ranks disagree on local names")
+            add_edges(tid, [c.src])
+            ids.append(tid)
+            made[c.dst] = tid

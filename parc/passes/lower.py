@@ -1,0 +1,433 @@
+"""Lowering: a plan's per-rank local programs (DESIGN: --lower-->, --schedule-->).
+
+Every rank runs the same SPMD program on its own shards. `lower_rank` walks the graph in order
+and, for the rank at mesh coordinates `coords`, emits each node on local shapes:
+
+- an input whose layout differs from what the node's strategy wants is resharded first, with
+  the steps `parc.sharding.reshard` plans (the same steps the cost model priced). Local steps
+  become ONNX nodes: `local_slice` a Slice (contiguous) or Gather (strided, uneven);
+  `local_partial` an Identity, zeros (P(sum) on coordinates other than 0) or a fill with the
+  reduction's identity around the rank's piece. Collectives become `Comm` records;
+- shape-carrying inputs (the op rule's `shape_args` and `size_args`: Reshape's and Expand's
+  shape, ConstantOfShape's input, Split's sizes) get the rank's local values;
+- an output that is partial along a mesh axis whose label the rule reduces by mean is the local
+  mean scaled by the rank's share (planned as P(sum) of pre-scaled shares, `sharding/labels.py`).
+
+Graph outputs end in the layout of the input they feed next step (`parc.state` bindings: new
+parameters and state keep their shards) or replicated (loss, other outputs).
+
+`segment` then cuts the local nodes into ONNX modules at communication: a node's depth is the
+number of collectives on its longest path from the sources, and module d holds the nodes of
+depth d. The rank runs module 0, the collectives that read depth-0 values, module 1, and so on;
+every rank runs its collectives in the same order, so the static schedule cannot deadlock.
+
+Microbatches (`plan.json` micro_batches): the time axis is mesh axis 0 of the cost model. The
+forward and backward nodes are lowered at time coordinate 0 (every microbatch has the same
+shapes) and run once per microbatch; values they hand to the optimizer that are P(sum) along
+time are accumulated; the optimizer nodes run once.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from parc.errors import ParcError
+from parc.ir.graph import Graph, Node, Value
+from parc.ops import sharding_rule
+from parc.sharding import ShardSpec
+from parc.sharding.layout import local_shape, positions, shard_index
+from parc.sharding.reshard import Collective, reshard
+from parc.sharding.simulator import identity
+from parc.sharding.spec import Partial, Replicated, Split
+
+EMBED_MAX_BYTES = 4096  # constants up to this size are embedded in the modules that read them
+STATE_KEY = "parc.state"
+PHASE = "parc.phase"
+MICRO, APPLY, SOURCE = "micro", "apply", "source"
+# Inputs the executor feeds per microbatch t (names end in the piece size or the dtype):
+MB_START, MB_END, MB_FIRST = "parc.mb.start", "parc.mb.end", "parc.mb.first"
+
+
+class LoweringError(ParcError):
+    """A plan cannot be lowered to local programs (names the node or value)."""
+
+
+@dataclass
+class Comm:
+    """One collective of a rank's program: `src` (local name) resharded by `step` into `dst`."""
+
+    step: Collective
+    value: str  # the global value
+    shape: tuple[int, ...]  # its global shape
+    dtype: int  # ONNX element type
+    src: str
+    dst: str
+    depth: int
+    part: str = MICRO
+
+
+@dataclass
+class Resident:
+    """A source tensor the executor holds and feeds to modules: data, parameter, state, weight."""
+
+    name: str  # local name (= the global name)
+    kind: str  # "data" (graph input), "state" (initializer fed each step), "weight" (constant)
+    spec: ShardSpec
+    shape: tuple[int, ...]  # global
+    local: tuple[int, ...]
+    dtype: int
+    high: int | None = None  # integer data: the smallest table it indexes (synthetic data stays below)
+
+
+@dataclass
+class RankProgram:
+    """A rank's local program, before it is cut into modules."""
+
+    rank: int
+    coords: tuple[int, ...]
+    mesh: tuple[int, ...]  # the model's mesh (time axis first when microbatched)
+    opset: dict[str, int]
+    nodes: list[tuple[int, str, onnx.NodeProto]] = field(default_factory=list)  # (depth, part, node)
+    comms: list[Comm] = field(default_factory=list)
+    embedded: dict[str, onnx.TensorProto] = field(default_factory=dict)
+    residents: dict[str, Resident] = field(default_factory=dict)
+    outputs: dict[str, str] = field(default_factory=dict)  # graph output -> local name
+    # value of the apply part -> [micro value, "sum" | "last" | "concat", dim]
+    accumulate: dict[str, list] = field(default_factory=dict)
+    info: dict[str, tuple[int, tuple[int, ...]]] = field(default_factory=dict)  # local -> (dtype, shape)
+    depth: dict[str, int] = field(default_factory=dict)
+    part: dict[str, str] = field(default_factory=dict)  # local name -> part that produced it
+
+
+def index_limit(v: Value, seen: frozenset = frozenset()) -> int:
+    """The smallest size an integer value indexes: a Gather's table, a loss's classes (2 when
+    it indexes nothing: labels of a binary task, masks)."""
+    limits = []
+    for node, i in v.uses:
+        if node.op_type == "Gather" and i == 1:
+            limits.append(node.inputs[0].shape[node.attr("axis", 0)])
+        elif node.op_type in ("SoftmaxCrossEntropyLoss", "NegativeLogLikelihoodLoss") and i == 1:
+            limits.append(node.inputs[0].shape[1])
+        elif node.op_type == "OneHot" and i == 0 and node.inputs[1] is not None and node.inputs[1].is_const:
+            limits.append(int(np.asarray(node.inputs[1].const.numpy()).reshape(-1)[0]))
+        elif id(node) not in seen:
+            limits.extend(index_limit(out, seen | {id(node)}) for out in node.outputs if out.dtype == v.dtype)
+    return int(min(limits, default=2))
+
+
+def bindings(graph: Graph) -> dict[str, str]:
+    """Training step output -> the input it feeds next step (empty for other programs)."""
+    record = graph.metadata.get(STATE_KEY)
+    return dict(json.loads(record)["bindings"]) if record else {}
+
+
+def loss_name(graph: Graph) -> str | None:
+    """A training step's loss output (None for other programs)."""
+    record = graph.metadata.get(STATE_KEY)
+    return json.loads(record).get("loss") if record else None
+
+
+def _is_even(ax) -> bool:
+    return isinstance(ax, Split) and ax.stride is None and ax.sizes is None
+
+
+def _phase(n: Node) -> str:
+    return n.meta.get(PHASE, "forward")
+
+
+class _Lowerer:
+    def __init__(self, graph: Graph, mesh: tuple[int, ...], coords: tuple[int, ...],
+                 strategies: list, source_specs: dict[str, ShardSpec], micro: int, rank: int) -> None:
+        self.g = graph
+        self.mesh = mesh
+        self.coords = coords
+        self.strategies = strategies
+        self.source_specs = source_specs
+        self.micro = micro  # microbatch count (1: none); the time axis is mesh axis 0 when > 1
+        self.p = RankProgram(rank, coords, mesh, dict(graph.opset))
+        self.where: dict[str, list[tuple[ShardSpec, str]]] = {}  # global value -> (spec, local name)
+        self.count = 0
+        self.aux_count = 0
+
+    # -- names and bookkeeping ----------------------------------------------------------------
+    def fresh(self, base: str) -> str:
+        """A new value name; the same sequence on every rank (collectives match by name)."""
+        self.count += 1
+        return f"{base}~{self.count}"
+
+    def aux(self, base: str) -> str:
+        """A new name for a node or constant, which may differ between ranks."""
+        self.aux_count += 1
+        return f"{base}#{self.aux_count}"
+
+    def local(self, shape: tuple[int, ...], spec: ShardSpec) -> tuple[int, ...]:
+        return local_shape(shape, spec, self.mesh, self.coords)
+
+    def define(self, name: str, dtype: int, shape: tuple[int, ...], depth: int, part: str) -> None:
+        self.p.info[name] = (dtype, tuple(int(d) for d in shape))
+        self.p.depth[name] = depth
+        self.p.part[name] = part
+
+    def emit(self, proto: onnx.NodeProto, part: str, at_least: int = 0) -> int:
+        """Append a node at the depth of its deepest input (or `at_least`): the same on every rank."""
+        depth = max((self.p.depth.get(i, 0) for i in proto.input if i), default=at_least)
+        depth = max(depth, at_least)
+        self.p.nodes.append((depth, part, proto))
+        return depth
+
+    def const(self, base: str, array: np.ndarray) -> str:
+        name = self.aux(base)
+        self.p.embedded[name] = numpy_helper.from_array(np.asarray(array), name)
+        self.define(name, self.p.embedded[name].data_type, array.shape, 0, MICRO)
+        return name
+
+    # -- sources ---------------------------------------------------------------------------------
+    def source(self, v: Value) -> None:
+        spec = self.source_specs[v.name]
+        shape = tuple(v.shape)
+        loc = self.local(shape, spec)
+        dtype = v.dtype.onnx_type
+        input_names = {x.name for x in (*self.g.inputs, *self.g.input_constants)}
+        if v.is_const and v.name not in input_names and v.const.nbytes <= EMBED_MAX_BYTES:
+            array = np.asarray(v.const.numpy())[np.ix_(*shard_index(shape, spec, self.mesh, self.coords))] \
+                if shape else np.asarray(v.const.numpy())
+            self.p.embedded[v.name] = numpy_helper.from_array(np.asarray(array, order="C"), v.name)
+        else:
+            kind = "weight" if v.name not in input_names else "state" if v.is_const else "data"
+            high = index_limit(v) if kind == "data" and not v.dtype.is_float else None
+            self.p.residents[v.name] = Resident(v.name, kind, spec, shape, loc, dtype, high)
+        self.define(v.name, dtype, loc, 0, SOURCE)
+        self.where[v.name] = [(spec, v.name)]
+
+    # -- resharding ------------------------------------------------------------------------------
+    def get(self, v: Value, want: ShardSpec, part: str) -> str:
+        """The local name of `v` in layout `want`, resharding (and recording how) if needed."""
+        held = self.where[v.name]
+        for spec, name in held:
+            if spec == want:
+                return name
+        spec, name = held[0]
+        shape = tuple(v.shape)
+        if self.micro > 1 and part == APPLY and self.p.part.get(name) == MICRO:
+            name, spec = self._cross(v, name, spec, want)
+        steps = reshard(spec, want, shape, v.dtype.itemsize, self.mesh)
+        for step in steps:
+            if self.micro > 1 and step.axis == 0 and part == MICRO and step.kind == "local_slice" \
+                    and _is_even(step.dst):
+                out = self.fresh(v.name)
+                self._micro_slice(step, name, out, shape, v.dtype.onnx_type)
+                name, spec = out, step.after
+                continue
+            if self.micro > 1 and step.axis == 0 and part == MICRO and step.kind == "local_partial" \
+                    and isinstance(step.src, Replicated) and step.dst.op == "sum":
+                out = self.fresh(v.name)
+                self._micro_first(name, out, shape, v.dtype.onnx_type)
+                name, spec = out, step.after
+                continue
+            if self.micro > 1 and step.axis == 0:
+                raise LoweringError(f"value '{v.name}': {step.kind} across microbatches "
+                                    f"({step.before} -> {step.after}) has no sequential schedule")
+            out = self.fresh(v.name)
+            dtype = v.dtype.onnx_type
+            if step.is_local:
+                self._local_step(step, name, out, shape, dtype, part)
+            else:
+                depth = self.p.depth[name]
+                self.p.comms.append(Comm(step, v.name, shape, dtype, name, out, depth, part))
+                self.define(out, dtype, self.local(shape, step.after), depth + 1, part)
+            name, spec = out, step.after
+        held.append((want, name))
+        return name
+
+    def _cross(self, v: Value, name: str, spec: ShardSpec, want: ShardSpec) -> tuple[str, ShardSpec]:
+        """A value of the microbatch part read once after the last microbatch: partial sums
+        accumulate, replicated values are the same in every microbatch, splits (outputs such as
+        logits) are concatenated."""
+        t = spec[0]
+        if not isinstance(want[0], Replicated):
+            raise LoweringError(f"value '{v.name}': read after the microbatches as {want[0]} along "
+                                f"the microbatch axis; only whole values are")
+        if isinstance(t, Partial):
+            if t.op != "sum":
+                raise LoweringError(f"value '{v.name}': P({t.op}) across microbatches is not accumulated")
+            how = ["sum"]
+        elif isinstance(t, Split):
+            how = ["concat", t.dim]
+        else:
+            how = ["last"]
+        acc = self.fresh(f"{v.name}.acc")
+        spec = spec.replace(0, Replicated())
+        dtype = v.dtype.onnx_type
+        self.p.accumulate[acc] = [name, *how]
+        self.define(acc, dtype, self.local(tuple(v.shape), spec), 0, APPLY)
+        return acc, spec
+
+    def _micro_slice(self, step: Collective, src: str, out: str, shape: tuple[int, ...], dtype: int) -> None:
+        """Microbatch t's piece of a value whole along time: a Slice whose bounds the executor
+        feeds per microbatch (`MB_START`/`MB_END` inputs of the piece's size)."""
+        before = self.p.info[src][1]
+        ax: Split = step.dst  # type: ignore[assignment]
+        size = before[ax.dim] // step.n
+        bounds = []
+        for key in (MB_START, MB_END):
+            name = f"{key}.{size}"
+            self.define(name, onnx.TensorProto.INT64, (1,), 0, SOURCE)
+            bounds.append(name)
+        node = helper.make_node("Slice", [src, *bounds, self.const("axes", np.array([ax.dim], np.int64))], [out],
+                                name=self.aux("microbatch_slice"))
+        depth = self.emit(node, MICRO, self.p.depth[src])
+        self.define(out, dtype, self.local(shape, step.after), depth, MICRO)
+
+    def _micro_first(self, src: str, out: str, shape: tuple[int, ...], dtype: int) -> None:
+        """A value whole along time made P(sum) over microbatches: kept by microbatch 0, zero in
+        the others (times a flag the executor feeds: 1 for microbatch 0, else 0)."""
+        flag = f"{MB_FIRST}.{dtype}"
+        self.define(flag, dtype, (), 0, SOURCE)
+        node = helper.make_node("Mul", [src, flag], [out], name=self.aux("microbatch_first"))
+        depth = self.emit(node, MICRO, self.p.depth[src])
+        self.define(out, dtype, self.p.info[src][1], depth, MICRO)
+
+    def _local_step(self, step: Collective, src: str, out: str, shape: tuple[int, ...], dtype: int,
+                    part: str) -> None:
+        before = self.p.info[src][1]
+        after = self.local(shape, step.after)
+        c = self.coords[step.axis]
+        if step.kind == "local_slice":
+            ax: Split = step.dst  # type: ignore[assignment]
+            pos = positions(before[ax.dim], ax, step.n, c)
+            if np.array_equal(pos, np.arange(pos[0], pos[0] + len(pos))):
+                ins = [src, self.const("starts", np.array([pos[0]], np.int64)),
+                       self.const("ends", np.array([pos[0] + len(pos)], np.int64)),
+                       self.const("axes", np.array([ax.dim], np.int64))]
+                node = helper.make_node("Slice", ins, [out], name=self.aux("reshard_slice"))
+            else:
+                node = helper.make_node("Gather", [src, self.const("index", pos.astype(np.int64))], [out],
+                                        axis=ax.dim, name=self.aux("reshard_gather"))
+        else:  # local_partial
+            op = step.dst.op  # type: ignore[union-attr]
+            np_dtype = helper.tensor_dtype_to_np_dtype(dtype)
+            if isinstance(step.src, Replicated):
+                if op == "sum" and c != 0:
+                    value = numpy_helper.from_array(np.zeros(1, np_dtype), "value")
+                    node = helper.make_node("ConstantOfShape", [self.const("shape", np.array(after, np.int64))],
+                                            [out], value=value, name=self.aux("reshard_zeros"))
+                else:
+                    node = helper.make_node("Identity", [src], [out], name=self.aux("reshard_keep"))
+            else:  # own piece at its positions, the op's identity elsewhere
+                ax = step.src  # type: ignore[assignment]
+                extent = after[ax.dim]
+                pos = positions(extent, ax, step.n, c)
+                fill_shape = list(before)
+                fill_shape[ax.dim] = 1
+                value = numpy_helper.from_array(np.array([identity(op, np_dtype)], np_dtype), "value")
+                fill = self.aux("fill")
+                self.p.nodes.append((self.p.depth[src], part, helper.make_node(
+                    "ConstantOfShape", [self.const("shape", np.array(fill_shape, np.int64))], [fill],
+                    value=value, name=self.aux("reshard_fill"))))
+                self.define(fill, dtype, tuple(fill_shape), self.p.depth[src], part)
+                cat = self.aux("cat")
+                self.p.nodes.append((self.p.depth[src], part, helper.make_node(
+                    "Concat", [src, fill], [cat], axis=ax.dim, name=self.aux("reshard_cat"))))
+                self.define(cat, dtype, tuple(before[:ax.dim]) + (before[ax.dim] + 1,) + tuple(before[ax.dim + 1:]),
+                            self.p.depth[src], part)
+                index = np.full(extent, len(pos), np.int64)
+                index[pos] = np.arange(len(pos))
+                node = helper.make_node("Gather", [cat, self.const("index", index)], [out], axis=ax.dim,
+                                        name=self.aux("reshard_place"))
+        depth = self.emit(node, part, self.p.depth[src])
+        self.define(out, dtype, after, depth, part)
+
+    # -- nodes -----------------------------------------------------------------------------------
+    def node(self, pos: int, n: Node) -> None:
+        s = self.strategies[pos]
+        part = APPLY if self.micro > 1 and _phase(n) == "optimizer" else MICRO
+        rule = sharding_rule(n, self.g.opset.get("", None))
+        shape_args = dict(rule.shape_args) if rule is not None else {}
+        size_args = dict(rule.size_args) if rule is not None else {}
+        ins: list[str] = []
+        for i, v in enumerate(n.inputs):
+            if v is None:
+                ins.append("")
+            elif i in shape_args:
+                j = shape_args[i]
+                ins.append(self._shape_input(n, v, i, self.local(tuple(n.outputs[j].shape), s.outputs[j])))
+            elif i in size_args:
+                axis = size_args[i]
+                sizes = [self.local(tuple(o.shape), so)[axis] for o, so in zip(n.outputs, s.outputs)]
+                ins.append(self._shape_input(n, v, i, tuple(sizes)))
+            else:
+                ins.append(self.get(v, s.inputs[i], part))
+        scales = self._mean_scales(n, s, rule)
+        outs = []
+        for j, v in enumerate(n.outputs):
+            if not v.name:
+                outs.append("")
+                continue
+            outs.append(self.fresh(v.name) if scales[j] != 1.0 else v.name)
+        proto = helper.make_node(n.op_type, ins, outs, name=n.name, domain=n.domain or None)
+        proto.attribute.extend(n.attrs[k] for k in sorted(n.attrs))
+        depth = self.emit(proto, part)
+        for j, v in enumerate(n.outputs):
+            if not v.name:
+                continue
+            dtype = v.dtype.onnx_type
+            loc = self.local(tuple(v.shape), s.outputs[j])
+            self.define(outs[j], dtype, loc, depth, part)
+            if scales[j] != 1.0:
+                np_dtype = helper.tensor_dtype_to_np_dtype(dtype)
+                k = self.const("share", np.array(scales[j], np_dtype))
+                self.p.nodes.append((depth, part, helper.make_node("Mul", [outs[j], k], [v.name],
+                                                                   name=self.aux(f"{n.name}_share"))))
+                self.define(v.name, dtype, loc, depth, part)
+            self.where[v.name] = [(s.outputs[j], v.name)]
+
+    def _shape_input(self, n: Node, v: Value, i: int, local: tuple[int, ...]) -> str:
+        if v.is_const:
+            return self.const(f"{n.name}_shape", np.array(local, np.int64))
+        raise LoweringError(f"node '{n.label}': input {i} ('{v.name}') carries a shape but is computed "
+                            f"at run time; parc needs it constant to give each rank its local shape")
+
+    def _mean_scales(self, n: Node, s, rule) -> list[float]:
+        """Per output, the factor that turns a rank's local mean into its share of the mean."""
+        scales = [1.0] * len(n.outputs)
+        if rule is None:
+            return scales
+        reduce = dict(rule.reduce)
+        for k, label in enumerate(s.labels):
+            if label is None or reduce.get(label) != "mean" or label in rule.output_labels:
+                continue
+            for j in range(len(n.outputs)):
+                if isinstance(s.outputs[j][k], Partial):
+                    scales[j] /= self.mesh[k]
+        return scales
+
+
+def lower_rank(graph: Graph, mesh: tuple[int, ...], rank: int, strategies: list,
+               source_specs: dict[str, ShardSpec], micro: int = 1) -> RankProgram:
+    """Rank `rank`'s local program. `mesh` is the model's mesh (time axis first when `micro` > 1,
+    where the rank's coordinates are taken at time 0); `strategies[pos]` is node pos's chosen
+    Strategy and `source_specs` each source's layout."""
+    device_mesh = mesh[1:] if micro > 1 else mesh
+    coords = tuple(int(c) for c in np.unravel_index(rank, device_mesh))
+    if micro > 1:
+        coords = (0,) + coords
+    low = _Lowerer(graph, mesh, coords, strategies, source_specs, micro, rank)
+    for v in (*graph.inputs, *graph.input_constants, *graph.constants.values()):
+        if v.name in source_specs and v.name not in low.where:
+            low.source(v)
+    for pos, n in enumerate(graph.nodes):
+        low.node(pos, n)
+    binds = bindings(graph)
+    rep = ShardSpec((Replicated(),) * len(mesh))
+    for o in graph.outputs:
+        if o.name not in low.where:
+            raise LoweringError(f"graph output '{o.name}' is not computed by any node")
+        target = binds.get(o.name)
+        want = source_specs.get(target, rep) if target is not None else rep
+        low.p.outputs[o.name] = low.get(o, want, APPLY if micro > 1 else MICRO)
+    return low.p
