@@ -72,6 +72,7 @@ def _register() -> None:
     cli.add_command(explain_cmd.explain)
     cli.add_command(run_cmd.run)
     cli.add_command(run_cmd.verify)
+    cli.add_command(run_cmd.export)
 
 
 _register()

@@ -94,10 +94,7 @@ def plan(model: str, devices: str | None, cluster_file: str | None, level: str, 
     if programs:
         from parc.passes.emit import write_programs
 
-        graph_doc = write_programs(result, out)
-        tmp = out / "taskgraph.json.tmp"
-        tmp.write_text(json.dumps(graph_doc, indent=0) + "\n")
-        tmp.replace(out / "taskgraph.json")
+        write_programs(result, out)
     write_sharded_model(model, doc["specs"], tuple(doc["mesh"]["shape"]), out / "model.sharded.onnx",
                         shapes={v.name: v.shape for v in graph.values() if v.shape is not None})
     write_manifest(out)  # last: the sha256 of every file written above

@@ -136,3 +136,16 @@ def verify(plan_dir: str, steps: int, rtol: float, atol: float, as_json: bool, e
                    f"atol {atol:g} over {steps} step{'s' if steps > 1 else ''} on {ranks} rank{'s' if ranks > 1 else ''}")
     if not ok:
         sys.exit(1)
+
+
+@click.command("export")
+@click.argument("checkpoint", metavar="CHECKPOINT_DIR")
+@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="The ONNX file to write.")
+def export(checkpoint: str, output: str) -> None:
+    """Write the source model with a checkpoint's trained values as one ONNX file."""
+    from parc.exec.checkpoint import export_checkpoint
+
+    if not Path(output).parent.resolve().is_dir():
+        raise UsageError(f"-o {output}: directory {Path(output).parent} does not exist")
+    out = export_checkpoint(checkpoint, output)
+    click.echo(f"wrote {out}")

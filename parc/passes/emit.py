@@ -124,8 +124,15 @@ def _write_init(p: RankProgram, graph: Graph, specs: dict[str, ShardSpec], rank_
 
 
 def write_programs(plan, out: Path) -> dict:
-    """Lower every rank of `plan`, write its modules, init and program; return the task graph."""
-    graph, mesh, strategies, specs, micro = plan_inputs(plan)
+    """Lower every rank of `plan`; write its modules, init and program, and taskgraph.json
+    (returned)."""
+    return write_programs_for(*plan_inputs(plan), out)
+
+
+def write_programs_for(graph: Graph, mesh: tuple[int, ...], strategies: list, specs: dict[str, ShardSpec],
+                       micro: int, out: Path) -> dict:
+    """`write_programs` from its parts: the graph, the model's mesh, a Strategy per node, each
+    source's layout and the microbatch count."""
     device_mesh = mesh[1:] if micro > 1 else mesh
     ranks = int(np.prod(device_mesh))
     binds = bindings(graph)
@@ -158,6 +165,9 @@ def write_programs(plan, out: Path) -> dict:
            "stages": [{"id": 0, "ranks": list(range(ranks))}],
            "tasks": tasks, "edges": edges, "order": order}
     check_taskgraph(doc)
+    tmp = out / "taskgraph.json.tmp"
+    tmp.write_text(json.dumps(doc, indent=0) + "\n")
+    tmp.replace(out / "taskgraph.json")
     return doc
 
 

@@ -399,8 +399,8 @@ class _Lowerer:
             return scales
         reduce = dict(rule.reduce)
         for k, label in enumerate(s.labels):
-            if label is None or reduce.get(label) != "mean" or label in rule.output_labels:
-                continue
+            if label is None or reduce.get(label) != "mean":
+                continue  # outputs that keep the label (SoftmaxCrossEntropyLoss's log_prob) are split, not partial
             for j in range(len(n.outputs)):
                 if isinstance(s.outputs[j][k], Partial):
                     scales[j] /= self.mesh[k]

@@ -131,13 +131,16 @@ class FactorGraph:
 
 
 Factor = tuple[tuple[int, ...], np.ndarray]  # (sorted variables, table with one axis per variable)
+# Variables in one table at most: NumPy arrays have at most 64 axes, and variables with one
+# choice (a microbatch layout fixes many) keep a table small in cells but not in axes.
+MAX_SCOPE = 48
 
 
 def elimination_order(
     adj: dict[int, set[int]], candidates: Iterable[int], size: dict[int, int], limit: int
 ) -> list[int] | None:
     """A greedy order eliminating `candidates` (smallest new table first), or None when some
-    step would build a table of more than `limit` cells. `adj` is the interaction graph."""
+    step would build a table of more than `limit` cells or `MAX_SCOPE` variables. `adj` is the interaction graph."""
     adj = {v: set(nb) for v, nb in adj.items()}
     left, order = set(candidates), []
 
@@ -155,7 +158,7 @@ def elimination_order(
         cost, v = heapq.heappop(heap)
         if v not in left or cost != table(v):
             continue
-        if cost * size[v] > limit:
+        if cost * size[v] > limit or len(adj[v]) >= MAX_SCOPE:
             return None
         nb = adj.pop(v)
         for u in nb:

@@ -24,7 +24,7 @@ from parc.ir.graph import Graph, Node, Value
 from parc.ops import get_rule
 from parc.ops.base import output_elements
 from parc.passes.spmd.strategies import Strategy, node_strategies, replicated, tensor_specs
-from parc.sharding import R, S, ShardSpec, local_shape, reshard
+from parc.sharding import R, S, ShardSpec, ShardSpecError, local_shape, reshard
 from parc.solver import Problem
 
 # Latency steps of a ring collective over n devices (matches parc.cluster.cost).
@@ -120,13 +120,15 @@ def _reshard_time(src: ShardSpec, dst: ShardSpec, shape: tuple[int, ...], itemsi
     return total
 
 
-def build(graph: Graph, mesh: Mesh | None, cluster: Cluster, micro: Micro | None = None) -> CostModel:
+def build(graph: Graph, mesh: Mesh | None, cluster: Cluster, micro: Micro | None = None,
+          layouts: dict[str, list[ShardSpec]] | None = None) -> CostModel:
     """Strategies and cost arrays for `graph` on `mesh` (devices of `cluster`).
 
     With `micro`, the model's mesh is `time_axis(mesh, micro.count)` (mesh None: the time axis
     alone). Repeated structure (a transformer's layers) is priced once: nodes with the same
     signature (op, attributes, input and output shapes, small constant inputs) share one strategy
-    list, and edges between shared lists share one cost matrix."""
+    list, and edges between shared lists share one cost matrix. `layouts` adds layouts a source
+    may take beyond the usual ones (a hint's pin, uneven splits included)."""
     slowest = min(cluster.devices, key=lambda d: d.peak("float32"))
     if micro is not None:
         mesh = time_axis(mesh, micro.count, slowest)
@@ -167,10 +169,12 @@ def build(graph: Graph, mesh: Mesh | None, cluster: Cluster, micro: Micro | None
     for k, v in enumerate(sources):
         splittable = _splittable_source(v)
         fixed = None if micro is None else _time_spec(v, micro, k)
-        key = (v.shape, v.dtype, splittable, tuple(wanted.get(id(v), ())), fixed)
+        extra = tuple(s for s in (layouts or {}).get(v.name, ()) if micro is None and _fits(s, v, shape))
+        key = (v.shape, v.dtype, splittable, tuple(wanted.get(id(v), ())), fixed, extra)
         if key not in spec_lists:
             specs = (tensor_specs(v, shape, wanted_specs.get(id(v), [])) if splittable
                      else [replicated(shape)])
+            specs = specs + [s for s in extra if s not in specs]
             if fixed is not None:
                 specs = _on_time_axis(v, fixed, specs, shape)
             spec_lists[key] = specs
@@ -225,6 +229,14 @@ def build(graph: Graph, mesh: Mesh | None, cluster: Cluster, micro: Micro | None
                       tuple(mem), None, (),
                       tuple([f"source:{v.name}" for v in sources] + [n.name for n in graph.nodes]))
     return CostModel(graph, mesh, sources, source_specs, strategies, problem, micro)
+
+
+def _fits(spec: ShardSpec, v: Value, mesh_shape: tuple[int, ...]) -> bool:
+    try:
+        spec.check(tuple(v.shape), mesh_shape)  # type: ignore[arg-type]
+    except ShardSpecError:
+        return False
+    return True
 
 
 def _time_spec(v: Value, micro: Micro, k: int) -> ShardSpec:

@@ -226,6 +226,15 @@ class _Built:
     skipped: str | None = None
 
 
+def _pinned_layouts(hints: Hints | None, mesh_shape: tuple[int, ...]) -> dict[str, list[ShardSpec]]:
+    """Pinned layouts a source may then take (uneven splits are offered only when pinned)."""
+    out: dict[str, list[ShardSpec]] = {}
+    for pin in hints.pins if hints is not None else ():
+        if len(pin.spec) == len(mesh_shape) and pin.mesh in (None, tuple(mesh_shape)):
+            out.setdefault(pin.tensor, []).append(pin.spec)
+    return out
+
+
 def _run(search: _Search, graph: Graph, job: _Job) -> _Built | Solution | str | dict:
     """One job: a _Built, a plan's Solution (or why none fits, a str), or a baseline's record."""
     mesh, model = job.mesh, job.model
@@ -233,14 +242,15 @@ def _run(search: _Search, graph: Graph, job: _Job) -> _Built | Solution | str | 
         try:
             if search.hints is not None:
                 check_mesh(graph, search.hints, mesh.shape)  # before the (slow) cost model
-            model = build(graph, mesh, search.cluster, search.micro)
+            model = build(graph, mesh, search.cluster, search.micro, _pinned_layouts(search.hints, mesh.shape))
             if search.hints is None:
                 return _Built(model)
             pins, warnings = hint_pins(model, search.hints)
             return _Built(model, pins, warnings)
         except IneligibleMeshError as e:
             return _Built(model, skipped=str(e))
-    model = model if model is not None else build(graph, mesh, search.cluster, search.micro)
+    model = model if model is not None else build(graph, mesh, search.cluster, search.micro,
+                                                  _pinned_layouts(search.hints, mesh.shape))
     if job.what == "plan":
         problem = model.problem.restricted(job.pins) if job.pins else model.problem
         try:

@@ -1,0 +1,155 @@
+"""Checkpoints of a running plan: per-rank shards, a manifest, resume, reshard on load, export.
+
+A checkpoint directory holds ``rank_<r>.npz`` (that rank's shards of every parameter and
+optimizer state tensor, written to a temporary file and renamed) and ``checkpoint.json``
+(written last, the same way): format, step, the plan's mesh, each tensor's global shape, dtype
+and layout, the source model, and the sha256 of every shard file. A directory whose files do
+not match is refused.
+
+`load_checkpoint` continues a run exactly when the plan is the same; when it is not (another
+rank count, other layouts), each rank rebuilds its own shards from the saved ones (reshard on
+load). `export_checkpoint` writes the source model with the trained values as one ONNX file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+
+from parc.errors import UsageError
+from parc.report.manifest import sha256_file
+from parc.sharding.layout import assemble, devices, shard_index
+from parc.sharding.spec import ShardSpec
+
+FORMAT = "parc.checkpoint/1"
+MANIFEST = "checkpoint.json"
+
+
+def _device_spec(program: dict, spec: str) -> ShardSpec:
+    s = ShardSpec.parse(spec)
+    return ShardSpec(tuple(s)[1:]) if program["micro_batches"] > 1 else s
+
+
+def _device_mesh(program: dict) -> tuple[int, ...]:
+    mesh = program["mesh"]
+    return tuple(mesh[1:] if program["micro_batches"] > 1 else mesh)
+
+
+def save_checkpoint(directory: str | Path, runner, step: int) -> None:
+    """Every rank writes its shards; rank 0 then writes the manifest (collective call)."""
+    root = Path(directory)
+    root.mkdir(parents=True, exist_ok=True)
+    r = runner.rank
+    tmp = root / f".rank_{r}.{os.getpid()}.npz"
+    with open(tmp, "wb") as f:
+        np.savez(f, **runner.state)
+    os.replace(tmp, root / f"rank_{r}.npz")
+    runner.comm.barrier()
+    if r == 0:
+        program = runner.program
+        plan = json.loads((runner.dir / "plan.json").read_text())
+        tensors = {x["name"]: {"shape": x["shape"], "dtype": x["dtype"],
+                               "spec": str(_device_spec(program, x["spec"]))}
+                   for x in program["residents"] if x["kind"] == "state"}
+        ranks = runner.graph.ranks
+        doc = {"format": FORMAT, "step": step, "ranks": ranks, "mesh": list(_device_mesh(program)),
+               "model": plan.get("model"), "tensors": tensors,
+               "files": {f"rank_{q}.npz": sha256_file(root / f"rank_{q}.npz") for q in range(ranks)}}
+        tmp_doc = root / f".{MANIFEST}.{os.getpid()}"
+        tmp_doc.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
+        os.replace(tmp_doc, root / MANIFEST)
+    runner.comm.barrier()
+
+
+def check_checkpoint(directory: str | Path) -> dict:
+    """The checkpoint's manifest, or UsageError naming what is missing or changed."""
+    root = Path(directory)
+    path = root / MANIFEST
+    if not path.is_file():
+        raise UsageError(f"--checkpoint {root}: no {MANIFEST} (no checkpoint was written there)")
+    try:
+        doc = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise UsageError(f"--checkpoint {root}: {MANIFEST} is not valid JSON ({e.msg})") from None
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+        raise UsageError(f"--checkpoint {root}: unknown format {doc.get('format') if isinstance(doc, dict) else doc!r} "
+                         f"(this parc reads {FORMAT!r})")
+    for name, digest in doc["files"].items():
+        f = root / name
+        if not f.is_file():
+            raise UsageError(f"--checkpoint {root}: {name} is missing")
+        if sha256_file(f) != digest:
+            raise UsageError(f"--checkpoint {root}: {name} does not match its sha256 in {MANIFEST}")
+    return doc
+
+
+def full_tensors(directory: str | Path, doc: dict, names=None) -> dict[str, np.ndarray]:
+    """Whole tensors assembled from a checkpoint's shards."""
+    root = Path(directory)
+    mesh = tuple(doc["mesh"])
+    files = [np.load(root / f"rank_{q}.npz") for q in range(doc["ranks"])]
+    out = {}
+    for name, t in doc["tensors"].items():
+        if names is not None and name not in names:
+            continue
+        shards = {c: files[q][name] for q, c in enumerate(devices(mesh))}
+        out[name] = assemble(shards, ShardSpec.parse(t["spec"]), mesh)
+    return out
+
+
+def load_checkpoint(directory: str | Path, runner) -> int:
+    """Replace the runner's state by the checkpoint's; the step to continue from."""
+    root = Path(directory)
+    doc = check_checkpoint(root)
+    program = runner.program
+    mine = {x["name"]: x for x in program["residents"] if x["kind"] == "state"}
+    missing = sorted(set(mine) - set(doc["tensors"]))
+    if missing:
+        raise UsageError(f"--checkpoint {root}: no tensor '{missing[0]}' (a checkpoint of another model?)")
+    mesh = _device_mesh(program)
+    same = (tuple(doc["mesh"]) == mesh and doc["ranks"] == runner.graph.ranks and
+            all(doc["tensors"][n]["spec"] == str(_device_spec(program, x["spec"])) for n, x in mine.items()))
+    if same:
+        with np.load(root / f"rank_{runner.rank}.npz") as f:
+            state = {n: f[n] for n in mine}
+    else:  # reshard on load: this rank's shard of each whole tensor
+        whole = full_tensors(root, doc, set(mine))
+        coords = tuple(int(c) for c in np.unravel_index(runner.rank, mesh))
+        state = {}
+        for n, x in mine.items():
+            spec = _device_spec(program, x["spec"])
+            a = whole[n]
+            state[n] = np.asarray(a[np.ix_(*shard_index(a.shape, spec, mesh, coords))] if a.ndim else a, order="C")
+    for n, a in state.items():
+        if tuple(a.shape) != tuple(runner.state[n].shape):
+            raise UsageError(f"--checkpoint {root}: '{n}' has shape {a.shape} here, the plan expects "
+                             f"{runner.state[n].shape}")
+        runner.state[n] = a.astype(runner.state[n].dtype, copy=False)
+    return int(doc["step"])
+
+
+def export_checkpoint(directory: str | Path, output: str | Path) -> Path:
+    """The source model with the checkpoint's values as its initializers, as one ONNX file."""
+    import onnx
+    from onnx import numpy_helper
+
+    root, out = Path(directory), Path(output)
+    doc = check_checkpoint(root)
+    src = Path((doc.get("model") or {}).get("path", ""))
+    if not src.is_file():
+        raise UsageError(f"{root}: the source model {src} is gone; export writes its trained values into it")
+    if out.resolve() == src.resolve():
+        raise UsageError(f"-o {out}: refusing to overwrite the source model")
+    model = onnx.load(str(src))
+    whole = full_tensors(root, doc)
+    for i, t in enumerate(model.graph.initializer):
+        if t.name in whole:
+            model.graph.initializer[i].CopyFrom(numpy_helper.from_array(whole[t.name], t.name))
+    big = sum(a.nbytes for a in whole.values()) > 1 << 30
+    tmp = out.parent / f".{out.name}.tmp"
+    onnx.save(model, str(tmp), save_as_external_data=big, location=out.name + ".data" if big else None)
+    os.replace(tmp, out)
+    return out

@@ -1,0 +1,158 @@
+"""The oracle: `parc verify` (source model on one device vs the plan on 4 CPU ranks under mpiexec)
+on the tiny zoo models' training steps, with plans forced into each family by hints, a memory
+limit, microbatches and uneven pins; and forward-only (inference) plans.
+
+Training steps use SGD here: its update is linear in the gradient, so the comparison is tight
+(rtol 1e-4, atol 1e-6). Adam divides by the gradient's magnitude, which turns round-off on
+gradients that are zero in exact arithmetic (a key bias under softmax) into differences of up
+to the learning rate; test_adamw_data_parallel checks Adam at `parc verify`'s defaults."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import parc
+
+MPIEXEC = shutil.which("mpiexec", path=str(Path(sys.executable).parent)) or shutil.which("mpiexec")
+pytestmark = pytest.mark.skipif(MPIEXEC is None, reason="no mpiexec (install the mpich wheel)")
+pytest.importorskip("onnxruntime")
+
+MODELS = ["gpt-tiny", "moe-tiny", "resnet-tiny", "unet-tiny", "t5-tiny"]
+TIGHT = ("--rtol", "1e-4", "--atol", "1e-6")
+HINTS = {"dp": "default: replicate\n", "tp": "default: split\n"}
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("verify")
+    for name, text in HINTS.items():
+        (d / f"{name}.yaml").write_text(text)
+    return d
+
+
+def _step(work: Path, model: str, optimizer: str = "sgd") -> Path:
+    src, step = work / f"{model}.onnx", work / f"{model}.{optimizer}.onnx"
+    if not step.exists():
+        res = parc("models", "build", model, "--set", "batch=4", "-o", str(src))
+        assert res.returncode == 0, res.stderr
+        lr = "0.05" if optimizer == "sgd" else "1e-3"
+        res = parc("grad", str(src), "--optimizer", optimizer, "--lr", lr, "-o", str(step))
+        assert res.returncode == 0, res.stderr
+    return step
+
+
+def _plan(model_path: Path, out: Path, *args: str) -> dict:
+    res = parc("plan", str(model_path), "--devices", "4xa100-80g", "--jobs", "1", "-o", str(out), *args)
+    assert res.returncode == 0, res.stderr
+    return json.loads((out / "plan.json").read_text())
+
+
+def _verify(plan_dir: Path, *args: str) -> str:
+    res = parc("verify", str(plan_dir), "--steps", "2", *args, timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "verified:" in res.stdout
+    return res.stdout
+
+
+def _params(plan: dict) -> dict[str, str]:
+    return {k: v for k, v in plan["specs"].items() if k.endswith((".weight", ".bias"))}
+
+
+@pytest.mark.parametrize("model", MODELS)
+@pytest.mark.parametrize("family", ["dp", "tp", "2x2"])
+def test_hinted_families_verify(work, model, family):
+    step = _step(work, model)
+    out = work / f"{model}-{family}"
+    hints = work / ("dp.yaml" if family == "dp" else "tp.yaml")
+    dims = "2" if family == "2x2" else "1"
+    plan = _plan(step, out, "--hints", str(hints), "--mesh-dims", dims)
+    params = _params(plan)
+    if family == "dp":
+        assert set(params.values()) == {"R"}, params
+        assert any("S(0)" in plan["specs"][k] for k in plan["specs"] if k in ("input_ids", "images", "x", "input")) \
+            or plan["predicted"]["comm_s"] > 0
+    elif family == "tp":
+        assert any("S(" in v for v in params.values()), params
+    else:
+        if tuple(plan["mesh"]["shape"]) != (2, 2):
+            pytest.skip(f"{model}: the search kept mesh {plan['mesh']['shape']} under split hints")
+    _verify(out, *TIGHT)
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_zero_like_sharding_under_a_memory_limit(work, model):
+    step = _step(work, model)
+    free = _plan(step, work / f"{model}-free", "--mesh-dims", "1")
+    need = free["predicted"]["memory_bytes_per_device"][0]
+    out = work / f"{model}-zero"
+    plan = _plan(step, out, "--mesh-dims", "1", "--mem-limit", f"{need * 0.6 / 2**30:.9f}")
+    state = {k: v for k, v in plan["specs"].items() if k in plan["tensors"] and "S(" in v}
+    assert any(k.endswith((".weight", ".bias", "exp_avg")) or ".weight" in k for k in state), plan["specs"]
+    _verify(out, *TIGHT)
+
+
+@pytest.mark.parametrize("model", ["gpt-tiny", "moe-tiny", "unet-tiny"])
+def test_four_microbatches_verify(work, model):
+    step = _step(work, model)
+    out = work / f"{model}-micro"
+    plan = _plan(step, out, "--mesh-dims", "1", "--micro-batches", "4")
+    assert plan["micro_batches"]["count"] == 4
+    _verify(out, *TIGHT)
+
+
+def test_microbatches_refused_with_batch_norm(work):
+    """Batch statistics need the whole batch at once: the planner says so in one line."""
+    res = parc("plan", str(_step(work, "resnet-tiny")), "--devices", "4xa100-80g", "--mesh-dims", "1",
+               "--micro-batches", "2", "-o", str(work / "resnet-micro"))
+    assert res.returncode == 2 and "microbatches" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_uneven_split_verifies(work):
+    step = _step(work, "gpt-tiny")
+    hints = work / "uneven.yaml"
+    hints.write_text('pins:\n  wte.weight: "S(0,[50,30,28,20])"\n  h.0.mlp.fc.weight: "S(1,[80,48,64,64])"\n')
+    out = work / "gpt-uneven"
+    plan = _plan(step, out, "--mesh-dims", "1", "--hints", str(hints))
+    assert plan["specs"]["wte.weight"] == "S(0,[50,30,28,20])"
+    shapes = [json.loads((out / f"rank_{r}" / "program.json").read_text()) for r in range(4)]
+    wte = [next(x["local"] for x in p["residents"] if x["name"] == "wte.weight") for p in shapes]
+    assert [s[0] for s in wte] == [50, 30, 28, 20]
+    _verify(out, *TIGHT)
+
+
+@pytest.mark.parametrize("family", ["dp", "tp"])
+def test_inference_plans_verify(work, family):
+    _step(work, "gpt-tiny")
+    out = work / f"gpt-infer-{family}"
+    _plan(work / "gpt-tiny.onnx", out, "--mesh-dims", "1", "--hints", str(work / f"{family}.yaml"))
+    text = _verify(out, *TIGHT)
+    assert "logits" in text
+
+
+def test_adamw_data_parallel(work):
+    step = _step(work, "gpt-tiny", "adamw")
+    out = work / "gpt-adamw-dp"
+    _plan(step, out, "--mesh-dims", "1", "--hints", str(work / "dp.yaml"))
+    _verify(out)
+
+
+def test_verify_reports_a_mismatch(work):
+    """A plan whose weights were changed after planning (manifest rewritten to hide it) fails
+    verify with exit 1, naming the tensor."""
+    from parc.report.manifest import write_manifest
+
+    step = _step(work, "gpt-tiny")
+    out = work / "gpt-broken"
+    _plan(step, out, "--mesh-dims", "1", "--hints", str(work / "dp.yaml"))
+    data = bytearray((out / "rank_1" / "weights.bin").read_bytes())
+    data[:64] = bytes(64)
+    (out / "rank_1" / "weights.bin").write_bytes(bytes(data))
+    write_manifest(out)
+    res = parc("verify", str(out), "--steps", "1", timeout=300)
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert "MISMATCH" in res.stdout and "BAD" in res.stdout
