@@ -96,7 +96,7 @@ def run(plan_dir: str, steps: int, data: str | None, checkpoint: str | None, che
             argv += ["--dump", dump] if dump else []
             rc = launch(ranks, argv)
             if rc:
-                raise SystemExit(rc)
+                raise SystemExit(2 if rc == 2 else 1)  # a rank's bad input, else a failed run
             return
     train(Path(plan_dir), steps=steps, seed=seed, engine=engine, data=data, as_json=as_json, timeout=timeout,
           dump=dump, checkpoint=checkpoint, resume=resume, checkpoint_every=checkpoint_every,

@@ -30,6 +30,7 @@ from parc.errors import ParcError, UsageError
 from parc.exec.data import NpzData, data_inputs, synthetic
 
 CHILD = "PARC_RANK_CHILD"  # set by the launcher: this process is one rank
+PIDS = "PARC_RANK_PIDS"  # set by the launcher: where each rank records its pid
 
 
 def rank_from_env() -> tuple[int, int] | None:
@@ -51,14 +52,50 @@ def find_mpiexec() -> str:
 
 
 def launch(ranks: int, argv: list[str], timeout: float | None = None) -> int:
-    """Run `parc ARGV` as `ranks` MPI ranks; the job's exit code."""
-    env = dict(os.environ, **{CHILD: "1"})
-    cmd = [find_mpiexec(), "-n", str(ranks), sys.executable, "-m", "parc.cli.main", *argv]
-    try:
-        return subprocess.run(cmd, env=env, timeout=timeout).returncode
-    except subprocess.TimeoutExpired:
-        print(f"parc: the ranks did not finish within {timeout:g} s; stopped", file=sys.stderr)
-        return 1
+    """Run `parc ARGV` as `ranks` MPI ranks; the job's exit code.
+
+    The ranks' stdout passes through; mpiexec's own banner about a rank that died is replaced
+    by one line naming the rank (each rank records its pid in a temporary directory)."""
+    import re
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="parc-run-") as pids:
+        env = dict(os.environ, **{CHILD: "1", PIDS: pids})
+        cmd = [find_mpiexec(), "-n", str(ranks), sys.executable, "-m", "parc.cli.main", *argv]
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True, bufsize=1)
+        dead: list[tuple[int, int | None]] = []
+        deadline = time.monotonic() + timeout if timeout else None
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            m = re.search(r"PID (\d+) RUNNING AT", line)
+            if m:
+                dead.append((int(m.group(1)), None))
+            m = re.search(r"EXIT CODE: (\d+)", line)
+            if m and dead and dead[-1][1] is None:
+                dead[-1] = (dead[-1][0], int(m.group(1)))
+            if not _mpiexec_banner(line):
+                sys.stdout.write(line)
+                sys.stdout.flush()
+            if deadline and time.monotonic() > deadline:
+                proc.kill()
+                print(f"parc: error: the ranks did not finish within {timeout:g} s; stopped", file=sys.stderr)
+                return 1
+        rc = proc.wait()
+        if rc and dead:
+            by_pid = {}
+            for f in Path(pids).glob("rank_*.pid"):
+                by_pid[int(f.read_text())] = int(f.stem.split("_")[1])
+            pid, code = dead[0]
+            who = f"rank {by_pid[pid]}" if pid in by_pid else "a rank"
+            how = f"signal {code}" if code in (9, 15, 6, 11) else f"exit code {code}"
+            print(f"parc: error: {who} (pid {pid}) died ({how}); the other ranks were stopped", file=sys.stderr)
+        return rc
+
+
+def _mpiexec_banner(line: str) -> bool:
+    text = line.strip()
+    return text.startswith("=") or text.startswith(("YOUR APPLICATION TERMINATED", "This typically refers",
+                                                    "Please see the FAQ page"))
 
 
 def state_digest(state: dict[str, np.ndarray]) -> str:
@@ -78,6 +115,8 @@ def train(plan_dir: Path, *, steps: int, seed: int, engine: str, data: str | Non
 
     comm = MpiComm(timeout=timeout)
     rank = comm.rank
+    if os.environ.get(PIDS):
+        (Path(os.environ[PIDS]) / f"rank_{rank}.pid").write_text(str(os.getpid()))
     try:
         runner = Rank(plan_dir, rank, comm, engine)
         if comm.size != runner.graph.ranks:

@@ -1,0 +1,180 @@
+"""`parc run` on bad input and failures: a dead rank, tampered plan directories, memory, --data."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+from parc.report.manifest import write_manifest
+from tests.helpers import assert_one_line_error, parc
+
+MPIEXEC = shutil.which("mpiexec", path=str(Path(sys.executable).parent)) or shutil.which("mpiexec")
+pytestmark = pytest.mark.skipif(MPIEXEC is None, reason="no mpiexec (install the mpich wheel)")
+pytest.importorskip("onnxruntime")
+
+
+@pytest.fixture(scope="module")
+def plan_dir(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("fail")
+    assert parc("models", "build", "gpt-tiny", "-o", str(d / "m.onnx")).returncode == 0
+    assert parc("grad", str(d / "m.onnx"), "--optimizer", "sgd", "-o", str(d / "t.onnx")).returncode == 0
+    (d / "dp.yaml").write_text("default: replicate\n")
+    res = parc("plan", str(d / "t.onnx"), "--devices", "2xa100-80g", "--mesh-dims", "1", "--jobs", "1",
+               "--hints", str(d / "dp.yaml"), "-o", str(d / "plan"))
+    assert res.returncode == 0, res.stderr
+    return d / "plan"
+
+
+def _copy(plan_dir: Path, tmp_path: Path) -> Path:
+    out = tmp_path / "plan"
+    shutil.copytree(plan_dir, out)
+    return out
+
+
+def test_a_killed_rank_ends_the_job_naming_it(plan_dir, tmp_path):
+    proc = subprocess.Popen([sys.executable, "-m", "parc.cli.main", "run", str(plan_dir), "--steps", "100000"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        for line in proc.stdout:  # type: ignore[union-attr]
+            if line.startswith("step") and "3/" in line:
+                break
+        pids = subprocess.run(["pgrep", "-f", f"parc.cli.main run {plan_dir}"], capture_output=True,
+                              text=True).stdout.split()
+        ranks = [int(p) for p in pids if int(p) != proc.pid]
+        assert ranks, pids
+        t0 = time.monotonic()
+        subprocess.run(["kill", "-9", str(ranks[-1])])
+        _, err = proc.communicate(timeout=30)
+        assert time.monotonic() - t0 < 30
+    finally:
+        proc.kill()
+    assert proc.returncode == 1, err
+    assert "died" in err and "rank" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("damage, needle", [
+    ("module", "does not match its sha256"),
+    ("missing", "missing"),
+    ("format", "unknown format"),
+    ("outside", "outside the plan directory"),
+    ("memory", "--force"),
+])
+def test_damaged_plan_directories_are_refused(plan_dir, tmp_path, damage, needle):
+    d = _copy(plan_dir, tmp_path)
+    if damage == "module":
+        (d / "rank_1" / "m000.onnx").write_bytes((d / "rank_1" / "m000.onnx").read_bytes() + b"\0")
+    elif damage == "missing":
+        (d / "rank_0" / "weights.bin").unlink()
+    elif damage == "format":
+        doc = json.loads((d / "taskgraph.json").read_text())
+        doc["format"] = "parc.taskgraph/99"
+        (d / "taskgraph.json").write_text(json.dumps(doc))
+        write_manifest(d)
+    elif damage == "outside":
+        m = onnx.load(str(d / "rank_0" / "init.onnx"), load_external_data=False)
+        for t in m.graph.initializer:
+            for e in t.external_data:
+                if e.key == "location":
+                    e.value = "../../secret.bin"
+        onnx.save(m, str(d / "rank_0" / "init.onnx"))
+        write_manifest(d)
+    else:  # a plan predicted to need more than the devices have
+        doc = json.loads((d / "plan.json").read_text())
+        doc["predicted"]["memory_bytes_per_device"] = [200 * 2**30] * 2
+        (d / "plan.json").write_text(json.dumps(doc))
+        write_manifest(d)
+    res = parc("run", str(d), "--steps", "1")
+    assert_one_line_error(res, needle)
+    if damage == "memory":
+        res = parc("run", str(d), "--steps", "1", "--force")
+        assert res.returncode == 0, res.stderr
+
+
+def _data(plan_dir: Path) -> dict:
+    program = json.loads((plan_dir / "rank_0" / "program.json").read_text())
+    return {r["name"]: r for r in program["residents"] if r["kind"] == "data"}
+
+
+@pytest.mark.parametrize("case, needle", [
+    ("missing", "no array for input"),
+    ("extra", "is not an input"),
+    ("shape", "has shape"),
+    ("dtype", "has dtype"),
+    ("range", "outside"),
+    ("not-npz", "not an npz"),
+])
+def test_bad_data_files(plan_dir, tmp_path, case, needle):
+    inputs = _data(plan_dir)
+    arrays = {n: np.zeros(r["shape"], np.int64) for n, r in inputs.items()}
+    name = sorted(arrays)[0]
+    if case == "missing":
+        del arrays[name]
+    elif case == "extra":
+        arrays["bogus"] = np.zeros(3)
+    elif case == "shape":
+        arrays[name] = np.zeros((3, 3), np.int64)
+    elif case == "dtype":
+        arrays[name] = arrays[name].astype(np.float32)
+    elif case == "range":
+        arrays[name] = arrays[name] + 10**6
+    path = tmp_path / "data.npz"
+    if case == "not-npz":
+        path.write_text("hello")
+    else:
+        np.savez(path, **arrays)
+    assert_one_line_error(parc("run", str(plan_dir), "--steps", "1", "--data", str(path)), "--data", needle)
+
+
+def test_good_data_file_runs_with_a_step_axis(plan_dir, tmp_path):
+    inputs = _data(plan_dir)
+    rng = np.random.default_rng(0)
+    arrays = {n: rng.integers(0, r["high"], size=(3, *r["shape"])).astype(np.int64) for n, r in inputs.items()}
+    np.savez(tmp_path / "d.npz", **arrays)
+    res = parc("run", str(plan_dir), "--steps", "3", "--data", str(tmp_path / "d.npz"), "--json")
+    assert res.returncode == 0, res.stderr
+    losses = [json.loads(line)["loss"] for line in res.stdout.splitlines()]
+    assert len(losses) == 3 and all(np.isfinite(losses))
+
+
+def test_resume_continues_exactly_and_reshards(plan_dir, tmp_path):
+    full = parc("run", str(plan_dir), "--steps", "4", "--json")
+    assert full.returncode == 0, full.stderr
+    want = [json.loads(line)["loss"] for line in full.stdout.splitlines()]
+    ck = tmp_path / "ck"
+    first = parc("run", str(plan_dir), "--steps", "2", "--json", "--checkpoint", str(ck))
+    assert first.returncode == 0, first.stderr
+    assert sorted(p.name for p in ck.iterdir()) == ["checkpoint.json", "rank_0.npz", "rank_1.npz"]
+    rest = parc("run", str(plan_dir), "--steps", "4", "--json", "--checkpoint", str(ck), "--resume")
+    assert rest.returncode == 0, rest.stderr
+    got = [json.loads(line)["loss"] for line in first.stdout.splitlines() + rest.stdout.splitlines()]
+    assert got == want
+    # the same checkpoint into a 1-rank plan of the same model: reshard on load, same losses
+    d = plan_dir.parent
+    res = parc("plan", str(d / "t.onnx"), "--devices", "1xa100-80g", "--jobs", "1", "-o", str(tmp_path / "one"))
+    assert res.returncode == 0, res.stderr
+    ck2 = tmp_path / "ck2"
+    assert parc("run", str(plan_dir), "--steps", "2", "--checkpoint", str(ck2)).returncode == 0
+    one = parc("run", str(tmp_path / "one"), "--steps", "4", "--json", "--checkpoint", str(ck2), "--resume")
+    assert one.returncode == 0, one.stderr
+    np.testing.assert_allclose([json.loads(x)["loss"] for x in one.stdout.splitlines()], want[2:], rtol=1e-5)
+    # export: the source model with the trained values
+    res = parc("export", str(ck), "-o", str(tmp_path / "trained.onnx"))
+    assert res.returncode == 0, res.stderr
+    m = onnx.load(str(tmp_path / "trained.onnx"))
+    src = onnx.load(str(d / "t.onnx"))
+    changed = [a.name for a, b in zip(m.graph.initializer, src.graph.initializer)
+               if a.name == b.name and a.SerializeToString() != b.SerializeToString()]
+    assert "wte.weight" in changed
+
+
+def test_resume_needs_a_checkpoint(plan_dir, tmp_path):
+    assert_one_line_error(parc("run", str(plan_dir), "--resume"), "--resume")
+    assert_one_line_error(parc("run", str(plan_dir), "--resume", "--checkpoint", str(tmp_path)), "checkpoint.json")
