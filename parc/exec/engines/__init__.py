@@ -1,0 +1,1 @@
+"""Engines that run one ONNX module of a plan: parc's own array interpreter (`array`)."""

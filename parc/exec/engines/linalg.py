@@ -1,0 +1,43 @@
+"""Matrix kernels: MatMul, Gemm and Einsum through xp.matmul / xp.einsum (BLAS or cuBLAS)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from parc.exec.engines.kernels import Kernel, Maker, NodeInfo
+
+
+def make_matmul(n: NodeInfo) -> Kernel:
+    xp = n.xp
+    return lambda a, b: (xp.matmul(a, b),)
+
+
+def make_gemm(n: NodeInfo) -> Kernel:
+    xp = n.xp
+    alpha, beta = n.attr("alpha", 1.0), n.attr("beta", 1.0)
+    trans_a, trans_b = n.attr("transA", 0), n.attr("transB", 0)
+
+    def gemm(a, b, c=None):
+        y = xp.matmul(a.T if trans_a else a, b.T if trans_b else b)
+        if alpha != 1:
+            y = y * alpha
+        if c is not None:
+            y = y + (c if beta == 1 else c * beta)
+        return (y.astype(a.dtype, copy=False),)
+    return gemm
+
+
+def make_einsum(n: NodeInfo) -> Kernel:
+    xp, equation = n.xp, n.attr("equation").replace(" ", "")
+    # NumPy contracts pairs through BLAS only when asked to optimize.
+    options = {"optimize": True} if xp is np else {}
+    return lambda *xs: (xp.einsum(equation, *xs, **options),)
+
+
+def make_det(n: NodeInfo) -> Kernel:
+    xp = n.xp
+    return lambda x: (xp.linalg.det(x),)
+
+
+KERNELS: dict[str, Maker] = {"MatMul": make_matmul, "Gemm": make_gemm, "Einsum": make_einsum,
+                             "Det": make_det}
