@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -75,6 +77,7 @@ def plan(model: str, devices: str | None, cluster_file: str | None, level: str, 
     from parc.hints import Hints, load_hints, read_annotations, write_sharded_model
     from parc.report.manifest import sha256_file, write_manifest
 
+    _check_output(Path(output))
     hints = load_hints(hints_file) if hints_file else Hints()
     hints = hints.merged(read_annotations(model))  # the model's own ONNX multi-device annotations
     cluster = resolve_cluster(devices, cluster_file)
@@ -85,19 +88,24 @@ def plan(model: str, devices: str | None, cluster_file: str | None, level: str, 
                             time_limit=time_limit, hints=None if hints.empty else hints, jobs=jobs,
                             micro_batches=micro_batches, max_mesh_dims=mesh_dims)
     out = Path(output)
-    out.mkdir(parents=True, exist_ok=True)
-    doc = result.to_json()
-    doc["model"] = {"path": str(Path(model).resolve()), "sha256": sha256_file(Path(model))}
-    tmp = out / "plan.json.tmp"
-    tmp.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
-    tmp.replace(out / "plan.json")
-    if programs:
-        from parc.passes.emit import write_programs
+    stage = out.parent / f".{out.name}.tmp-{os.getpid()}"
+    shutil.rmtree(stage, ignore_errors=True)
+    stage.mkdir(parents=True)
+    try:
+        doc = result.to_json()
+        doc["model"] = {"path": str(Path(model).resolve()), "sha256": sha256_file(Path(model))}
+        (stage / "plan.json").write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
+        if programs:
+            from parc.passes.emit import write_programs
 
-        write_programs(result, out)
-    write_sharded_model(model, doc["specs"], tuple(doc["mesh"]["shape"]), out / "model.sharded.onnx",
-                        shapes={v.name: v.shape for v in graph.values() if v.shape is not None})
-    write_manifest(out)  # last: the sha256 of every file written above
+            write_programs(result, stage)
+        write_sharded_model(model, doc["specs"], tuple(doc["mesh"]["shape"]), stage / "model.sharded.onnx",
+                            shapes={v.name: v.shape for v in graph.values() if v.shape is not None})
+        write_manifest(stage)  # last: the sha256 of every file written above
+        _replace_dir(stage, out)
+    except BaseException:
+        shutil.rmtree(stage, ignore_errors=True)
+        raise
     p = doc["predicted"]
     base = ", ".join(f"{k} {v['step_time_s'] * 1e3:.3f} ms" if v["step_time_s"] is not None else f"{k} infeasible"
                      for k, v in doc["baselines"].items())
@@ -105,3 +113,37 @@ def plan(model: str, devices: str | None, cluster_file: str | None, level: str, 
                f"{p['step_time_s'] * 1e3:.3f} ms (compute {p['compute_s'] * 1e3:.3f}, comm "
                f"{p['comm_s'] * 1e3:.3f}), {p['memory_bytes_per_device'][0] / 2**30:.2f} GiB/device; "
                f"baselines: {base}")
+
+
+def _check_output(out: Path) -> None:
+    """-o may name a new directory, an empty one, or a plan directory parc wrote (replaced whole,
+    only once the new plan is complete); nothing else is overwritten."""
+    from parc.report.manifest import MANIFEST, plan_files
+
+    if not out.exists():
+        if not out.parent.resolve().is_dir():
+            raise UsageError(f"-o {out}: directory {out.parent} does not exist")
+        return
+    if not out.is_dir():
+        raise UsageError(f"-o {out}: exists and is not a directory; refusing to overwrite it")
+    if not any(out.iterdir()):
+        return
+    manifest = out / MANIFEST
+    if not manifest.is_file():
+        raise UsageError(f"-o {out}: exists and is not a plan directory (no {MANIFEST}); refusing to overwrite it")
+    listed = set(json.loads(manifest.read_text()).get("files", {}))
+    extra = [p.relative_to(out).as_posix() for p in plan_files(out) if p.relative_to(out).as_posix() not in listed]
+    if extra:
+        raise UsageError(f"-o {out}: the plan directory holds {extra[0]}, which parc did not write; "
+                         f"move it or plan into another directory")
+
+
+def _replace_dir(new: Path, out: Path) -> None:
+    """Put the finished plan directory `new` at `out` (the old plan is removed after the swap)."""
+    old = None
+    if out.exists():
+        old = out.parent / f".{out.name}.old-{os.getpid()}"
+        out.rename(old)
+    new.rename(out)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)

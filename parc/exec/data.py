@@ -1,9 +1,11 @@
 """Training data for `parc run` and `parc verify`: synthetic (seeded) or from an npz file.
 
 Every rank builds the same whole batch for a step and keeps its piece (`Rank.data_piece`), so
-the data a plan sees does not depend on how it is split. Synthetic data is drawn from
-`numpy.random.default_rng((seed, step))`: floats standard normal, integers uniform below the
-smallest table they index (token ids, class labels). An npz file holds one array per data input
+the data a plan sees does not depend on how it is split. Synthetic data is a pool of `POOL`
+batches drawn from `numpy.random.default_rng((seed, k))` and cycled (step s uses batch
+s mod POOL): floats standard normal, integers uniform below the smallest table they index
+(token ids, class labels). A model can fit so few batches, so the loss falls: a smoke test of
+training, not a dataset. An npz file holds one array per data input
 with a leading step axis (``[steps, *shape]``) or exactly the input's shape (the same batch
 every step); names, shapes and dtypes are checked before any rank starts.
 """
@@ -24,8 +26,11 @@ def data_inputs(program: Mapping) -> list[dict]:
     return [r for r in program["residents"] if r["kind"] == "data"]
 
 
+POOL = 8  # synthetic batches, cycled
+
+
 def synthetic(inputs: Sequence[Mapping], seed: int, step: int) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng((seed, step))
+    rng = np.random.default_rng((seed, step % POOL))
     out = {}
     for r in inputs:
         dtype = helper.tensor_dtype_to_np_dtype(r["dtype"])

@@ -40,7 +40,7 @@ from parc.errors import ParcError
 from parc.ir.graph import Graph, Node, Value
 from parc.ops import sharding_rule
 from parc.sharding import ShardSpec
-from parc.sharding.layout import local_shape, positions, shard_index
+from parc.sharding.layout import local_shape, positions, shard_index, split
 from parc.sharding.reshard import Collective, reshard
 from parc.sharding.simulator import identity
 from parc.sharding.spec import Partial, Replicated, Split
@@ -104,10 +104,15 @@ class RankProgram:
     part: dict[str, str] = field(default_factory=dict)  # local name -> part that produced it
 
 
-def index_limit(v: Value, seen: frozenset = frozenset()) -> int:
+def index_limit(v: Value) -> int:
     """The smallest size an integer value indexes: a Gather's table, a loss's classes (2 when
     it indexes nothing: labels of a binary task, masks)."""
-    limits = []
+    found = _limits(v, frozenset())
+    return int(min(found, default=2))
+
+
+def _limits(v: Value, seen: frozenset) -> list[int]:
+    limits: list[int] = []
     for node, i in v.uses:
         if node.op_type == "Gather" and i == 1:
             limits.append(node.inputs[0].shape[node.attr("axis", 0)])
@@ -115,9 +120,16 @@ def index_limit(v: Value, seen: frozenset = frozenset()) -> int:
             limits.append(node.inputs[0].shape[1])
         elif node.op_type == "OneHot" and i == 0 and node.inputs[1] is not None and node.inputs[1].is_const:
             limits.append(int(np.asarray(node.inputs[1].const.numpy()).reshape(-1)[0]))
-        elif id(node) not in seen:
-            limits.extend(index_limit(out, seen | {id(node)}) for out in node.outputs if out.dtype == v.dtype)
-    return int(min(limits, default=2))
+        elif id(node) not in seen and node.op_type in _INDEX_PRESERVING:
+            for out in node.outputs:
+                if out.dtype == v.dtype:
+                    limits.extend(_limits(out, seen | {id(node)}))
+    return limits
+
+
+# Ops that pass integer values through unchanged (ids and labels keep their meaning).
+_INDEX_PRESERVING = {"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose", "Identity", "Slice",
+                     "Gather", "Expand", "Concat", "Split", "Cast", "Tile"}
 
 
 def bindings(graph: Graph) -> dict[str, str]:
@@ -213,6 +225,13 @@ class _Lowerer:
                 return name
         spec, name = held[0]
         shape = tuple(v.shape)
+        if v.is_const and v.name in self.p.embedded:  # a small constant: embedded again as wanted
+            out = self.fresh(v.name)
+            piece = split(np.asarray(v.const.numpy()), want, self.mesh)[self.coords]
+            self.p.embedded[out] = numpy_helper.from_array(np.asarray(piece, order="C"), out)
+            self.define(out, v.dtype.onnx_type, piece.shape, 0, SOURCE)
+            held.append((want, out))
+            return out
         if self.micro > 1 and part == APPLY and self.p.part.get(name) == MICRO:
             name, spec = self._cross(v, name, spec, want)
         steps = reshard(spec, want, shape, v.dtype.itemsize, self.mesh)

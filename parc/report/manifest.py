@@ -29,7 +29,7 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
-def _files(root: Path) -> list[Path]:
+def plan_files(root: Path) -> list[Path]:
     out = []
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames.sort()
@@ -49,7 +49,7 @@ def write_manifest(plan_dir: str | Path) -> Path:
     """Hash every file of the plan directory into PLAN_DIR/manifest.json (atomically)."""
     root = Path(plan_dir)
     files = {p.relative_to(root).as_posix(): {"sha256": sha256_file(p), "bytes": p.stat().st_size}
-             for p in _files(root)}
+             for p in plan_files(root)}
     tmp = root / (MANIFEST + ".tmp")
     tmp.write_text(json.dumps({"format": FORMAT, "files": files}, indent=1, sort_keys=True) + "\n")
     tmp.replace(root / MANIFEST)
@@ -83,7 +83,7 @@ def check_manifest(plan_dir: str | Path, *, extra_ok: bool = False) -> dict[str,
         if sha256_file(target) != entry["sha256"]:
             raise PlanFormatError(f"{root}: {rel} does not match its sha256 in {MANIFEST} (changed after "
                                   f"`parc plan` wrote it)")
-    for p in [] if extra_ok else _files(root):
+    for p in [] if extra_ok else plan_files(root):
         rel = p.relative_to(root).as_posix()
         if rel not in files:
             raise PlanFormatError(f"{root}: {rel} is not listed in {MANIFEST}")
