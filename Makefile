@@ -25,14 +25,17 @@ test: $(STAMP)  ## run the fast test suite (what CI runs)
 test-all: $(STAMP)  ## run every test, slow ones included (large models, full ONNX node suite)
 	$(PYTEST) -q -n 2
 
-demo: $(STAMP)  ## build GPTs from the zoo, inspect them, make a training step, plan and explain it
-	@mkdir -p $(DEMO)
+demo: $(STAMP)  ## build a small GPT, make a training step, plan it (8 GPUs), explain it, run it on 4 CPU ranks, verify it
+	@rm -rf $(DEMO) && mkdir -p $(DEMO)
 	$(BIN)/parc models build gpt-tiny -o $(DEMO)/gpt-tiny.onnx
 	$(BIN)/parc inspect $(DEMO)/gpt-tiny.onnx
-	$(BIN)/parc grad $(DEMO)/gpt-tiny.onnx --optimizer adamw --lr 1e-3 -o $(DEMO)/gpt-tiny.train.onnx
+	$(BIN)/parc grad $(DEMO)/gpt-tiny.onnx --optimizer momentum --lr 0.1 -o $(DEMO)/gpt-tiny.train.onnx
 	$(BIN)/parc inspect $(DEMO)/gpt-tiny.train.onnx
-	$(BIN)/parc plan $(DEMO)/gpt-tiny.train.onnx --devices 2xa100-80g -o $(DEMO)/plan
-	$(BIN)/parc explain $(DEMO)/plan
+	$(BIN)/parc plan $(DEMO)/gpt-tiny.train.onnx --devices 8xa100-80g -o $(DEMO)/plan8
+	$(BIN)/parc explain $(DEMO)/plan8
+	$(BIN)/parc plan $(DEMO)/gpt-tiny.train.onnx --devices 4xa100-80g --mesh-dims 1 --hints examples/tensor-parallel.yaml -o $(DEMO)/plan
+	$(BIN)/parc run $(DEMO)/plan --steps 20
+	$(BIN)/parc verify $(DEMO)/plan
 	$(BIN)/parc models build gpt-medium -o $(DEMO)/gpt-medium.onnx
 	$(BIN)/parc inspect $(DEMO)/gpt-medium.onnx
 

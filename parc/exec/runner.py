@@ -115,6 +115,24 @@ class Rank:
             if t["kind"] == "collective" and len(t["group"]) > 1:
                 self.comm.for_axis(self.mesh, t["axis"])
         self.timings = {"compute": 0.0, "comm": 0.0}
+        self.free_after = self._last_uses()
+
+    def _last_uses(self) -> list[list[str]]:
+        """Per task of the order, the values no later task reads (freed after it runs). State,
+        and what the microbatch accumulation reads, stay."""
+        keep = set(self.residents) | set(self.program["accumulate"])
+        keep |= {src for src, *_ in self.program["accumulate"].values()}
+        last: dict[str, int] = {}
+        for pos, t in enumerate(self.order):
+            reads = (t["inputs"] if t["kind"] == "compute" else [t["src"]] if t["kind"] == "collective"
+                     else [t["local"]] if t["kind"] == "sink" else [])
+            for name in reads:
+                last[name] = pos
+        out: list[list[str]] = [[] for _ in self.order]
+        for name, pos in last.items():
+            if name not in keep:
+                out[pos].append(name)
+        return out
 
     def graph_doc_mesh(self) -> list[int]:
         doc = json.loads((self.dir / "taskgraph.json").read_text())
@@ -159,7 +177,7 @@ class Rank:
                 else:
                     sums.setdefault(name, []).append(x)
 
-        for t in self.order:
+        for pos, t in enumerate(self.order):
             mb = t.get("micro_batch")
             if self.micro > 1 and current_mb is not None and mb != current_mb:
                 fold(current_mb)
@@ -182,6 +200,8 @@ class Rank:
                     self.timings["comm"] += time.perf_counter() - t0
                 elif kind == "sink":
                     outputs[t["tensor"]] = values[t["local"]]
+                for name in self.free_after[pos]:
+                    values.pop(name, None)
             except ParcError:
                 raise
             except KeyError as e:

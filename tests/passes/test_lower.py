@@ -1,0 +1,104 @@
+"""The lowering's products, checked directly: valid modules on local shapes, shape inputs
+rewritten, mean shares scaled, weight shards, microbatch tasks; and the programs run (as threads)
+to the single-device result."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import numpy_helper
+
+from parc.exec.taskgraph import load_taskgraph
+from tests.helpers import parc
+
+ort = pytest.importorskip("onnxruntime")
+
+
+@pytest.fixture(scope="module")
+def step(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("lower")
+    assert parc("models", "build", "gpt-tiny", "--set", "batch=4", "-o", str(d / "m.onnx")).returncode == 0
+    assert parc("grad", str(d / "m.onnx"), "--optimizer", "sgd", "--lr", "0.05", "-o", str(d / "t.onnx")).returncode == 0
+    (d / "tp.yaml").write_text("default: split\n")
+    (d / "dp.yaml").write_text("default: replicate\n")
+    return d
+
+
+def _plan(step: Path, name: str, *args: str) -> Path:
+    out = step / name
+    res = parc("plan", str(step / "t.onnx"), "--devices", "4xa100-80g", "--mesh-dims", "1", "--jobs", "1",
+               "-o", str(out), *args)
+    assert res.returncode == 0, res.stderr
+    return out
+
+
+def _modules(plan: Path, rank: int) -> list[onnx.ModelProto]:
+    return [onnx.load(str(p)) for p in sorted((plan / f"rank_{rank}").glob("m*.onnx"))]
+
+
+def test_modules_are_valid_onnx_on_local_shapes(step):
+    plan = _plan(step, "tp", "--hints", str(step / "tp.yaml"))
+    for r in range(4):
+        for m in _modules(plan, r):
+            onnx.checker.check_model(m, full_check=True)
+    # a tensor-parallel Reshape gets the local shape: some shape constant has a quarter of a head dim
+    reshapes = [(n, {t.name: numpy_helper.to_array(t) for t in m.graph.initializer})
+                for m in _modules(plan, 0) for n in m.graph.node if n.op_type == "Reshape"]
+    local = [init[n.input[1]].tolist() for n, init in reshapes if n.input[1] in init]
+    assert local and any(shape != [4, 16, 4, 16] for shape in local)
+
+
+def test_mean_loss_is_scaled_by_the_share(step):
+    plan = _plan(step, "dp", "--hints", str(step / "dp.yaml"))
+    nodes = [(n, m) for m in _modules(plan, 0) for n in m.graph.node if n.op_type == "Mul" and n.output[0] == "loss"]
+    assert nodes, "the data-parallel loss is a mean over a split batch: its local value is scaled"
+    n, m = nodes[0]
+    share = {t.name: numpy_helper.to_array(t) for t in m.graph.initializer}[n.input[1]]
+    assert float(share) == pytest.approx(0.25)
+
+
+def test_weight_shards_hold_only_the_rank_s_piece(step):
+    dp = _plan(step, "dp2", "--hints", str(step / "dp.yaml"))
+    tp = _plan(step, "tp2", "--hints", str(step / "tp.yaml"))
+    size = {p: (p / "rank_0" / "weights.bin").stat().st_size for p in (dp, tp)}
+    assert size[tp] < 0.6 * size[dp], size
+    program = json.loads((tp / "rank_1" / "program.json").read_text())
+    split = [r for r in program["residents"] if r["kind"] == "state" and r["local"] != r["shape"]]
+    assert split
+
+
+def test_no_programs_writes_only_the_plan(step):
+    out = _plan(step, "bare", "--no-programs")
+    assert sorted(p.name for p in out.iterdir()) == ["manifest.json", "model.sharded.onnx", "plan.json"]
+
+
+def test_microbatch_task_graph_runs_forward_backward_per_microbatch(step):
+    plan = _plan(step, "micro", "--micro-batches", "4", "--hints", str(step / "dp.yaml"))
+    g = load_taskgraph(plan / "taskgraph.json")
+    assert g.micro_batches == 4
+    order = [g.tasks[t] for t in g.order[0]]
+    micro = [t for t in order if t["kind"] == "compute" and t.get("phase") == "micro"]
+    apply = [t for t in order if t["kind"] == "compute" and t.get("phase") == "apply"]
+    assert {t["micro_batch"] for t in micro} == {0, 1, 2, 3} and apply
+    assert max(order.index(t) for t in micro) < min(order.index(t) for t in apply)
+
+
+def test_threads_match_onnxruntime_on_one_device(step):
+    """The in-process runner (threads, shared-memory collectives) gives the source's result."""
+    from parc.exec.data import data_inputs, synthetic
+    from parc.exec.threads import run_threads
+
+    plan = step / "tp"
+    if not plan.exists():
+        plan = _plan(step, "tp", "--hints", str(step / "tp.yaml"))
+    program = json.loads((plan / "rank_0" / "program.json").read_text())
+    batch = synthetic(data_inputs(program), 0, 0)
+    got, _ = run_threads(plan, [batch])
+    model = onnx.load(str(step / "t.onnx"))
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    want = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, batch)))
+    np.testing.assert_allclose(got[0]["loss"], want["loss"], rtol=1e-5)
