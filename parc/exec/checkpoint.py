@@ -44,8 +44,10 @@ def save_checkpoint(directory: str | Path, runner, step: int) -> None:
     root.mkdir(parents=True, exist_ok=True)
     r = runner.rank
     tmp = root / f".rank_{r}.{os.getpid()}.npz"
+    from parc.exec.runner import to_host
+
     with open(tmp, "wb") as f:
-        np.savez(f, **runner.state)
+        np.savez(f, **{k: to_host(v) for k, v in runner.state.items()})
     os.replace(tmp, root / f"rank_{r}.npz")
     runner.comm.barrier()
     if r == 0:
@@ -127,7 +129,7 @@ def load_checkpoint(directory: str | Path, runner) -> int:
         if tuple(a.shape) != tuple(runner.state[n].shape):
             raise UsageError(f"--checkpoint {root}: '{n}' has shape {a.shape} here, the plan expects "
                              f"{runner.state[n].shape}")
-        runner.state[n] = a.astype(runner.state[n].dtype, copy=False)
+        runner.state[n] = runner.xp.asarray(a.astype(runner.state[n].dtype, copy=False))
     return int(doc["step"])
 
 

@@ -14,7 +14,6 @@ left waiting; collectives also time out (`--timeout`) when a peer dies without a
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -98,23 +97,24 @@ def _mpiexec_banner(line: str) -> bool:
                                                     "Please see the FAQ page"))
 
 
-def state_digest(state: dict[str, np.ndarray]) -> str:
-    h = hashlib.sha256()
-    for k in sorted(state):
-        h.update(k.encode())
-        h.update(np.asarray(state[k], order="C").tobytes())
-    return h.hexdigest()
-
-
 def train(plan_dir: Path, *, steps: int, seed: int, engine: str, data: str | None, as_json: bool,
           timeout: float, dump: str | None = None, checkpoint: str | None = None, resume: bool = False,
           checkpoint_every: int = 0, echo: Callable[[str], None] = print) -> None:
     """One rank's training loop (see the module docstring). Rank 0 reports each step."""
     from parc.exec.comm import MpiComm
-    from parc.exec.runner import Rank
+    from parc.exec.runner import Rank, pick_engine, to_host
 
     comm = MpiComm(timeout=timeout)
     rank = comm.rank
+    if pick_engine(engine)[1] == "gpu":  # one GPU per rank on each node; NCCL between them
+        import cupy
+
+        from parc.exec.nccl import NcclComm
+
+        local = int(next((os.environ[k] for k in ("MPI_LOCALRANKID", "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID")
+                          if k in os.environ), rank))
+        cupy.cuda.Device(local % cupy.cuda.runtime.getDeviceCount()).use()
+        comm = NcclComm(comm, timeout=timeout)
     if os.environ.get(PIDS):
         (Path(os.environ[PIDS]) / f"rank_{rank}.pid").write_text(str(os.getpid()))
     try:
@@ -136,7 +136,7 @@ def train(plan_dir: Path, *, steps: int, seed: int, engine: str, data: str | Non
             t0 = time.perf_counter()
             outs = runner.step(batch)
             dt = time.perf_counter() - t0
-            loss = float(np.asarray(outs[loss_name]).reshape(-1)[0]) if loss_name in outs else None
+            loss = float(to_host(outs[loss_name]).reshape(-1)[0]) if loss_name in outs else None
             if rank == 0 and dump is None:
                 record = {"step": step + 1, "loss": loss, "step_time_s": dt, "samples_per_s": batch_size / dt}
                 if as_json:
@@ -145,7 +145,7 @@ def train(plan_dir: Path, *, steps: int, seed: int, engine: str, data: str | Non
                     echo(f"step {step + 1:>4}/{steps}  loss {loss if loss is not None else float('nan'):.6f}  "
                          f"{dt * 1e3:8.2f} ms  {batch_size / dt:9.1f} samples/s")
             if dump is not None:
-                dumped.append({k: np.asarray(v) for k, v in outs.items()
+                dumped.append({k: to_host(v) for k, v in outs.items()
                                if k not in runner.program["bindings"]})
             if checkpoint and checkpoint_every and (step + 1) % checkpoint_every == 0:
                 from parc.exec.checkpoint import save_checkpoint
@@ -157,7 +157,7 @@ def train(plan_dir: Path, *, steps: int, seed: int, engine: str, data: str | Non
             save_checkpoint(checkpoint, runner, max(steps, start))
         if dump is not None:
             out = Path(dump)
-            np.savez(out / f"rank_{rank}.state.npz", **runner.state)
+            np.savez(out / f"rank_{rank}.state.npz", **{k: to_host(v) for k, v in runner.state.items()})
             if rank == 0:
                 np.savez(out / "outputs.npz", **{f"{k}@{i}": v for i, d in enumerate(dumped) for k, v in d.items()})
         comm.barrier()

@@ -71,17 +71,36 @@ class _Array:
         self.engine = ArrayEngine(onnx.load(str(path)), device=device)
 
     def run(self, feeds: Mapping[str, Any]) -> dict[str, Any]:
-        out = self.engine.run(feeds)
-        if self.engine.xp is not np:
-            return {k: self.engine.xp.asnumpy(v) for k, v in out.items()}
-        return out
+        return self.engine.run(feeds)  # on the GPU, values stay in device memory
 
 
-def pick_engine(engine: str) -> str:
-    """`auto`: onnxruntime on CPU (the executor's host path)."""
+def gpu_available() -> bool:
+    """A CUDA GPU that CuPy can use."""
+    try:
+        import cupy
+
+        return cupy.cuda.runtime.getDeviceCount() > 0
+    except Exception:  # no cupy, no driver, no device
+        return False
+
+
+def pick_engine(engine: str) -> tuple[str, str]:
+    """(engine, device): `ort` runs onnxruntime on the CPU (onnxruntime-gpu's CUDA EP is not
+    wired up yet); `cupy` runs parc's kernels on a GPU when there is one, else on NumPy; `auto`
+    is cupy on a GPU, else ort."""
     if engine not in ENGINES:
         raise ParcError(f"--engine {engine}: expected one of {', '.join(ENGINES)}")
-    return "ort" if engine == "auto" else engine
+    if engine == "ort":
+        return "ort", "cpu"
+    gpu = gpu_available()
+    if engine == "cupy":
+        return "cupy", "gpu" if gpu else "cpu"
+    return ("cupy", "gpu") if gpu else ("ort", "cpu")
+
+
+def to_host(x) -> np.ndarray:
+    """A NumPy copy of a NumPy or CuPy array."""
+    return x.get() if hasattr(x, "get") and not isinstance(x, np.ndarray) else np.asarray(x)
 
 
 def _is_even(ax) -> bool:
@@ -91,8 +110,7 @@ def _is_even(ax) -> bool:
 class Rank:
     """The runtime state of one rank (see the module docstring)."""
 
-    def __init__(self, plan_dir: str | Path, rank: int, comm, engine: str = "auto", threads: int | None = None,
-                 device: str = "cpu") -> None:
+    def __init__(self, plan_dir: str | Path, rank: int, comm, engine: str = "auto", threads: int | None = None) -> None:
         self.dir = Path(plan_dir)
         self.rank = rank
         self.comm = comm
@@ -102,15 +120,20 @@ class Rank:
         self.model_mesh = tuple(self.program["mesh"])
         self.micro = int(self.program["micro_batches"])
         self.order = [self.graph.tasks[t] for t in self.graph.order[rank]]
-        kind = pick_engine(engine)
+        kind, self.device = pick_engine(engine)
+        self.xp = np
+        if self.device == "gpu":
+            import cupy
+
+            self.xp = cupy
         threads = threads or max(1, (os.cpu_count() or 1) // self.graph.ranks)
         self.engines: dict[str, Any] = {}
         for t in self.order:
             if t["kind"] == "compute" and t["module"] not in self.engines:
                 path = self.dir / t["module"]
-                self.engines[t["module"]] = _Ort(path, threads) if kind == "ort" else _Array(path, device)
+                self.engines[t["module"]] = _Ort(path, threads) if kind == "ort" else _Array(path, self.device)
         self.residents = {r["name"]: r for r in self.program["residents"]}
-        self.state = self._load_init()
+        self.state = {k: self.xp.asarray(v) for k, v in self._load_init().items()}
         for t in self.order:  # every communicator before the first step (Rhino 6.3)
             if t["kind"] == "collective" and len(t["group"]) > 1:
                 self.comm.for_axis(self.mesh, t["axis"])
@@ -188,7 +211,7 @@ class Rank:
             kind = t["kind"]
             try:
                 if kind == "source":
-                    values[t["tensor"]] = self.data_piece(t["tensor"], batch, mb)
+                    values[t["tensor"]] = self.xp.asarray(self.data_piece(t["tensor"], batch, mb))
                 elif kind == "compute":
                     t0 = time.perf_counter()
                     feeds = {i: values[i] if i in values else self._per_micro(i, mb) for i in t["inputs"]}
@@ -234,7 +257,7 @@ class Rank:
     def _collective(self, t: dict, x: np.ndarray) -> np.ndarray:
         step = Collective.from_json(t["step"])
         if len(t["group"]) == 1:
-            return run_step(step, [x])[0]
+            return self.xp.asarray(run_step(step, [to_host(x)])[0])
         comm = self.comm.for_axis(self.mesh, t["axis"])
         src, dst = step.src, step.dst
         if step.kind == "all_reduce":
@@ -245,5 +268,5 @@ class Rank:
             return comm.reduce_scatter(x, dst.dim, src.op)
         if step.kind == "all_to_all" and _is_even(src) and _is_even(dst):
             return comm.all_to_all(x, split_dim=dst.dim, concat_dim=src.dim)
-        parts = comm.gather_parts(x)
-        return run_step(step, parts)[comm.rank]
+        parts = [to_host(p) for p in comm.gather_parts(x)]  # strided or uneven: rearranged on the host
+        return self.xp.asarray(run_step(step, parts)[comm.rank])

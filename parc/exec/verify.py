@@ -21,7 +21,7 @@ from onnx import numpy_helper
 from parc.errors import UsageError
 from parc.exec.data import data_inputs, synthetic
 from parc.sharding.layout import assemble, devices
-from parc.sharding.spec import ShardSpec
+from parc.sharding.spec import ShardSpec, ShardSpecError
 
 
 def _source(plan_dir: str, plan: dict) -> Path:
@@ -89,7 +89,8 @@ def gather_state(plan_dir: Path, ranks: int, tmp: Path) -> dict[str, np.ndarray]
 
 
 def assemble_state(programs: list[dict], shards: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
-    """Whole tensors from per-rank shards (rank order), each laid out as its program says."""
+    """Whole tensors from per-rank shards (rank order), each laid out as its program says;
+    None for a tensor whose replicas differ between ranks."""
     micro = programs[0]["micro_batches"] > 1
     mesh = tuple(programs[0]["mesh"][1:] if micro else programs[0]["mesh"])
     coords = devices(mesh)
@@ -100,7 +101,10 @@ def assemble_state(programs: list[dict], shards: list[dict[str, np.ndarray]]) ->
         spec = ShardSpec.parse(res["spec"])
         if micro:
             spec = ShardSpec(tuple(spec)[1:])
-        out[res["name"]] = assemble({c: shards[r][res["name"]] for r, c in enumerate(coords)}, spec, mesh)
+        try:
+            out[res["name"]] = assemble({c: shards[r][res["name"]] for r, c in enumerate(coords)}, spec, mesh)
+        except ShardSpecError:  # replicas that differ: the ranks diverged, a mismatch
+            out[res["name"]] = None
     return out
 
 
