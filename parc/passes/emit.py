@@ -25,7 +25,7 @@ from onnx import helper
 
 from parc.exec.taskgraph import FORMAT, check_taskgraph
 from parc.ir.graph import Graph
-from parc.passes.lower import APPLY, MICRO, Comm, RankProgram, bindings, loss_name, lower_rank
+from parc.passes.lower import APPLY, MICRO, Comm, RankProgram, bindings, loss_name, lower_rank, rules_of
 from parc.sharding.layout import shard_index
 from parc.sharding.spec import ShardSpec
 
@@ -102,25 +102,52 @@ def _write_init(p: RankProgram, graph: Graph, specs: dict[str, ShardSpec], rank_
     with open(rank_dir / "weights.bin.tmp", "wb") as f:
         for r in residents:
             v = by_name[r.name]
-            full = v.const.numpy()
-            shard = np.asarray(full[np.ix_(*shard_index(r.shape, r.spec, p.mesh, p.coords))]
-                                         if r.shape else np.asarray(full), order="C")
-            data = shard.tobytes()
-            f.seek(offset)
-            f.write(data)
-            t = onnx.TensorProto(name=r.name + ".init", data_type=r.dtype, dims=list(shard.shape))
+            nbytes = int(np.prod(r.local, dtype=np.int64)) * v.dtype.itemsize
+            if not v.const.zeros:  # zeros (fresh optimizer state) stay a hole in the file
+                _write_sparse(f, offset, _shard(v.const.numpy(), r, p))
+            t = onnx.TensorProto(name=r.name + ".init", data_type=r.dtype, dims=list(r.local))
             t.data_location = onnx.TensorProto.EXTERNAL
-            for key, val in (("location", "weights.bin"), ("offset", str(offset)), ("length", str(len(data)))):
+            for key, val in (("location", "weights.bin"), ("offset", str(offset)), ("length", str(nbytes))):
                 t.external_data.add(key=key, value=val)
             inits.append(t)
             nodes.append(helper.make_node("Identity", [r.name + ".init"], [r.name]))
             outs.append(helper.make_tensor_value_info(r.name, r.dtype, list(r.local)))
-            offset += -(-len(data) // ALIGN) * ALIGN
+            offset += -(-nbytes // ALIGN) * ALIGN
+        f.truncate(offset)
     (rank_dir / "weights.bin.tmp").replace(rank_dir / "weights.bin")
     opsets = [helper.make_opsetid("", 13)]
     g = helper.make_graph(nodes, f"{graph.name}.rank{p.rank}.init", [], outs, initializer=inits)
     model = helper.make_model(g, opset_imports=opsets, producer_name="parc", ir_version=8)
     onnx.save(model, rank_dir / "init.onnx")
+
+
+def _shard(full: np.ndarray, r, p: RankProgram) -> np.ndarray:
+    """The rank's piece of a source tensor; from a memory map only the piece is read (plain
+    slices where the piece is contiguous along a dim, an index array where it is strided)."""
+    if not r.shape:
+        return np.asarray(full)
+    index = shard_index(r.shape, r.spec, p.mesh, p.coords)
+    basic = []
+    for ix in index:
+        if len(ix) and ix[-1] - ix[0] + 1 == len(ix) and (len(ix) < 2 or np.all(np.diff(ix) == 1)):
+            basic.append(slice(int(ix[0]), int(ix[-1]) + 1))
+        else:
+            basic.append(None)
+    if all(b is not None for b in basic):
+        return full[tuple(basic)]
+    return full[np.ix_(*index)]
+
+
+def _write_sparse(f, offset: int, shard: np.ndarray) -> None:
+    """Write the shard's bytes at `offset`, leaving runs of zeros as holes (models built by
+    `parc models build` have sparse weights: their plans take no more disk than they do)."""
+    flat = np.asarray(shard, order="C").reshape(-1).view(np.uint8)
+    step = 1 << 22
+    for start in range(0, flat.size, step):
+        chunk = flat[start:start + step]
+        if chunk.any():
+            f.seek(offset + start)
+            f.write(chunk.tobytes())
 
 
 def write_programs(plan, out: Path) -> dict:
@@ -140,8 +167,9 @@ def write_programs_for(graph: Graph, mesh: tuple[int, ...], strategies: list, sp
     edges: list[list[str]] = []
     order: dict[str, list[str]] = {}
     collectives: dict[str, dict] = {}
+    rules = rules_of(graph)
     for r in range(ranks):
-        p = lower_rank(graph, mesh, r, strategies, specs, micro)
+        p = lower_rank(graph, mesh, r, strategies, specs, micro, rules)
         rank_dir = out / f"rank_{r}"
         rank_dir.mkdir(parents=True, exist_ok=True)
         mod_tasks, models = build_modules(p, graph)

@@ -365,7 +365,7 @@ class _Lowerer:
     def node(self, pos: int, n: Node) -> None:
         s = self.strategies[pos]
         part = APPLY if self.micro > 1 and _phase(n) == "optimizer" else MICRO
-        rule = sharding_rule(n, self.g.opset.get("", None))
+        rule = self.rules[pos]
         shape_args = dict(rule.shape_args) if rule is not None else {}
         size_args = dict(rule.size_args) if rule is not None else {}
         ins: list[str] = []
@@ -426,8 +426,13 @@ class _Lowerer:
         return scales
 
 
+def rules_of(graph: Graph) -> list:
+    """Each node's sharding rule (the same for every rank: compute once, pass to lower_rank)."""
+    return [sharding_rule(n, graph.opset.get("", None)) for n in graph.nodes]
+
+
 def lower_rank(graph: Graph, mesh: tuple[int, ...], rank: int, strategies: list,
-               source_specs: dict[str, ShardSpec], micro: int = 1) -> RankProgram:
+               source_specs: dict[str, ShardSpec], micro: int = 1, rules: list | None = None) -> RankProgram:
     """Rank `rank`'s local program. `mesh` is the model's mesh (time axis first when `micro` > 1,
     where the rank's coordinates are taken at time 0); `strategies[pos]` is node pos's chosen
     Strategy and `source_specs` each source's layout."""
@@ -436,6 +441,7 @@ def lower_rank(graph: Graph, mesh: tuple[int, ...], rank: int, strategies: list,
     if micro > 1:
         coords = (0,) + coords
     low = _Lowerer(graph, mesh, coords, strategies, source_specs, micro, rank)
+    low.rules = rules if rules is not None else rules_of(graph)
     for v in (*graph.inputs, *graph.input_constants, *graph.constants.values()):
         if v.name in source_specs and v.name not in low.where:
             low.source(v)
