@@ -44,7 +44,11 @@ def _common(f):
     for opt in reversed([
         click.option("--engine", type=click.Choice(["auto", "ort", "cupy"]), default="auto", show_default=True,
                      help="auto: onnxruntime on CPU; cupy: parc's own kernels (NumPy on CPU, CuPy on GPU)."),
-        click.option("--seed", type=int, default=0, show_default=True, help="Seed of the synthetic data."),
+        click.option("--seed", type=int, default=0, show_default=True,
+                     help="Seed of the synthetic data (and of the parameters with --init seeded)."),
+        click.option("--init", type=click.Choice(["source", "seeded"]), default="source", show_default=True,
+                     help="source: the model's own values; seeded: drawn from --seed, each rank only its "
+                          "shard, the same whole tensors whatever the plan."),
         click.option("--timeout", type=float, default=60.0, show_default=True, metavar="SECONDS",
                      help="A collective that does not complete in this time ends the job."),
         click.option("--force", is_flag=True, help="Run even if the plan's predicted memory exceeds the devices."),
@@ -64,7 +68,7 @@ def _common(f):
 @click.option("--dump", hidden=True, type=click.Path(file_okay=False))
 @_common
 def run(plan_dir: str, steps: int, data: str | None, checkpoint: str | None, checkpoint_every: int, resume: bool,
-        as_json: bool, dump: str | None, engine: str, seed: int, timeout: float, force: bool) -> None:
+        as_json: bool, dump: str | None, engine: str, seed: int, init: str, timeout: float, force: bool) -> None:
     """Run the plan in PLAN_DIR on its ranks for --steps steps (loss, step time, samples/s)."""
     from parc.exec.launch import CHILD, launch, rank_from_env, train
 
@@ -87,7 +91,7 @@ def run(plan_dir: str, steps: int, data: str | None, checkpoint: str | None, che
 
             check_checkpoint(checkpoint)  # type: ignore[arg-type]
         if ranks > 1:
-            argv = ["run", plan_dir, "--steps", str(steps), "--engine", engine, "--seed", str(seed),
+            argv = ["run", plan_dir, "--steps", str(steps), "--engine", engine, "--seed", str(seed), "--init", init,
                     "--timeout", str(timeout), "--force"]
             argv += ["--data", data] if data else []
             argv += ["--checkpoint", checkpoint, "--checkpoint-every", str(checkpoint_every)] if checkpoint else []
@@ -99,7 +103,7 @@ def run(plan_dir: str, steps: int, data: str | None, checkpoint: str | None, che
                 raise SystemExit(2 if rc == 2 else 1)  # a rank's bad input, else a failed run
             return
     train(Path(plan_dir), steps=steps, seed=seed, engine=engine, data=data, as_json=as_json, timeout=timeout,
-          dump=dump, checkpoint=checkpoint, resume=resume, checkpoint_every=checkpoint_every,
+          dump=dump, checkpoint=checkpoint, resume=resume, checkpoint_every=checkpoint_every, init=init,
           echo=lambda s: click.echo(s))
 
 
@@ -111,7 +115,7 @@ def run(plan_dir: str, steps: int, data: str | None, checkpoint: str | None, che
 @click.option("--json", "as_json", is_flag=True, help="The comparison as JSON.")
 @_common
 def verify(plan_dir: str, steps: int, rtol: float, atol: float, as_json: bool, engine: str, seed: int,
-           timeout: float, force: bool) -> None:
+           init: str, timeout: float, force: bool) -> None:
     """Run the source model on one device (onnxruntime) and the plan on its ranks from the same
     state and data; compare the outputs every step and the parameters at the end (exit 1 on a
     mismatch)."""
@@ -120,9 +124,9 @@ def verify(plan_dir: str, steps: int, rtol: float, atol: float, as_json: bool, e
     if steps < 1:
         raise UsageError(f"--steps {steps}: expected a count >= 1")
     plan, ranks = precheck(plan_dir, force)
-    want = reference_run(plan_dir, plan, steps, seed)
+    want = reference_run(plan_dir, plan, steps, seed, init)
     with tempfile.TemporaryDirectory(prefix="parc-verify-") as tmp:
-        got = plan_run(plan_dir, ranks, steps, seed, engine, timeout, Path(tmp))
+        got = plan_run(plan_dir, ranks, steps, seed, engine, timeout, Path(tmp), init)
     rows, ok = compare(want, got, rtol, atol)
     if as_json:
         click.echo(json.dumps({"ok": ok, "rtol": rtol, "atol": atol, "steps": steps, "tensors": rows}, indent=1))

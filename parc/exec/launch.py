@@ -65,7 +65,10 @@ def launch(ranks: int, argv: list[str], timeout: float | None = None) -> int:
         dead: list[tuple[int, int | None]] = []
         deadline = time.monotonic() + timeout if timeout else None
         assert proc.stdout is not None
+        bar = _Bar() if sys.stdout.isatty() else None
         for line in proc.stdout:
+            if bar is not None:
+                bar.update(line)
             m = re.search(r"PID (\d+) RUNNING AT", line)
             if m:
                 dead.append((int(m.group(1)), None))
@@ -73,13 +76,18 @@ def launch(ranks: int, argv: list[str], timeout: float | None = None) -> int:
             if m and dead and dead[-1][1] is None:
                 dead[-1] = (dead[-1][0], int(m.group(1)))
             if not _mpiexec_banner(line):
-                sys.stdout.write(line)
-                sys.stdout.flush()
+                if bar is not None:
+                    bar.print(line.rstrip("\n"))
+                else:
+                    sys.stdout.write(line)
+                    sys.stdout.flush()
             if deadline and time.monotonic() > deadline:
                 proc.kill()
                 print(f"parc: error: the ranks did not finish within {timeout:g} s; stopped", file=sys.stderr)
                 return 1
         rc = proc.wait()
+        if bar is not None:
+            bar.close()
         if rc and dead:
             by_pid = {}
             for f in Path(pids).glob("rank_*.pid"):
@@ -91,6 +99,32 @@ def launch(ranks: int, argv: list[str], timeout: float | None = None) -> int:
         return rc
 
 
+class _Bar:
+    """A progress bar under the ranks' step lines, on a terminal."""
+
+    def __init__(self) -> None:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self.progress = Progress(TextColumn("training"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.description}"),
+                                 TimeElapsedColumn(), transient=True)
+        self.task = self.progress.add_task("", total=None)
+        self.progress.start()
+
+    def update(self, line: str) -> None:
+        import re
+
+        m = re.match(r"step +(\d+)/(\d+) +loss (\S+)", line)
+        if m:
+            self.progress.update(self.task, completed=int(m.group(1)), total=int(m.group(2)),
+                                 description=f"loss {m.group(3)}")
+
+    def print(self, text: str) -> None:
+        self.progress.console.print(text, highlight=False, markup=False)
+
+    def close(self) -> None:
+        self.progress.stop()
+
+
 def _mpiexec_banner(line: str) -> bool:
     text = line.strip()
     return text.startswith("=") or text.startswith(("YOUR APPLICATION TERMINATED", "This typically refers",
@@ -99,7 +133,7 @@ def _mpiexec_banner(line: str) -> bool:
 
 def train(plan_dir: Path, *, steps: int, seed: int, engine: str, data: str | None, as_json: bool,
           timeout: float, dump: str | None = None, checkpoint: str | None = None, resume: bool = False,
-          checkpoint_every: int = 0, echo: Callable[[str], None] = print) -> None:
+          checkpoint_every: int = 0, init: str = "source", echo: Callable[[str], None] = print) -> None:
     """One rank's training loop (see the module docstring). Rank 0 reports each step."""
     from parc.exec.comm import MpiComm
     from parc.exec.runner import Rank, pick_engine, to_host
@@ -118,7 +152,7 @@ def train(plan_dir: Path, *, steps: int, seed: int, engine: str, data: str | Non
     if os.environ.get(PIDS):
         (Path(os.environ[PIDS]) / f"rank_{rank}.pid").write_text(str(os.getpid()))
     try:
-        runner = Rank(plan_dir, rank, comm, engine)
+        runner = Rank(plan_dir, rank, comm, engine, init=init, seed=seed)
         if comm.size != runner.graph.ranks:
             raise UsageError(f"{plan_dir}: the plan has {runner.graph.ranks} ranks, this job {comm.size}")
         inputs = data_inputs(runner.program)

@@ -110,7 +110,8 @@ def _is_even(ax) -> bool:
 class Rank:
     """The runtime state of one rank (see the module docstring)."""
 
-    def __init__(self, plan_dir: str | Path, rank: int, comm, engine: str = "auto", threads: int | None = None) -> None:
+    def __init__(self, plan_dir: str | Path, rank: int, comm, engine: str = "auto", threads: int | None = None,
+                 init: str = "source", seed: int = 0) -> None:
         self.dir = Path(plan_dir)
         self.rank = rank
         self.comm = comm
@@ -133,7 +134,12 @@ class Rank:
                 path = self.dir / t["module"]
                 self.engines[t["module"]] = _Ort(path, threads) if kind == "ort" else _Array(path, self.device)
         self.residents = {r["name"]: r for r in self.program["residents"]}
-        self.state = {k: self.xp.asarray(v) for k, v in self._load_init().items()}
+        state = self._load_init()
+        if init == "seeded":
+            state.update(self._seeded(seed))
+        elif init != "source":
+            raise ParcError(f"--init {init}: expected source or seeded")
+        self.state = {k: self.xp.asarray(v) for k, v in state.items()}
         for t in self.order:  # every communicator before the first step (Rhino 6.3)
             if t["kind"] == "collective" and len(t["group"]) > 1:
                 self.comm.for_axis(self.mesh, t["axis"])
@@ -155,6 +161,24 @@ class Rank:
         for name, pos in last.items():
             if name not in keep:
                 out[pos].append(name)
+        return out
+
+    def _seeded(self, seed: int) -> dict[str, np.ndarray]:
+        """This rank's shard of each parameter under the seeded, plan-independent init."""
+        from onnx import helper
+
+        from parc.exec.init import seeded_shard
+
+        coords = tuple(int(c) for c in self.program["coords"])
+        out = {}
+        for r in self.program["residents"]:
+            stats = r.get("init")
+            if not stats or not stats["std"]:
+                continue
+            shape = tuple(r["shape"])
+            index = shard_index(shape, ShardSpec.parse(r["spec"]), self.model_mesh, coords) if shape else ()
+            out[r["name"]] = seeded_shard(seed, r["name"], shape, index, stats["mean"], stats["std"],
+                                          helper.tensor_dtype_to_np_dtype(r["dtype"]))
         return out
 
     def graph_doc_mesh(self) -> list[int]:

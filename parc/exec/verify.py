@@ -35,7 +35,7 @@ def _source(plan_dir: str, plan: dict) -> Path:
     return path
 
 
-def reference_run(plan_dir: str, plan: dict, steps: int, seed: int) -> dict:
+def reference_run(plan_dir: str, plan: dict, steps: int, seed: int, init: str = "source") -> dict:
     """{"outputs": [per step {name: array}], "state": {name: array}} of the source model."""
     import onnxruntime as ort
 
@@ -45,6 +45,17 @@ def reference_run(plan_dir: str, plan: dict, steps: int, seed: int) -> dict:
     inputs = {i.name for i in model.graph.input}
     state = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer if t.name in inputs}
     binds = program["bindings"]
+    if init == "seeded":  # the same whole tensors the ranks draw shards of
+        from onnx import helper
+
+        from parc.exec.init import seeded_shard
+
+        for r in program["residents"]:
+            if r.get("init") and r["init"]["std"]:
+                shape = tuple(r["shape"])
+                state[r["name"]] = seeded_shard(seed, r["name"], shape, tuple(np.arange(e) for e in shape),
+                                                r["init"]["mean"], r["init"]["std"],
+                                                helper.tensor_dtype_to_np_dtype(r["dtype"]))
     opts = ort.SessionOptions()
     opts.log_severity_level = 3
     sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
@@ -60,12 +71,13 @@ def reference_run(plan_dir: str, plan: dict, steps: int, seed: int) -> dict:
     return {"outputs": outputs, "state": {k: state[k] for k in binds.values()}}
 
 
-def plan_run(plan_dir: str, ranks: int, steps: int, seed: int, engine: str, timeout: float, tmp: Path) -> dict:
+def plan_run(plan_dir: str, ranks: int, steps: int, seed: int, engine: str, timeout: float, tmp: Path,
+             init: str = "source") -> dict:
     """The same, from the plan's ranks (`parc run --dump`), state assembled from the shards."""
     from parc.cli.main import cli
 
     argv = ["run", plan_dir, "--steps", str(steps), "--seed", str(seed), "--engine", engine,
-            "--timeout", str(timeout), "--force", "--dump", str(tmp)]
+            "--timeout", str(timeout), "--force", "--dump", str(tmp), "--init", init]
     if ranks > 1:
         from parc.exec.launch import launch
 

@@ -121,6 +121,17 @@ def _write_init(p: RankProgram, graph: Graph, specs: dict[str, ShardSpec], rank_
     onnx.save(model, rank_dir / "init.onnx")
 
 
+def _param_stats(graph: Graph) -> dict[str, dict[str, float]]:
+    """Mean and spread of each trained parameter (what `parc run --init seeded` draws with)."""
+    from parc.exec.init import init_stats
+
+    record = graph.metadata.get("parc.state")
+    names = set(json.loads(record)["params"]) if record else {v.name for v in graph.params()}
+    values = {v.name: v for v in (*graph.input_constants, *graph.constants.values())}
+    return {n: init_stats(values[n].const.numpy()) for n in sorted(names)
+            if n in values and not values[n].const.zeros}
+
+
 def _shard(full: np.ndarray, r, p: RankProgram) -> np.ndarray:
     """The rank's piece of a source tensor; from a memory map only the piece is read (plain
     slices where the piece is contiguous along a dim, an index array where it is strided)."""
@@ -168,6 +179,7 @@ def write_programs_for(graph: Graph, mesh: tuple[int, ...], strategies: list, sp
     order: dict[str, list[str]] = {}
     collectives: dict[str, dict] = {}
     rules = rules_of(graph)
+    stats = _param_stats(graph)
     for r in range(ranks):
         p = lower_rank(graph, mesh, r, strategies, specs, micro, rules)
         rank_dir = out / f"rank_{r}"
@@ -180,7 +192,8 @@ def write_programs_for(graph: Graph, mesh: tuple[int, ...], strategies: list, sp
             "format": PROGRAM_FORMAT, "rank": r, "coords": list(p.coords), "mesh": list(mesh),
             "micro_batches": micro,
             "residents": [{"name": x.name, "kind": x.kind, "spec": str(x.spec), "shape": list(x.shape),
-                           "local": list(x.local), "dtype": x.dtype, "high": x.high} for x in p.residents.values()],
+                           "local": list(x.local), "dtype": x.dtype, "high": x.high,
+                           **({"init": stats[x.name]} if x.name in stats else {})} for x in p.residents.values()],
             "outputs": p.outputs, "accumulate": p.accumulate, "bindings": binds, "loss": loss_name(graph),
             "info": {k: [d, list(s)] for k, (d, s) in p.info.items()
                      if k in p.outputs.values() or k in p.accumulate or k in p.residents},
