@@ -30,6 +30,7 @@ from fd import (
 
 from parc.ir import from_model
 from parc.models import build_model, list_models
+from parc.passes.lower import index_limit
 
 TINY = [m.name for m in list_models() if m.params_paper is None]
 
@@ -43,7 +44,7 @@ def _feeds(model: onnx.ModelProto, rng: np.random.Generator) -> dict[str, np.nda
         if v.dtype.is_float:  # type: ignore[union-attr]
             feeds[v.name] = rng.standard_normal(v.shape)
         else:
-            limit = _index_limit(graph, v)
+            limit = index_limit(v)
             feeds[v.name] = rng.integers(0, limit, size=v.shape).astype(v.dtype.numpy)  # type: ignore[union-attr]
     return feeds
 
@@ -53,19 +54,6 @@ def _jitter(a: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     a residual Add exactly on its kink, where finite differences average the two sides."""
     spread = float(a.std()) or 1.0
     return a + 0.1 * spread * rng.standard_normal(a.shape)
-
-
-def _index_limit(graph, v) -> int:
-    """The smallest size this integer input indexes: a Gather's table, a loss's classes."""
-    limits = []
-    for node, i in v.uses:
-        if node.op_type == "Gather" and i == 1:
-            limits.append(node.inputs[0].shape[node.attr("axis", 0)])
-        elif node.op_type == "SoftmaxCrossEntropyLoss" and i == 1:
-            limits.append(node.inputs[0].shape[1])
-        else:
-            limits.extend(_index_limit(graph, out) for out in node.outputs if out.dtype == v.dtype)
-    return min(limits, default=2)
 
 
 def _case(name: str, tmp_path) -> tuple[dict, dict, LossFn]:

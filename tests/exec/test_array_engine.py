@@ -28,6 +28,7 @@ from parc.autodiff import OptimizerConfig, make_training_step
 from parc.exec.engines.array import ArrayEngine, EngineError, supported_ops
 from parc.ir import from_model, load, to_onnx
 from parc.models import build_model, list_models
+from parc.passes.lower import index_limit
 
 ort = pytest.importorskip("onnxruntime")
 
@@ -62,22 +63,9 @@ def _feeds(model: onnx.ModelProto, rng: np.random.Generator) -> dict[str, np.nda
         if v.dtype.is_float:  # type: ignore[union-attr]
             feeds[v.name] = rng.standard_normal(v.shape).astype(v.dtype.numpy)  # type: ignore[union-attr]
         else:
-            ids = rng.integers(0, _index_limit(v), size=v.shape)
+            ids = rng.integers(0, index_limit(v), size=v.shape)
             feeds[v.name] = ids.astype(v.dtype.numpy)  # type: ignore[union-attr]
     return feeds
-
-
-def _index_limit(v) -> int:
-    """The smallest size an integer input indexes: a Gather's table, a loss's classes."""
-    limits = []
-    for node, i in v.uses:
-        if node.op_type == "Gather" and i == 1:
-            limits.append(node.inputs[0].shape[node.attr("axis", 0)])
-        elif node.op_type == "SoftmaxCrossEntropyLoss" and i == 1:
-            limits.append(node.inputs[0].shape[1])
-        else:
-            limits.extend(_index_limit(out) for out in node.outputs if out.dtype == v.dtype)
-    return min(limits, default=2)
 
 
 @functools.cache
