@@ -26,7 +26,7 @@ def data_inputs(program: Mapping) -> list[dict]:
     return [r for r in program["residents"] if r["kind"] == "data"]
 
 
-POOL = 8  # synthetic batches, cycled
+POOL = 4  # synthetic batches, cycled
 
 
 def synthetic(inputs: Sequence[Mapping], seed: int, step: int) -> dict[str, np.ndarray]:
