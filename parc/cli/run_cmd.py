@@ -90,6 +90,10 @@ def run(plan_dir: str, steps: int, data: str | None, checkpoint: str | None, che
             from parc.exec.checkpoint import check_checkpoint
 
             check_checkpoint(checkpoint)  # type: ignore[arg-type]
+        elif checkpoint:
+            from parc.exec.checkpoint import check_writable
+
+            check_writable(checkpoint)
         if ranks > 1:
             argv = ["run", plan_dir, "--steps", str(steps), "--engine", engine, "--seed", str(seed), "--init", init,
                     "--timeout", str(timeout), "--force"]

@@ -66,6 +66,17 @@ def save_checkpoint(directory: str | Path, runner, step: int) -> None:
     runner.comm.barrier()
 
 
+def check_writable(directory: str | Path) -> None:
+    """A checkpoint may go to a new or empty directory, or replace a checkpoint; parc refuses
+    to write among other files."""
+    root = Path(directory)
+    if root.exists() and not root.is_dir():
+        raise UsageError(f"--checkpoint {root}: exists and is not a directory")
+    if root.is_dir() and any(root.iterdir()) and not (root / MANIFEST).is_file():
+        raise UsageError(f"--checkpoint {root}: holds files and no {MANIFEST}; refusing to write a "
+                         f"checkpoint among them")
+
+
 def check_checkpoint(directory: str | Path) -> dict:
     """The checkpoint's manifest, or UsageError naming what is missing or changed."""
     root = Path(directory)

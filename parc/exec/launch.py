@@ -176,8 +176,8 @@ def train(plan_dir: Path, *, steps: int, seed: int, engine: str, data: str | Non
                 if as_json:
                     echo(json.dumps(record))
                 else:
-                    echo(f"step {step + 1:>4}/{steps}  loss {loss if loss is not None else float('nan'):.6f}  "
-                         f"{dt * 1e3:8.2f} ms  {batch_size / dt:9.1f} samples/s")
+                    shown = f"loss {loss:.6f}  " if loss is not None else ""  # forward-only plans have none
+                    echo(f"step {step + 1:>4}/{steps}  {shown}{dt * 1e3:8.2f} ms  {batch_size / dt:9.1f} samples/s")
             if dump is not None:
                 dumped.append({k: to_host(v) for k, v in outs.items()
                                if k not in runner.program["bindings"]})

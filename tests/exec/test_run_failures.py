@@ -194,3 +194,9 @@ def test_training_lowers_the_loss(tmp_path):
     assert res.returncode == 0, res.stderr
     losses = [json.loads(line)["loss"] for line in res.stdout.splitlines()]
     assert len(losses) == 20 and np.mean(losses[-4:]) < losses[0] - 0.5, losses
+
+
+def test_checkpoint_refuses_a_directory_of_other_files(plan_dir, tmp_path):
+    (tmp_path / "notes.txt").write_text("mine")
+    assert_one_line_error(parc("run", str(plan_dir), "--steps", "1", "--checkpoint", str(tmp_path)), "--checkpoint")
+    assert (tmp_path / "notes.txt").read_text() == "mine"
