@@ -21,12 +21,47 @@ FORMAT = "parc.manifest/1"
 _CHUNK = 1 << 20
 
 
+_ZEROS = bytes(_CHUNK)
+
+
 def sha256_file(path: Path) -> str:
+    """The file's sha256. Holes of a sparse file (weight shards of zoo models, fresh optimizer
+    state) are hashed as the zeros they read as, without reading them: the kernel's zero-filled
+    reads made a gpt-medium 8-rank plan's manifest take 42 s."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
-        while chunk := f.read(_CHUNK):
-            h.update(chunk)
+        fd, size, pos = f.fileno(), os.fstat(f.fileno()).st_size, 0
+        while pos < size:
+            try:
+                data = os.lseek(fd, pos, os.SEEK_DATA)
+            except OSError:  # ENXIO: only a hole is left (or SEEK_DATA is unsupported: read all)
+                data = size if _has_seek_data(fd) else pos
+            for _ in range((data - pos) // _CHUNK):
+                h.update(_ZEROS)
+            h.update(_ZEROS[:(data - pos) % _CHUNK])
+            pos = data
+            if pos >= size:
+                break
+            try:
+                end = os.lseek(fd, pos, os.SEEK_HOLE)
+            except OSError:
+                end = size
+            f.seek(pos)
+            while pos < end:
+                chunk = f.read(min(_CHUNK, end - pos))
+                if not chunk:
+                    break
+                h.update(chunk)
+                pos += len(chunk)
     return h.hexdigest()
+
+
+def _has_seek_data(fd: int) -> bool:
+    try:
+        os.lseek(fd, 0, os.SEEK_DATA)
+        return True
+    except OSError as e:
+        return e.errno == 6  # ENXIO: supported, the file is one hole
 
 
 def plan_files(root: Path) -> list[Path]:
