@@ -90,3 +90,28 @@ def test_external_data_outside_the_plan_directory_is_refused(plan_dir, tmp_path)
     with pytest.raises(PlanFormatError, match=r"rank_0.onnx: initializer 'w' reads external data from "
                                               r"'../outside.bin', outside the plan directory"):
         check_manifest(d)
+
+
+@pytest.mark.parametrize("layout", ["sparse", "dense", "empty", "hole-at-end", "hole-at-start"])
+def test_sha256_of_sparse_files_is_the_plain_sha256(tmp_path, layout):
+    """Holes are hashed as zeros without being read; the digest is sha256sum's."""
+    import hashlib
+    import os
+
+    path = tmp_path / "f.bin"
+    with open(path, "wb") as f:
+        if layout == "sparse":
+            f.seek(3_000_000)
+            f.write(b"abc" * 1000)
+            f.seek(9_000_000)
+            f.write(b"x")
+            f.truncate(12_000_000)
+        elif layout == "dense":
+            f.write(os.urandom(2_500_001))
+        elif layout == "hole-at-end":
+            f.write(b"hello")
+            f.truncate(5_000_000)
+        elif layout == "hole-at-start":
+            f.seek(4_000_000)
+            f.write(b"tail")
+    assert sha256_file(path) == hashlib.sha256(path.read_bytes()).hexdigest()
