@@ -1,0 +1,61 @@
+"""PyTorch-exported models (both exporters) trained and run as parc plans: `parc grad`, a
+2-device data-parallel or tensor-parallel plan, and `parc verify` against the exported file on
+one device. Exporter quirks (Constant nodes, shape subgraphs, odd reshapes) must survive the
+lowering to local shapes."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import parc
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from tests.with_torch.test_torch_exports import CASES  # noqa: E402
+
+MPIEXEC = shutil.which("mpiexec", path=str(Path(sys.executable).parent)) or shutil.which("mpiexec")
+pytestmark = [pytest.mark.torch, pytest.mark.skipif(MPIEXEC is None, reason="no mpiexec")]
+HINTS = {"dp": "default: replicate\n", "tp": "default: split\n"}
+
+
+def _train(case: dict, tmp_path: Path) -> Path:
+    dims = [f"--dim={k}={v}" for k, v in case["dims"].items()]
+    step = tmp_path / "train.onnx"
+    res = parc("grad", str(case["dir"] / case["onnx"]), "--optimizer", "sgd", "--lr", "0.05", *dims,
+               "-o", str(step))
+    assert res.returncode == 0, res.stderr
+    return step
+
+
+def _plan_and_verify(model: Path, tmp_path: Path, family: str, *plan_args: str) -> None:
+    hints = tmp_path / f"{family}.yaml"
+    hints.write_text(HINTS[family])
+    out = tmp_path / f"plan-{family}"
+    res = parc("plan", str(model), "--devices", "2xa100-80g", "--mesh-dims", "1", "--jobs", "1",
+               "--hints", str(hints), *plan_args, "-o", str(out))
+    assert res.returncode == 0, res.stderr
+    res = parc("verify", str(out), "--steps", "2", "--rtol", "1e-4", "--atol", "1e-6", timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "verified:" in res.stdout
+
+
+@pytest.mark.parametrize("case", CASES, indirect=True)
+def test_tensor_parallel_training_step_verifies(case, tmp_path):
+    _plan_and_verify(_train(case, tmp_path), tmp_path, "tp")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", CASES, indirect=True)
+def test_data_parallel_training_step_verifies(case, tmp_path):
+    _plan_and_verify(_train(case, tmp_path), tmp_path, "dp")
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c.endswith("legacy")], indirect=True)
+def test_forward_plan_of_the_export_verifies(case, tmp_path):
+    dims = [f"--dim={k}={v}" for k, v in case["dims"].items()]
+    _plan_and_verify(case["dir"] / case["onnx"], tmp_path, "tp", *dims)
