@@ -117,9 +117,10 @@ def run(plan_dir: str, steps: int, data: str | None, checkpoint: str | None, che
 @click.option("--rtol", type=float, default=1e-3, show_default=True, help="Relative tolerance.")
 @click.option("--atol", type=float, default=1e-5, show_default=True, help="Absolute tolerance.")
 @click.option("--json", "as_json", is_flag=True, help="The comparison as JSON.")
+@click.option("--data", type=click.Path(dir_okay=False), help="npz batches to compare on (default: synthetic).")
 @_common
-def verify(plan_dir: str, steps: int, rtol: float, atol: float, as_json: bool, engine: str, seed: int,
-           init: str, timeout: float, force: bool) -> None:
+def verify(plan_dir: str, steps: int, rtol: float, atol: float, as_json: bool, data: str | None, engine: str,
+           seed: int, init: str, timeout: float, force: bool) -> None:
     """Run the source model on one device (onnxruntime) and the plan on its ranks from the same
     state and data; compare the outputs every step and the parameters at the end (exit 1 on a
     mismatch)."""
@@ -128,9 +129,9 @@ def verify(plan_dir: str, steps: int, rtol: float, atol: float, as_json: bool, e
     if steps < 1:
         raise UsageError(f"--steps {steps}: expected a count >= 1")
     plan, ranks = precheck(plan_dir, force)
-    want = reference_run(plan_dir, plan, steps, seed, init)
+    want = reference_run(plan_dir, plan, steps, seed, init, data)
     with tempfile.TemporaryDirectory(prefix="parc-verify-") as tmp:
-        got = plan_run(plan_dir, ranks, steps, seed, engine, timeout, Path(tmp), init)
+        got = plan_run(plan_dir, ranks, steps, seed, engine, timeout, Path(tmp), init, data)
     rows, ok = compare(want, got, rtol, atol)
     if as_json:
         click.echo(json.dumps({"ok": ok, "rtol": rtol, "atol": atol, "steps": steps, "tensors": rows}, indent=1))

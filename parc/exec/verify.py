@@ -19,7 +19,7 @@ import onnx
 from onnx import numpy_helper
 
 from parc.errors import UsageError
-from parc.exec.data import data_inputs, synthetic
+from parc.exec.data import NpzData, data_inputs, synthetic
 from parc.sharding.layout import assemble, devices
 from parc.sharding.spec import ShardSpec, ShardSpecError
 
@@ -35,7 +35,8 @@ def _source(plan_dir: str, plan: dict) -> Path:
     return path
 
 
-def reference_run(plan_dir: str, plan: dict, steps: int, seed: int, init: str = "source") -> dict:
+def reference_run(plan_dir: str, plan: dict, steps: int, seed: int, init: str = "source",
+                  data_file: str | None = None) -> dict:
     """{"outputs": [per step {name: array}], "state": {name: array}} of the source model."""
     import onnxruntime as ort
 
@@ -61,9 +62,11 @@ def reference_run(plan_dir: str, plan: dict, steps: int, seed: int, init: str = 
     sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
     names = [o.name for o in sess.get_outputs()]
     data = data_inputs(program)
+    source = NpzData(data_file, data) if data_file else None
     outputs = []
     for step in range(steps):
-        feeds = {**synthetic(data, seed, step), **{k: v for k, v in state.items() if k in binds.values()}}
+        batch = source.batch(step) if source is not None else synthetic(data, seed, step)
+        feeds = {**batch, **{k: v for k, v in state.items() if k in binds.values()}}
         got = dict(zip(names, sess.run(names, feeds)))
         outputs.append({k: v for k, v in got.items() if k not in binds})
         for out, inp in binds.items():
@@ -72,12 +75,13 @@ def reference_run(plan_dir: str, plan: dict, steps: int, seed: int, init: str = 
 
 
 def plan_run(plan_dir: str, ranks: int, steps: int, seed: int, engine: str, timeout: float, tmp: Path,
-             init: str = "source") -> dict:
+             init: str = "source", data_file: str | None = None) -> dict:
     """The same, from the plan's ranks (`parc run --dump`), state assembled from the shards."""
     from parc.cli.main import cli
 
     argv = ["run", plan_dir, "--steps", str(steps), "--seed", str(seed), "--engine", engine,
             "--timeout", str(timeout), "--force", "--dump", str(tmp), "--init", init]
+    argv += ["--data", data_file] if data_file else []
     if ranks > 1:
         from parc.exec.launch import launch
 

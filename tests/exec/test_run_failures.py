@@ -142,6 +142,8 @@ def test_good_data_file_runs_with_a_step_axis(plan_dir, tmp_path):
     assert res.returncode == 0, res.stderr
     losses = [json.loads(line)["loss"] for line in res.stdout.splitlines()]
     assert len(losses) == 3 and all(np.isfinite(losses))
+    res = parc("verify", str(plan_dir), "--steps", "3", "--data", str(tmp_path / "d.npz"))
+    assert res.returncode == 0 and "verified" in res.stdout, res.stdout + res.stderr
 
 
 def test_resume_continues_exactly_and_reshards(plan_dir, tmp_path):
