@@ -266,7 +266,7 @@ class Rank:
         """The inputs the lowering leaves to the executor per microbatch (see parc.passes.lower)."""
         from onnx import helper
 
-        from parc.passes.lower import MB_END, MB_FIRST, MB_START
+        from parc.exec.taskgraph import MB_END, MB_FIRST, MB_START
 
         key, _, arg = name.rpartition(".")
         t = mb or 0

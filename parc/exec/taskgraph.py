@@ -37,6 +37,10 @@ KINDS = {"compute": ("rank", "module"), "collective": ("group", "op", "tensor"),
          "send": ("rank", "peer", "tensor"), "recv": ("rank", "peer", "tensor"),
          "source": ("rank", "tensor"), "sink": ("rank", "tensor")}
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast")
+# Module inputs the executor feeds per microbatch t (the lowering names them; the names end in
+# the piece's size or the dtype): bounds of t's slice of a value whole along time, and a flag
+# that is 1 for microbatch 0 only.
+MB_START, MB_END, MB_FIRST = "parc.mb.start", "parc.mb.end", "parc.mb.first"
 
 
 @dataclass(frozen=True)

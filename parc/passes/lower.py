@@ -37,6 +37,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from parc.errors import ParcError
+from parc.exec.taskgraph import MB_END, MB_FIRST, MB_START
 from parc.ir.graph import Graph, Node, Value
 from parc.ops import sharding_rule
 from parc.sharding import ShardSpec
@@ -49,8 +50,7 @@ EMBED_MAX_BYTES = 4096  # constants up to this size are embedded in the modules 
 STATE_KEY = "parc.state"
 PHASE = "parc.phase"
 MICRO, APPLY, SOURCE = "micro", "apply", "source"
-# Inputs the executor feeds per microbatch t (names end in the piece size or the dtype):
-MB_START, MB_END, MB_FIRST = "parc.mb.start", "parc.mb.end", "parc.mb.first"
+
 
 
 class LoweringError(ParcError):
@@ -225,13 +225,20 @@ class _Lowerer:
                 return name
         spec, name = held[0]
         shape = tuple(v.shape)
-        if v.is_const and v.name in self.p.embedded:  # a small constant: embedded again as wanted
-            out = self.fresh(v.name)
-            piece = split(np.asarray(v.const.numpy()), want, self.mesh)[self.coords]
-            self.p.embedded[out] = numpy_helper.from_array(np.asarray(piece, order="C"), out)
-            self.define(out, v.dtype.onnx_type, piece.shape, 0, SOURCE)
-            held.append((want, out))
-            return out
+        if v.is_const and v.name in self.p.embedded:
+            # A small constant is embedded again in the wanted layout on the device axes. Along
+            # the microbatch axis the module serves every microbatch, so the steps there (a
+            # per-microbatch slice, the first-microbatch flag) are left to the executor's feeds.
+            target = want if self.micro == 1 else want.replace(0, spec[0])
+            if target != spec:
+                out = self.fresh(v.name)
+                piece = split(np.asarray(v.const.numpy()), target, self.mesh)[self.coords]
+                self.p.embedded[out] = numpy_helper.from_array(np.asarray(piece, order="C"), out)
+                self.define(out, v.dtype.onnx_type, piece.shape, 0, SOURCE)
+                held.append((target, out))
+                spec, name = target, out
+            if spec == want:
+                return name
         if self.micro > 1 and part == APPLY and self.p.part.get(name) == MICRO:
             name, spec = self._cross(v, name, spec, want)
         steps = reshard(spec, want, shape, v.dtype.itemsize, self.mesh)

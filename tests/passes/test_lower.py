@@ -102,3 +102,48 @@ def test_threads_match_onnxruntime_on_one_device(step):
     sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     want = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, batch)))
     np.testing.assert_allclose(got[0]["loss"], want["loss"], rtol=1e-5)
+
+
+def test_microbatch_slices_and_first_flag_of_values_whole_along_time(tmp_path):
+    """A constant whole along time that a microbatch needs a slice of gets per-microbatch Slice
+    bounds; one added once to a sum over microbatches is kept by microbatch 0 only (the 0/1
+    flag). Lowered by hand on 2 microbatches x 1 device and run: the same y and loss."""
+    from onnx import TensorProto, helper
+
+    from parc.exec.threads import run_threads
+    from parc.ir.importer import from_model
+    from parc.passes.emit import write_programs_for
+    from parc.passes.spmd.strategies import node_strategies
+    from parc.sharding import ShardSpec
+
+    rng = np.random.default_rng(0)
+    c = rng.standard_normal((4, 3)).astype(np.float32)
+    w = rng.standard_normal((4, 3)).astype(np.float32)
+    s = np.array(0.75, np.float32)
+    inits = [numpy_helper.from_array(c, "c"), numpy_helper.from_array(w, "w"), numpy_helper.from_array(s, "s")]
+    nodes = [helper.make_node("Add", ["x", "c"], ["y"], name="add_c"),
+             helper.make_node("Mul", ["x", "w"], ["m"], name="mul_w"),
+             helper.make_node("ReduceSum", ["m"], ["r"], name="sum", keepdims=0),
+             helper.make_node("Add", ["r", "s"], ["loss"], name="add_s")]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 3])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 3]),
+                           helper.make_tensor_value_info("loss", TensorProto.FLOAT, [])], initializer=inits)
+    graph = from_model(helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)]))
+    mesh = (2, 1)  # 2 microbatches (the time axis) x 1 device
+
+    def batch_split(node):  # the strategy splitting the batch over microbatches
+        return next(st for st in node_strategies(node, mesh) if str(st.inputs[0]) == "S(0)R")
+
+    by = {n.name: n for n in graph.nodes}
+    plus = next(st for st in node_strategies(by["add_s"], mesh, first=("+",)) if st.labels[1] is None)
+    strategies = [batch_split(by["add_c"]), batch_split(by["mul_w"]), batch_split(by["sum"]), plus]
+    assert str(strategies[0].inputs[1]) == "S(0)R" and str(strategies[3].inputs[1]) == "P(sum)R"
+    rep, split = ShardSpec.parse("RR"), ShardSpec.parse("S(0)R")
+    specs = {"x": split, "c": rep, "w": rep, "s": rep}
+    write_programs_for(graph, mesh, strategies, specs, 2, tmp_path)
+    text = b"".join(p.read_bytes() for p in (tmp_path / "rank_0").glob("m*.onnx"))
+    assert b"parc.mb.start" in text and b"parc.mb.first" in text
+    x = rng.standard_normal((4, 3)).astype(np.float32)
+    got, _ = run_threads(tmp_path, [{"x": x}])
+    np.testing.assert_allclose(got[0]["y"], x + c, rtol=1e-6)
+    np.testing.assert_allclose(got[0]["loss"], (x * w).sum() + s, rtol=1e-5)
