@@ -29,10 +29,10 @@ from typing import Any
 
 import numpy as np
 import onnx
-from onnx import numpy_helper
+from onnx import helper, numpy_helper
 
 from parc.errors import ParcError, PlanFormatError
-from parc.exec.taskgraph import load_taskgraph
+from parc.exec.taskgraph import MB_END, MB_FIRST, MB_START, load_taskgraph
 from parc.sharding.layout import shard_index
 from parc.sharding.reshard import Collective
 from parc.sharding.simulator import run_step
@@ -104,7 +104,7 @@ def to_host(x) -> np.ndarray:
 
 
 def _is_even(ax) -> bool:
-    return isinstance(ax, Split) and ax.stride is None and ax.sizes is None
+    return isinstance(ax, Split) and ax.is_even
 
 
 class Rank:
@@ -117,8 +117,9 @@ class Rank:
         self.comm = comm
         self.graph = load_taskgraph(self.dir / "taskgraph.json")
         self.program = json.loads((self.dir / f"rank_{rank}" / "program.json").read_text())
-        self.mesh = tuple(self.graph_doc_mesh())
+        self.mesh = self.graph.mesh or (self.graph.ranks,)
         self.model_mesh = tuple(self.program["mesh"])
+        self.coords = tuple(int(c) for c in self.program["coords"])
         self.micro = int(self.program["micro_batches"])
         self.order = [self.graph.tasks[t] for t in self.graph.order[rank]]
         kind, self.device = pick_engine(engine)
@@ -145,6 +146,8 @@ class Rank:
                 self.comm.for_axis(self.mesh, t["axis"])
         self.timings = {"compute": 0.0, "comm": 0.0}
         self.free_after = self._last_uses()
+        self.steps = {t["id"]: Collective.from_json(t["step"]) for t in self.order if t["kind"] == "collective"}
+        self._pieces: dict[tuple[str, int | None], tuple[np.ndarray, ...]] = {}  # data slices, made once
 
     def _last_uses(self) -> list[list[str]]:
         """Per task of the order, the values no later task reads (freed after it runs). State,
@@ -165,25 +168,18 @@ class Rank:
 
     def _seeded(self, seed: int) -> dict[str, np.ndarray]:
         """This rank's shard of each parameter under the seeded, plan-independent init."""
-        from onnx import helper
-
         from parc.exec.init import seeded_shard
 
-        coords = tuple(int(c) for c in self.program["coords"])
         out = {}
         for r in self.program["residents"]:
             stats = r.get("init")
             if not stats or not stats["std"]:
                 continue
             shape = tuple(r["shape"])
-            index = shard_index(shape, ShardSpec.parse(r["spec"]), self.model_mesh, coords) if shape else ()
+            index = shard_index(shape, ShardSpec.parse(r["spec"]), self.model_mesh, self.coords) if shape else ()
             out[r["name"]] = seeded_shard(seed, r["name"], shape, index, stats["mean"], stats["std"],
                                           helper.tensor_dtype_to_np_dtype(r["dtype"]))
         return out
-
-    def graph_doc_mesh(self) -> list[int]:
-        doc = json.loads((self.dir / "taskgraph.json").read_text())
-        return doc.get("mesh", [self.graph.ranks])
 
     def _load_init(self) -> dict[str, np.ndarray]:
         model = onnx.load(str(self.dir / f"rank_{self.rank}" / "init.onnx"),
@@ -196,14 +192,17 @@ class Rank:
 
     # -- one step -----------------------------------------------------------------------------
     def data_piece(self, name: str, batch: Mapping[str, np.ndarray], micro_batch: int | None) -> np.ndarray:
-        r = self.residents[name]
+        """This rank's (and microbatch's) piece of a whole data input."""
         full = batch[name]
-        coords = tuple(int(c) for c in self.program["coords"])
-        if micro_batch is not None:
-            coords = (micro_batch,) + coords[1:]
-        spec = ShardSpec.parse(r["spec"])
-        return np.asarray(full[np.ix_(*shard_index(tuple(r["shape"]), spec, self.model_mesh, coords))]
-                                    if full.ndim else full, order="C")
+        if not full.ndim:
+            return full
+        key = (name, micro_batch)
+        if key not in self._pieces:
+            r = self.residents[name]
+            coords = self.coords if micro_batch is None else (micro_batch,) + self.coords[1:]
+            index = shard_index(tuple(r["shape"]), ShardSpec.parse(r["spec"]), self.model_mesh, coords)
+            self._pieces[key] = np.ix_(*index)
+        return np.asarray(full[self._pieces[key]], order="C")
 
     def step(self, batch: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Run one step on `batch` (every data input, whole); returns the graph outputs whole
@@ -264,10 +263,6 @@ class Rank:
     @staticmethod
     def _per_micro(name: str, mb: int | None) -> np.ndarray:
         """The inputs the lowering leaves to the executor per microbatch (see parc.passes.lower)."""
-        from onnx import helper
-
-        from parc.exec.taskgraph import MB_END, MB_FIRST, MB_START
-
         key, _, arg = name.rpartition(".")
         t = mb or 0
         if key == MB_START:
@@ -279,7 +274,7 @@ class Rank:
         raise KeyError(name)
 
     def _collective(self, t: dict, x: np.ndarray) -> np.ndarray:
-        step = Collective.from_json(t["step"])
+        step = self.steps[t["id"]]
         if len(t["group"]) == 1:
             return self.xp.asarray(run_step(step, [to_host(x)])[0])
         comm = self.comm.for_axis(self.mesh, t["axis"])

@@ -30,6 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from parc.errors import PlanFormatError
 
 FORMAT = "parc.taskgraph/1"
@@ -53,12 +55,14 @@ class TaskGraph:
     tasks: Mapping[str, dict]
     edges: tuple[tuple[str, str], ...]
     order: Mapping[int, tuple[str, ...]]
+    mesh: tuple[int, ...] = ()  # the device mesh of an SPMD plan (ranks row-major); () if none
 
     def to_json(self) -> dict[str, Any]:
         return {"format": FORMAT, "ranks": self.ranks, "micro_batches": self.micro_batches,
                 "stages": list(self.stages), "tasks": list(self.tasks.values()),
                 "edges": [list(e) for e in self.edges],
-                "order": {str(r): list(ids) for r, ids in sorted(self.order.items())}}
+                "order": {str(r): list(ids) for r, ids in sorted(self.order.items())},
+                **({"mesh": list(self.mesh)} if self.mesh else {})}
 
 
 def ranks_of(task: Mapping[str, Any]) -> tuple[int, ...]:
@@ -123,7 +127,11 @@ def check_taskgraph(doc: Any, where: str = "taskgraph.json") -> TaskGraph:
     _check_pairs(tasks, fail)
     order = _check_order(doc.get("order"), tasks, ranks, fail)
     _check_runs(tasks, edges, order, fail)
-    return TaskGraph(ranks, micro, tuple(doc.get("stages", [])), tasks, tuple(edges), order)
+    mesh = doc.get("mesh", [])
+    if not (isinstance(mesh, list) and all(isinstance(n, int) and n >= 1 for n in mesh)
+            and (not mesh or int(np.prod(mesh)) == ranks)):
+        raise fail(f"mesh: expected a list of axis sizes whose product is {ranks}, found {mesh!r}")
+    return TaskGraph(ranks, micro, tuple(doc.get("stages", [])), tasks, tuple(edges), order, tuple(mesh))
 
 
 def _check_acyclic(tasks, edges, fail) -> None:

@@ -75,6 +75,11 @@ class Split:
             raise ShardSpecError(f"S({self.dim}, stride={self.stride}, sizes={list(self.sizes)}): "
                                  f"a split is strided or uneven, not both")
 
+    @property
+    def is_even(self) -> bool:
+        """Contiguous equal pieces (not strided, not uneven)."""
+        return self.stride is None and self.sizes is None
+
     def __str__(self) -> str:
         if self.sizes is not None:
             return f"S({self.dim},[{','.join(map(str, self.sizes))}])"
