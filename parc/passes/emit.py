@@ -23,6 +23,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
+from parc.autodiff.step import STATE_KEY
 from parc.exec.taskgraph import FORMAT, check_taskgraph
 from parc.ir.graph import Graph
 from parc.passes.lower import APPLY, MICRO, Comm, RankProgram, bindings, loss_name, lower_rank, rules_of
@@ -93,7 +94,7 @@ def build_modules(p: RankProgram, graph: Graph) -> tuple[list[dict], dict[str, o
     return tasks, models
 
 
-def _write_init(p: RankProgram, graph: Graph, specs: dict[str, ShardSpec], rank_dir: Path) -> None:
+def _write_init(p: RankProgram, graph: Graph, rank_dir: Path) -> None:
     """init.onnx + weights.bin: the rank's shard of every state tensor and large constant."""
     by_name = {v.name: v for v in (*graph.input_constants, *graph.constants.values())}
     residents = [r for r in p.residents.values() if r.kind != "data"]
@@ -125,7 +126,7 @@ def _param_stats(graph: Graph) -> dict[str, dict[str, float]]:
     """Mean and spread of each trained parameter (what `parc run --init seeded` draws with)."""
     from parc.exec.init import init_stats
 
-    record = graph.metadata.get("parc.state")
+    record = graph.metadata.get(STATE_KEY)
     names = set(json.loads(record)["params"]) if record else {v.name for v in graph.params()}
     values = {v.name: v for v in (*graph.input_constants, *graph.constants.values())}
     return {n: init_stats(values[n].const.numpy()) for n in sorted(names)
@@ -137,15 +138,9 @@ def _shard(full: np.ndarray, r, p: RankProgram) -> np.ndarray:
     slices where the piece is contiguous along a dim, an index array where it is strided)."""
     if not r.shape:
         return np.asarray(full)
-    index = shard_index(r.shape, r.spec, p.mesh, p.coords)
-    basic = []
-    for ix in index:
-        if len(ix) and ix[-1] - ix[0] + 1 == len(ix) and (len(ix) < 2 or np.all(np.diff(ix) == 1)):
-            basic.append(slice(int(ix[0]), int(ix[-1]) + 1))
-        else:
-            basic.append(None)
-    if all(b is not None for b in basic):
-        return full[tuple(basic)]
+    index = shard_index(r.shape, r.spec, p.mesh, p.coords)  # sorted, distinct positions per dim
+    if all(len(ix) and ix[-1] - ix[0] + 1 == len(ix) for ix in index):
+        return full[tuple(slice(int(ix[0]), int(ix[-1]) + 1) for ix in index)]
     return full[np.ix_(*index)]
 
 
@@ -187,7 +182,7 @@ def write_programs_for(graph: Graph, mesh: tuple[int, ...], strategies: list, sp
         mod_tasks, models = build_modules(p, graph)
         for name, model in models.items():
             onnx.save(model, rank_dir / f"{name}.onnx")
-        _write_init(p, graph, specs, rank_dir)
+        _write_init(p, graph, rank_dir)
         program = {
             "format": PROGRAM_FORMAT, "rank": r, "coords": list(p.coords), "mesh": list(mesh),
             "micro_batches": micro,
@@ -195,8 +190,6 @@ def write_programs_for(graph: Graph, mesh: tuple[int, ...], strategies: list, sp
                            "local": list(x.local), "dtype": x.dtype, "high": x.high,
                            **({"init": stats[x.name]} if x.name in stats else {})} for x in p.residents.values()],
             "outputs": p.outputs, "accumulate": p.accumulate, "bindings": binds, "loss": loss_name(graph),
-            "info": {k: [d, list(s)] for k, (d, s) in p.info.items()
-                     if k in p.outputs.values() or k in p.accumulate or k in p.residents},
         }
         (rank_dir / "program.json").write_text(json.dumps(program, indent=1, sort_keys=True) + "\n")
         ids = _rank_tasks(r, p, mod_tasks, device_mesh, micro, tasks, edges, collectives)

@@ -16,9 +16,9 @@ and, for the rank at mesh coordinates `coords`, emits each node on local shapes:
 Graph outputs end in the layout of the input they feed next step (`parc.state` bindings: new
 parameters and state keep their shards) or replicated (loss, other outputs).
 
-`segment` then cuts the local nodes into ONNX modules at communication: a node's depth is the
-number of collectives on its longest path from the sources, and module d holds the nodes of
-depth d. The rank runs module 0, the collectives that read depth-0 values, module 1, and so on;
+`emit.build_modules` then cuts the local nodes into ONNX modules at communication: a node's
+depth is the number of collectives on its longest path from the sources, and module d holds the
+nodes of depth d. The rank runs module 0, the collectives that read depth-0 values, module 1, and so on;
 every rank runs its collectives in the same order, so the static schedule cannot deadlock.
 
 Microbatches (`plan.json` micro_batches): the time axis is mesh axis 0 of the cost model. The
@@ -36,6 +36,8 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from parc.autodiff.context import PHASE
+from parc.autodiff.step import STATE_KEY
 from parc.errors import ParcError
 from parc.exec.taskgraph import MB_END, MB_FIRST, MB_START
 from parc.ir.graph import Graph, Node, Value
@@ -47,10 +49,7 @@ from parc.sharding.simulator import identity
 from parc.sharding.spec import Partial, Replicated, Split
 
 EMBED_MAX_BYTES = 4096  # constants up to this size are embedded in the modules that read them
-STATE_KEY = "parc.state"
-PHASE = "parc.phase"
 MICRO, APPLY, SOURCE = "micro", "apply", "source"
-
 
 
 class LoweringError(ParcError):
@@ -144,18 +143,16 @@ def loss_name(graph: Graph) -> str | None:
     return json.loads(record).get("loss") if record else None
 
 
-def _is_even(ax) -> bool:
-    return isinstance(ax, Split) and ax.stride is None and ax.sizes is None
-
-
 def _phase(n: Node) -> str:
     return n.meta.get(PHASE, "forward")
 
 
 class _Lowerer:
-    def __init__(self, graph: Graph, mesh: tuple[int, ...], coords: tuple[int, ...],
-                 strategies: list, source_specs: dict[str, ShardSpec], micro: int, rank: int) -> None:
+    def __init__(self, graph: Graph, mesh: tuple[int, ...], coords: tuple[int, ...], strategies: list,
+                 rules: list, source_specs: dict[str, ShardSpec], micro: int, rank: int) -> None:
         self.g = graph
+        self.rules = rules
+        self.fed = {x.name for x in (*graph.inputs, *graph.input_constants)}  # graph inputs, fed each step
         self.mesh = mesh
         self.coords = coords
         self.strategies = strategies
@@ -187,8 +184,7 @@ class _Lowerer:
 
     def emit(self, proto: onnx.NodeProto, part: str, at_least: int = 0) -> int:
         """Append a node at the depth of its deepest input (or `at_least`): the same on every rank."""
-        depth = max((self.p.depth.get(i, 0) for i in proto.input if i), default=at_least)
-        depth = max(depth, at_least)
+        depth = max([at_least, *(self.p.depth.get(i, 0) for i in proto.input if i)])
         self.p.nodes.append((depth, part, proto))
         return depth
 
@@ -204,13 +200,12 @@ class _Lowerer:
         shape = tuple(v.shape)
         loc = self.local(shape, spec)
         dtype = v.dtype.onnx_type
-        input_names = {x.name for x in (*self.g.inputs, *self.g.input_constants)}
-        if v.is_const and v.name not in input_names and v.const.nbytes <= EMBED_MAX_BYTES:
+        if v.is_const and v.name not in self.fed and v.const.nbytes <= EMBED_MAX_BYTES:
             array = np.asarray(v.const.numpy())[np.ix_(*shard_index(shape, spec, self.mesh, self.coords))] \
                 if shape else np.asarray(v.const.numpy())
             self.p.embedded[v.name] = numpy_helper.from_array(np.asarray(array, order="C"), v.name)
         else:
-            kind = "weight" if v.name not in input_names else "state" if v.is_const else "data"
+            kind = "weight" if v.name not in self.fed else "state" if v.is_const else "data"
             high = index_limit(v) if kind == "data" and not v.dtype.is_float else None
             self.p.residents[v.name] = Resident(v.name, kind, spec, shape, loc, dtype, high)
         self.define(v.name, dtype, loc, 0, SOURCE)
@@ -244,7 +239,7 @@ class _Lowerer:
         steps = reshard(spec, want, shape, v.dtype.itemsize, self.mesh)
         for step in steps:
             if self.micro > 1 and step.axis == 0 and part == MICRO and step.kind == "local_slice" \
-                    and _is_even(step.dst):
+                    and step.dst.is_even:  # type: ignore[union-attr]
                 out = self.fresh(v.name)
                 self._micro_slice(step, name, out, shape, v.dtype.onnx_type)
                 name, spec = out, step.after
@@ -447,8 +442,8 @@ def lower_rank(graph: Graph, mesh: tuple[int, ...], rank: int, strategies: list,
     coords = tuple(int(c) for c in np.unravel_index(rank, device_mesh))
     if micro > 1:
         coords = (0,) + coords
-    low = _Lowerer(graph, mesh, coords, strategies, source_specs, micro, rank)
-    low.rules = rules if rules is not None else rules_of(graph)
+    low = _Lowerer(graph, mesh, coords, strategies, rules if rules is not None else rules_of(graph),
+                   source_specs, micro, rank)
     for v in (*graph.inputs, *graph.input_constants, *graph.constants.values()):
         if v.name in source_specs and v.name not in low.where:
             low.source(v)
