@@ -22,7 +22,7 @@ import numpy as np
 from parc.errors import UsageError
 from parc.report.manifest import sha256_file
 from parc.sharding.layout import assemble, devices, shard_index
-from parc.sharding.spec import ShardSpec
+from parc.sharding.spec import ShardSpec, ShardSpecError
 
 FORMAT = "parc.checkpoint/1"
 MANIFEST = "checkpoint.json"
@@ -99,17 +99,23 @@ def check_checkpoint(directory: str | Path) -> dict:
     return doc
 
 
-def full_tensors(directory: str | Path, doc: dict, names=None) -> dict[str, np.ndarray]:
-    """Whole tensors assembled from a checkpoint's shards."""
+def full_tensors(directory: str | Path, doc: dict, names=None, strict: bool = True) -> dict[str, np.ndarray | None]:
+    """Whole tensors assembled from a checkpoint's shards. Replicas that differ between ranks
+    raise ShardSpecError, or with `strict=False` give None (`parc verify` reports a mismatch)."""
     root = Path(directory)
     mesh = tuple(doc["mesh"])
     files = [np.load(root / f"rank_{q}.npz") for q in range(doc["ranks"])]
-    out = {}
+    out: dict[str, np.ndarray | None] = {}
     for name, t in doc["tensors"].items():
         if names is not None and name not in names:
             continue
         shards = {c: files[q][name] for q, c in enumerate(devices(mesh))}
-        out[name] = assemble(shards, ShardSpec.parse(t["spec"]), mesh)
+        try:
+            out[name] = assemble(shards, ShardSpec.parse(t["spec"]), mesh)
+        except ShardSpecError:
+            if strict:
+                raise
+            out[name] = None
     return out
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -55,7 +56,6 @@ def launch(ranks: int, argv: list[str], timeout: float | None = None) -> int:
 
     The ranks' stdout passes through; mpiexec's own banner about a rank that died is replaced
     by one line naming the rank (each rank records its pid in a temporary directory)."""
-    import re
     import tempfile
 
     with tempfile.TemporaryDirectory(prefix="parc-run-") as pids:
@@ -111,8 +111,6 @@ class _Bar:
         self.progress.start()
 
     def update(self, line: str) -> None:
-        import re
-
         m = re.match(r"step +(\d+)/(\d+) +loss (\S+)", line)
         if m:
             self.progress.update(self.task, completed=int(m.group(1)), total=int(m.group(2)),
@@ -189,11 +187,8 @@ def train(plan_dir: Path, *, steps: int, seed: int, engine: str, data: str | Non
             from parc.exec.checkpoint import save_checkpoint
 
             save_checkpoint(checkpoint, runner, max(steps, start))
-        if dump is not None:
-            out = Path(dump)
-            np.savez(out / f"rank_{rank}.state.npz", **{k: to_host(v) for k, v in runner.state.items()})
-            if rank == 0:
-                np.savez(out / "outputs.npz", **{f"{k}@{i}": v for i, d in enumerate(dumped) for k, v in d.items()})
+        if dump is not None and rank == 0:
+            np.savez(Path(dump) / "outputs.npz", **{f"{k}@{i}": v for i, d in enumerate(dumped) for k, v in d.items()})
         comm.barrier()
     except ParcError as e:
         print(f"parc: rank {rank}: {e}", file=sys.stderr, flush=True)

@@ -20,8 +20,6 @@ from onnx import numpy_helper
 
 from parc.errors import UsageError
 from parc.exec.data import NpzData, data_inputs, synthetic
-from parc.sharding.layout import assemble, devices
-from parc.sharding.spec import ShardSpec, ShardSpecError
 
 
 def _source(plan_dir: str, plan: dict) -> Path:
@@ -76,11 +74,14 @@ def reference_run(plan_dir: str, plan: dict, steps: int, seed: int, init: str = 
 
 def plan_run(plan_dir: str, ranks: int, steps: int, seed: int, engine: str, timeout: float, tmp: Path,
              init: str = "source", data_file: str | None = None) -> dict:
-    """The same, from the plan's ranks (`parc run --dump`), state assembled from the shards."""
+    """The same, from the plan's ranks: `parc run --dump` for the outputs, and a checkpoint of its
+    last step for the state (whole tensors gathered from the shards as `parc export` does)."""
     from parc.cli.main import cli
+    from parc.exec.checkpoint import check_checkpoint, full_tensors
 
     argv = ["run", plan_dir, "--steps", str(steps), "--seed", str(seed), "--engine", engine,
-            "--timeout", str(timeout), "--force", "--dump", str(tmp), "--init", init]
+            "--timeout", str(timeout), "--force", "--dump", str(tmp), "--init", init,
+            "--checkpoint", str(tmp / "state")]
     argv += ["--data", data_file] if data_file else []
     if ranks > 1:
         from parc.exec.launch import launch
@@ -94,34 +95,8 @@ def plan_run(plan_dir: str, ranks: int, steps: int, seed: int, engine: str, time
     for key in flat.files:
         name, step = key.rsplit("@", 1)
         outputs[int(step)][name] = flat[key]
-    return {"outputs": outputs, "state": gather_state(Path(plan_dir), ranks, tmp)}
-
-
-def gather_state(plan_dir: Path, ranks: int, tmp: Path) -> dict[str, np.ndarray]:
-    """Whole state tensors from the ranks' dumped shards."""
-    programs = [json.loads((plan_dir / f"rank_{r}" / "program.json").read_text()) for r in range(ranks)]
-    shards = [dict(np.load(tmp / f"rank_{r}.state.npz")) for r in range(ranks)]
-    return assemble_state(programs, shards)
-
-
-def assemble_state(programs: list[dict], shards: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
-    """Whole tensors from per-rank shards (rank order), each laid out as its program says;
-    None for a tensor whose replicas differ between ranks."""
-    micro = programs[0]["micro_batches"] > 1
-    mesh = tuple(programs[0]["mesh"][1:] if micro else programs[0]["mesh"])
-    coords = devices(mesh)
-    out = {}
-    for res in programs[0]["residents"]:
-        if res["kind"] != "state":
-            continue
-        spec = ShardSpec.parse(res["spec"])
-        if micro:
-            spec = ShardSpec(tuple(spec)[1:])
-        try:
-            out[res["name"]] = assemble({c: shards[r][res["name"]] for r, c in enumerate(coords)}, spec, mesh)
-        except ShardSpecError:  # replicas that differ: the ranks diverged, a mismatch
-            out[res["name"]] = None
-    return out
+    state = full_tensors(tmp / "state", check_checkpoint(tmp / "state"), strict=False)
+    return {"outputs": outputs, "state": state}
 
 
 def _errors(got: np.ndarray, want: np.ndarray, rtol: float, atol: float) -> tuple[float, float, bool]:
