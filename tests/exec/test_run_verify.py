@@ -89,8 +89,9 @@ def _family(work, model, family):
     params = _params(plan)
     if family == "dp":
         assert set(params.values()) == {"R"}, params
-        assert any("S(0)" in plan["specs"][k] for k in plan["specs"] if k in ("input_ids", "images", "x", "input")) \
-            or plan["predicted"]["comm_s"] > 0
+        # parameters whole, work divided: most nodes split (the batch), not all replicated
+        split = [n for n, label in plan["strategies"].items() if label != "-"]
+        assert len(split) > len(plan["strategies"]) / 2, (len(split), len(plan["strategies"]))
     elif family == "tp":
         assert any("S(" in v for v in params.values()), params
     else:
