@@ -131,14 +131,18 @@ def _mpiexec_banner(line: str) -> bool:
 
 def train(plan_dir: Path, *, steps: int, seed: int, engine: str, data: str | None, as_json: bool,
           timeout: float, dump: str | None = None, checkpoint: str | None = None, resume: bool = False,
-          checkpoint_every: int = 0, init: str = "source", echo: Callable[[str], None] = print) -> None:
+          checkpoint_every: int = 0, init: str = "source", tf32: bool = False,
+          echo: Callable[[str], None] = print) -> None:
     """One rank's training loop (see the module docstring). Rank 0 reports each step."""
     from parc.exec.comm import MpiComm
     from parc.exec.runner import Rank, pick_engine, to_host
 
     comm = MpiComm(timeout=timeout)
     rank = comm.rank
-    if pick_engine(engine)[1] == "gpu":  # one GPU per rank on each node; NCCL between them
+    gpu = pick_engine(engine)[1] == "gpu"
+    if gpu:  # one GPU per rank on each node; NCCL between them
+        if tf32:  # CuPy reads it at its first float32 matmul
+            os.environ["CUPY_TF32"] = "1"
         import cupy
 
         from parc.exec.nccl import NcclComm
@@ -167,10 +171,13 @@ def train(plan_dir: Path, *, steps: int, seed: int, engine: str, data: str | Non
             batch = source.batch(step) if source is not None else synthetic(inputs, seed, step)
             t0 = time.perf_counter()
             outs = runner.step(batch)
+            runner.synchronize()  # GPU work is asynchronous: the step ends when the device is done
             dt = time.perf_counter() - t0
             loss = float(to_host(outs[loss_name]).reshape(-1)[0]) if loss_name in outs else None
             if rank == 0 and dump is None:
                 record = {"step": step + 1, "loss": loss, "step_time_s": dt, "samples_per_s": batch_size / dt}
+                if gpu:
+                    record["device_bytes"] = runner.device_bytes()
                 if as_json:
                     echo(json.dumps(record))
                 else:

@@ -190,6 +190,18 @@ class Rank:
             out[t.name.removesuffix(".init")] = numpy_helper.to_array(t).copy()
         return out
 
+    def synchronize(self) -> None:
+        """Wait for the device to finish the work queued so far (nothing to wait for on a CPU)."""
+        if self.device == "gpu":
+            self.xp.cuda.get_current_stream().synchronize()
+
+    def device_bytes(self) -> int:
+        """GPU memory this rank's process holds in CuPy's pool: its high-water mark, since the
+        pool keeps what it once allocated (0 on a CPU)."""
+        if self.device != "gpu":
+            return 0
+        return int(self.xp.get_default_memory_pool().total_bytes())
+
     # -- one step -----------------------------------------------------------------------------
     def data_piece(self, name: str, batch: Mapping[str, np.ndarray], micro_batch: int | None) -> np.ndarray:
         """This rank's (and microbatch's) piece of a whole data input."""

@@ -133,6 +133,8 @@ class ArrayEngine:
             steps.append((kernel, self._input_keys(node, consts),
                           tuple((j, k) for j, k in enumerate(node.output) if k), f"{label} ({node.op_type})"))
         self._steps = self._with_frees(steps)
+        # op type -> [calls, seconds]; filled by run() while not None (CUDA events on a GPU)
+        self.profile: dict[str, list] | None = None
 
     @property
     def xp(self) -> ModuleType:
@@ -213,10 +215,15 @@ class ArrayEngine:
             raise EngineError(f"missing input {missing[0]!r} (the graph needs {', '.join(self._required)})")
         env[""] = None
         label = "graph"
+        timer = _Timer(self._xp) if self.profile is not None else None
         try:
             with _quiet(self._xp):
                 for kernel, inputs, outputs, frees, label in self._steps:  # noqa: B007 (read below)
+                    if timer:
+                        timer.start()
                     results = kernel(*[env[k] for k in inputs])
+                    if timer:
+                        timer.stop(label.rpartition("(")[2].rstrip(")"))
                     for j, k in outputs:
                         env[k] = results[j]
                     for k in frees:
@@ -224,7 +231,47 @@ class ArrayEngine:
         except Exception as e:
             message = str(e).splitlines()[0] if str(e) else ""
             raise EngineError(f"{label} failed: {type(e).__name__}: {message}") from e
+        if timer:
+            timer.add_to(self.profile)
         return {k: self._xp.asarray(env[k]) for k in self._outputs}
+
+
+class _Timer:
+    """Per-kernel times of one run: CUDA events on a GPU (read once, after the run), else the
+    host clock."""
+
+    def __init__(self, xp: ModuleType) -> None:
+        self.gpu = xp is not np
+        self.xp = xp
+        self.marks: list[tuple[str, Any, Any]] = []
+
+    def start(self) -> None:
+        if self.gpu:
+            self._t0 = self.xp.cuda.Event()
+            self._t0.record()
+        else:
+            import time
+
+            self._t0 = time.perf_counter()
+
+    def stop(self, op: str) -> None:
+        if self.gpu:
+            end = self.xp.cuda.Event()
+            end.record()
+        else:
+            import time
+
+            end = time.perf_counter()
+        self.marks.append((op, self._t0, end))
+
+    def add_to(self, profile: dict[str, list]) -> None:
+        if self.gpu and self.marks:
+            self.marks[-1][2].synchronize()
+        for op, t0, t1 in self.marks:
+            dt = self.xp.cuda.get_elapsed_time(t0, t1) / 1e3 if self.gpu else t1 - t0
+            entry = profile.setdefault(op, [0, 0.0])
+            entry[0] += 1
+            entry[1] += dt
 
 
 def _quiet(xp: ModuleType):
