@@ -48,8 +48,14 @@ def _progress() -> Iterator[Callable[[str, int, int], None] | None]:
               help="Hints YAML: Whale replicate/split scopes and pinned layouts (docs/hints.md).")
 @click.option("--jobs", type=int, metavar="N",
               help="Search the meshes in N processes (default: one per CPU; 1: in-process).")
-@click.option("--micro-batches", type=int, default=1, show_default=True, metavar="M",
-              help="Plan the step as M microbatches with gradient accumulation and one optimizer step.")
+@click.option("--micro-batches", type=int, metavar="M",
+              help="Plan the step as M microbatches with gradient accumulation and one optimizer step "
+                   "(default 1; a pipeline of S stages: the smallest divisor of the batch >= 2S).")
+@click.option("--pipeline", default="off", show_default=True, metavar="off|S",
+              help="Pipeline the step over S stages of equal device groups (1F1B), each stage an SPMD "
+                   "plan of its own; off: one mesh.")
+@click.option("--pipeline-tolerance", type=float, default=0.1, show_default=True, metavar="EPS",
+              help="Stage imbalance the stage search tolerates (Rhino 5.2's epsilon).")
 @click.option("--mesh-dims", type=int, default=2, show_default=True, metavar="N",
               help="Search device meshes of up to N axes (3 adds meshes like 2x2x2; slow to price).")
 @click.option("--dim", "dims", multiple=True, metavar="NAME=VALUE", help="Bind a symbolic dim.")
@@ -57,8 +63,9 @@ def _progress() -> Iterator[Callable[[str, int, int], None] | None]:
               help="Write the per-rank programs and taskgraph.json (what `parc run` needs).")
 @click.option("-o", "--output", required=True, type=click.Path(file_okay=False), help="Plan directory.")
 def plan(model: str, devices: str | None, cluster_file: str | None, level: str, mem_limit: float | None,
-         time_limit: float, hints_file: str | None, jobs: int | None, micro_batches: int, mesh_dims: int,
-         dims: tuple[str, ...], programs: bool, output: str) -> None:
+         time_limit: float, hints_file: str | None, jobs: int | None, micro_batches: int | None,
+         pipeline: str, pipeline_tolerance: float, mesh_dims: int, dims: tuple[str, ...], programs: bool,
+         output: str) -> None:
     """Search how to split MODEL over the devices; write PLAN_DIR/plan.json."""
     from parc.cluster import resolve_cluster
     from parc.ir import importer
@@ -68,8 +75,12 @@ def plan(model: str, devices: str | None, cluster_file: str | None, level: str, 
         raise UsageError(f"--time-limit {time_limit}: expected a positive number of seconds")
     if mem_limit is not None and not mem_limit > 0:
         raise UsageError(f"--mem-limit {mem_limit}: expected a positive number of GiB")
-    if micro_batches < 1:
+    if micro_batches is not None and micro_batches < 1:
         raise UsageError(f"--micro-batches {micro_batches}: expected a count >= 1")
+    stages = _stages(pipeline)
+    from parc.passes.pipeline.stages import tolerance_ok
+
+    tolerance_ok(pipeline_tolerance)
     if mesh_dims not in (1, 2, 3):
         raise UsageError(f"--mesh-dims {mesh_dims}: expected 1, 2 or 3")
     if jobs is not None and jobs < 1:
@@ -83,10 +94,22 @@ def plan(model: str, devices: str | None, cluster_file: str | None, level: str, 
     cluster = resolve_cluster(devices, cluster_file)
     graph = importer.load(model, importer.parse_dims(dims))
     budget = mem_limit * 2**30 if mem_limit is not None else None
-    with _progress() as report:
-        result = plan_graph(graph, cluster, level=level, memory_budget=budget, progress=report,
-                            time_limit=time_limit, hints=None if hints.empty else hints, jobs=jobs,
-                            micro_batches=micro_batches, max_mesh_dims=mesh_dims)
+    if stages:
+        from parc.passes.pipeline.plan import plan_pipeline
+
+        if stages > cluster.num_devices or cluster.num_devices % stages:
+            raise UsageError(f"--pipeline {stages}: expected a stage count that divides the "
+                             f"{cluster.num_devices} devices")
+        if not hints.empty:
+            raise UsageError("--hints: not supported with --pipeline yet")
+        result = plan_pipeline(graph, cluster, stages, micro_batches=micro_batches, level=level,
+                               memory_budget=budget, time_limit=time_limit, tolerance=pipeline_tolerance,
+                               jobs=jobs, max_mesh_dims=mesh_dims)
+    else:
+        with _progress() as report:
+            result = plan_graph(graph, cluster, level=level, memory_budget=budget, progress=report,
+                                time_limit=time_limit, hints=None if hints.empty else hints, jobs=jobs,
+                                micro_batches=micro_batches or 1, max_mesh_dims=mesh_dims)
     out = Path(output)
     stage = out.parent / f".{out.name}.tmp-{os.getpid()}"
     shutil.rmtree(stage, ignore_errors=True)
@@ -95,24 +118,51 @@ def plan(model: str, devices: str | None, cluster_file: str | None, level: str, 
         doc = result.to_json()
         doc["model"] = {"path": str(Path(model).resolve()), "sha256": sha256_file(Path(model))}
         (stage / "plan.json").write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
-        if programs:
+        if programs and stages:
+            from parc.passes.pipeline.emit import write_pipeline_programs
+
+            write_pipeline_programs(result, stage)  # type: ignore[arg-type]
+        elif programs:
             from parc.passes.emit import write_programs
 
             write_programs(result, stage)
-        write_sharded_model(model, doc["specs"], tuple(doc["mesh"]["shape"]), stage / "model.sharded.onnx",
-                            shapes={v.name: v.shape for v in graph.values() if v.shape is not None})
+        if not stages:  # the annotated model of a one-mesh plan (a pipeline's stages have a mesh each)
+            write_sharded_model(model, doc["specs"], tuple(doc["mesh"]["shape"]), stage / "model.sharded.onnx",
+                                shapes={v.name: v.shape for v in graph.values() if v.shape is not None})
         write_manifest(stage)  # last: the sha256 of every file written above
         _replace_dir(stage, out)
     except BaseException:
         shutil.rmtree(stage, ignore_errors=True)
         raise
     p = doc["predicted"]
+    if stages:
+        shapes = " | ".join(f"stage {st['id']}: {len(st['devices'])} devices {tuple(st['mesh'])}, {st['nodes']} nodes"
+                            for st in doc["stages"])
+        click.echo(f"wrote {out / 'plan.json'}: pipeline of {len(doc['stages'])} stages x "
+                   f"{doc['schedule']['micro_batches']} microbatches (1F1B), predicted step "
+                   f"{p['step_time_s'] * 1e3:.3f} ms (bubble {p['bubble_s'] * 1e3:.3f}), "
+                   f"{max(p['memory_bytes_per_device']) / 2**30:.2f} GiB/device max; {shapes}")
+        return
     base = ", ".join(f"{k} {v['step_time_s'] * 1e3:.3f} ms" if v["step_time_s"] is not None else f"{k} infeasible"
                      for k, v in doc["baselines"].items())
     click.echo(f"wrote {out / 'plan.json'}: mesh {tuple(doc['mesh']['shape'])}, predicted step "
                f"{p['step_time_s'] * 1e3:.3f} ms (compute {p['compute_s'] * 1e3:.3f}, comm "
                f"{p['comm_s'] * 1e3:.3f}), {p['memory_bytes_per_device'][0] / 2**30:.2f} GiB/device; "
                f"baselines: {base}")
+
+
+def _stages(value: str) -> int:
+    """--pipeline: 0 for off, else the stage count."""
+    text = value.strip().lower()
+    if text == "off":
+        return 0
+    try:
+        n = int(text)
+    except ValueError:
+        raise UsageError(f"--pipeline {value}: expected off or a stage count") from None
+    if n < 2:
+        raise UsageError(f"--pipeline {value}: a pipeline needs 2 or more stages (off: none)")
+    return n
 
 
 def _check_output(out: Path) -> None:

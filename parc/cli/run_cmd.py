@@ -86,9 +86,9 @@ def run(plan_dir: str, steps: int, data: str | None, checkpoint: str | None, che
         _, ranks = precheck(plan_dir, force)
         program = json.loads((Path(plan_dir) / "rank_0" / "program.json").read_text())
         if data:
-            from parc.exec.data import NpzData, data_inputs
+            from parc.exec.data import NpzData, step_inputs
 
-            NpzData(data, data_inputs(program))
+            NpzData(data, step_inputs(program))
         if resume:
             from parc.exec.checkpoint import check_checkpoint
 
@@ -142,8 +142,10 @@ def verify(plan_dir: str, steps: int, rtol: float, atol: float, as_json: bool, d
     else:
         width = max(len(r["tensor"]) for r in rows)
         for r in rows:
+            note = (f"  ({r['roundoff_elements']} elements with a round-off gradient: Adam's bound)"
+                    if r.get("roundoff_elements") else "")
             click.echo(f"{'ok ' if r['ok'] else 'BAD'} {r['tensor']:<{width}}  max rel err {r['max_rel_err']:.3e}  "
-                       f"max abs err {r['max_abs_err']:.3e}")
+                       f"max abs err {r['max_abs_err']:.3e}{note}")
         bad = sum(not r["ok"] for r in rows)
         click.echo(f"{'verified' if ok else 'MISMATCH'}: {len(rows) - bad}/{len(rows)} tensors within rtol {rtol:g}, "
                    f"atol {atol:g} over {steps} step{'s' if steps > 1 else ''} on {ranks} rank{'s' if ranks > 1 else ''}")

@@ -53,9 +53,15 @@ def save_checkpoint(directory: str | Path, runner, step: int) -> None:
     if r == 0:
         program = runner.program
         plan = json.loads((runner.dir / "plan.json").read_text())
-        tensors = {x["name"]: {"shape": x["shape"], "dtype": x["dtype"],
-                               "spec": str(_device_spec(program, x["spec"]))}
-                   for x in program["residents"] if x["kind"] == "state"}
+        tensors: dict[str, dict] = {}
+        for prog in _stage_programs(runner):
+            for x in prog["residents"]:
+                if x["kind"] != "state" or x["name"] in tensors:
+                    continue  # a tied weight held by two stages: the first stage's copy
+                tensors[x["name"]] = {"shape": x["shape"], "dtype": x["dtype"],
+                                      "spec": str(_device_spec(prog, x["spec"])),
+                                      **({"ranks": prog["stage_ranks"], "mesh": list(_device_mesh(prog))}
+                                         if "stage_ranks" in prog else {})}
         ranks = runner.graph.ranks
         doc = {"format": FORMAT, "step": step, "ranks": ranks, "mesh": list(_device_mesh(program)),
                "model": plan.get("model"), "tensors": tensors,
@@ -64,6 +70,19 @@ def save_checkpoint(directory: str | Path, runner, step: int) -> None:
         tmp_doc.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
         os.replace(tmp_doc, root / MANIFEST)
     runner.comm.barrier()
+
+
+def _stage_programs(runner) -> list[dict]:
+    """The program of each pipeline stage's first rank (a plan of one mesh: this rank's)."""
+    if "stage_ranks" not in runner.program:
+        return [runner.program]
+    return [json.loads((runner.dir / f"rank_{s['ranks'][0]}" / "program.json").read_text())
+            for s in runner.graph.stages]
+
+
+def _holders(doc: dict, t: dict) -> tuple[list[int], tuple[int, ...]]:
+    """The ranks holding a tensor's shards, and their device mesh."""
+    return list(t.get("ranks", range(doc["ranks"]))), tuple(t.get("mesh", doc["mesh"]))
 
 
 def check_writable(directory: str | Path) -> None:
@@ -103,13 +122,13 @@ def full_tensors(directory: str | Path, doc: dict, names=None, strict: bool = Tr
     """Whole tensors assembled from a checkpoint's shards. Replicas that differ between ranks
     raise ShardSpecError, or with `strict=False` give None (`parc verify` reports a mismatch)."""
     root = Path(directory)
-    mesh = tuple(doc["mesh"])
     files = [np.load(root / f"rank_{q}.npz") for q in range(doc["ranks"])]
     out: dict[str, np.ndarray | None] = {}
     for name, t in doc["tensors"].items():
         if names is not None and name not in names:
             continue
-        shards = {c: files[q][name] for q, c in enumerate(devices(mesh))}
+        ranks, mesh = _holders(doc, t)
+        shards = {c: files[ranks[i]][name] for i, c in enumerate(devices(mesh))}
         try:
             out[name] = assemble(shards, ShardSpec.parse(t["spec"]), mesh)
         except ShardSpecError:
@@ -129,14 +148,16 @@ def load_checkpoint(directory: str | Path, runner) -> int:
     if missing:
         raise UsageError(f"--checkpoint {root}: no tensor '{missing[0]}' (a checkpoint of another model?)")
     mesh = _device_mesh(program)
-    same = (tuple(doc["mesh"]) == mesh and doc["ranks"] == runner.graph.ranks and
-            all(doc["tensors"][n]["spec"] == str(_device_spec(program, x["spec"])) for n, x in mine.items()))
+    holders = (list(program.get("stage_ranks", range(runner.graph.ranks))), mesh)
+    same = (doc["ranks"] == runner.graph.ranks and
+            all(doc["tensors"][n]["spec"] == str(_device_spec(program, x["spec"])) and
+                _holders(doc, doc["tensors"][n]) == holders for n, x in mine.items()))
     if same:
         with np.load(root / f"rank_{runner.rank}.npz") as f:
             state = {n: f[n] for n in mine}
     else:  # reshard on load: this rank's shard of each whole tensor
         whole = full_tensors(root, doc, set(mine))
-        coords = tuple(int(c) for c in np.unravel_index(runner.rank, mesh))
+        coords = tuple(int(c) for c in program["coords"][1 if program["micro_batches"] > 1 else 0:])
         state = {}
         for n, x in mine.items():
             spec = _device_spec(program, x["spec"])

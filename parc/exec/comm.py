@@ -66,6 +66,17 @@ class MpiComm:
             self._axes[key] = MpiComm(self.comm.Split(color, key_coord), self.timeout)
         return self._axes[key]
 
+    def for_ranks(self, ranks: tuple[int, ...]) -> MpiComm:
+        """The communicator of `ranks` (this rank among them), in that order (cached). Only the
+        members take part in making it (MPI_Comm_create_group), so a pipeline stage's groups
+        need nothing from the other stages."""
+        key = ("ranks", tuple(ranks))
+        if key not in self._axes:
+            group = self.comm.Get_group().Incl(list(ranks))
+            self._axes[key] = MpiComm(self.comm.Create_group(group), self.timeout)
+            group.Free()
+        return self._axes[key]
+
     # -- collectives -------------------------------------------------------------------------
 
     def _wait(self, request, what: str) -> None:
@@ -147,6 +158,15 @@ class MpiComm:
 
     def send(self, x: np.ndarray, peer: int, tag: int = 0) -> None:
         self._wait(self.comm.Isend(np.asarray(x, order="C"), dest=peer, tag=tag), f"send to rank {peer}")
+
+    def isend(self, x: np.ndarray, peer: int, tag: int = 0):
+        """Start sending x to `peer`; `wait_sends` completes it (the buffer is kept until then)."""
+        buf = np.ascontiguousarray(x)
+        return (self.comm.Isend(buf, dest=peer, tag=tag), buf, peer)
+
+    def wait_sends(self, pending: list) -> None:
+        for request, _buf, peer in pending:
+            self._wait(request, f"send to rank {peer}")
 
     def recv(self, shape: tuple[int, ...], dtype, peer: int, tag: int = 0) -> np.ndarray:
         out = np.empty(shape, dtype=dtype)

@@ -26,6 +26,12 @@ def data_inputs(program: Mapping) -> list[dict]:
     return [r for r in program["residents"] if r["kind"] == "data"]
 
 
+def step_inputs(program: Mapping) -> list[dict]:
+    """The data inputs of the whole step, in graph order: every rank draws the same whole batch
+    from them (a pipeline stage's program lists the whole step's, though it reads only some)."""
+    return list(program.get("data_inputs") or data_inputs(program))
+
+
 POOL = 4  # synthetic batches, cycled
 
 

@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from parc.errors import ParcError, UsageError
-from parc.exec.data import NpzData, data_inputs, synthetic
+from parc.exec.data import NpzData, step_inputs, synthetic
 
 CHILD = "PARC_RANK_CHILD"  # set by the launcher: this process is one rank
 PIDS = "PARC_RANK_PIDS"  # set by the launcher: where each rank records its pid
@@ -157,7 +157,8 @@ def train(plan_dir: Path, *, steps: int, seed: int, engine: str, data: str | Non
         runner = Rank(plan_dir, rank, comm, engine, init=init, seed=seed)
         if comm.size != runner.graph.ranks:
             raise UsageError(f"{plan_dir}: the plan has {runner.graph.ranks} ranks, this job {comm.size}")
-        inputs = data_inputs(runner.program)
+        inputs = step_inputs(runner.program)
+        reporter = int(runner.program.get("reporter", 0))  # the rank holding the loss
         source = NpzData(data, inputs) if data else None
         start = 0
         if resume:
@@ -174,7 +175,7 @@ def train(plan_dir: Path, *, steps: int, seed: int, engine: str, data: str | Non
             runner.synchronize()  # GPU work is asynchronous: the step ends when the device is done
             dt = time.perf_counter() - t0
             loss = float(to_host(outs[loss_name]).reshape(-1)[0]) if loss_name in outs else None
-            if rank == 0 and dump is None:
+            if rank == reporter and dump is None:
                 record = {"step": step + 1, "loss": loss, "step_time_s": dt, "samples_per_s": batch_size / dt}
                 if gpu:
                     record["device_bytes"] = runner.device_bytes()
@@ -194,8 +195,10 @@ def train(plan_dir: Path, *, steps: int, seed: int, engine: str, data: str | Non
             from parc.exec.checkpoint import save_checkpoint
 
             save_checkpoint(checkpoint, runner, max(steps, start))
-        if dump is not None and rank == 0:
-            np.savez(Path(dump) / "outputs.npz", **{f"{k}@{i}": v for i, d in enumerate(dumped) for k, v in d.items()})
+        first = rank == runner.program.get("stage_ranks", [0])[0]
+        if dump is not None and (rank == 0 or (first and dumped and dumped[0])):
+            name = "outputs.npz" if rank == 0 else f"outputs.{rank}.npz"  # one per pipeline stage
+            np.savez(Path(dump) / name, **{f"{k}@{i}": v for i, d in enumerate(dumped) for k, v in d.items()})
         comm.barrier()
     except ParcError as e:
         print(f"parc: rank {rank}: {e}", file=sys.stderr, flush=True)

@@ -52,6 +52,23 @@ class NcclComm:
             self._axes[key] = NcclComm(self.mpi.for_axis(mesh_shape, axis), self.timeout)
         return self._axes[key]
 
+    def for_ranks(self, ranks: tuple[int, ...]) -> NcclComm:
+        key = ("ranks", tuple(ranks))
+        if key not in self._axes:
+            self._axes[key] = NcclComm(self.mpi.for_ranks(ranks), self.timeout)
+        return self._axes[key]
+
+    # Pipeline transfers go over MPI from host buffers (the runner hands host arrays over and
+    # uploads what it receives); NCCL's own send/recv would need the peers' calls grouped.
+    def isend(self, x, peer: int, tag: int = 0):
+        return self.mpi.isend(x, peer, tag)
+
+    def wait_sends(self, pending: list) -> None:
+        self.mpi.wait_sends(pending)
+
+    def recv(self, shape, dtype, peer: int, tag: int = 0):
+        return self.mpi.recv(shape, dtype, peer, tag)
+
     # -- plumbing -------------------------------------------------------------------------------
     def _type(self, x) -> int:
         name = _TYPES.get(np.dtype(x.dtype).name)

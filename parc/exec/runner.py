@@ -141,27 +141,31 @@ class Rank:
         elif init != "source":
             raise ParcError(f"--init {init}: expected source or seeded")
         self.state = {k: self.xp.asarray(v) for k, v in state.items()}
+        self.pipelined = len(self.graph.stages) > 1
         for t in self.order:  # every communicator before the first step (Rhino 6.3)
             if t["kind"] == "collective" and len(t["group"]) > 1:
-                self.comm.for_axis(self.mesh, t["axis"])
+                self._group_comm(t)
         self.timings = {"compute": 0.0, "comm": 0.0}
         self.free_after = self._last_uses()
+        self.last_of_mb = {t.get("micro_batch"): pos for pos, t in enumerate(self.order)
+                           if t.get("micro_batch") is not None}
+        self._recv_index: dict[str, tuple] = {}
         self.steps = {t["id"]: Collective.from_json(t["step"]) for t in self.order if t["kind"] == "collective"}
         self._pieces: dict[tuple[str, int | None], tuple[np.ndarray, ...]] = {}  # data slices, made once
 
     def _last_uses(self) -> list[list[str]]:
-        """Per task of the order, the values no later task reads (freed after it runs). State,
-        and what the microbatch accumulation reads, stay."""
-        keep = set(self.residents) | set(self.program["accumulate"])
+        """Per task of the order, the values of its microbatch that no later task reads (freed
+        after it runs). State, and what the microbatch accumulation reads, stay."""
+        keep = {r["name"] for r in self.program["residents"] if r["kind"] != "recv"} | set(self.program["accumulate"])
         keep |= {src for src, *_ in self.program["accumulate"].values()}
-        last: dict[str, int] = {}
+        last: dict[tuple[str, Any], int] = {}
         for pos, t in enumerate(self.order):
             reads = (t["inputs"] if t["kind"] == "compute" else [t["src"]] if t["kind"] == "collective"
-                     else [t["local"]] if t["kind"] == "sink" else [])
+                     else [t["local"]] if t["kind"] in ("sink", "send") else [])
             for name in reads:
-                last[name] = pos
+                last[name, t.get("micro_batch")] = pos
         out: list[list[str]] = [[] for _ in self.order]
-        for name, pos in last.items():
+        for (name, _mb), pos in last.items():
             if name not in keep:
                 out[pos].append(name)
         return out
@@ -218,18 +222,31 @@ class Rank:
 
     def step(self, batch: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Run one step on `batch` (every data input, whole); returns the graph outputs whole
-        (new parameters and state in this rank's layout) and updates the resident state."""
-        values: dict[str, Any] = dict(self.state)
+        (new parameters and state in this rank's layout) and updates the resident state.
+
+        Each microbatch has its own values (a pipeline stage runs the forward pass of one
+        microbatch before the backward pass of an earlier one); after its last task they are
+        folded into the accumulations and dropped. Sends complete by the end of the step."""
+        shared: dict[str, Any] = dict(self.state)
+        envs: dict[int, dict[str, Any]] = {}
         acc = self.program["accumulate"]
         sums: dict[str, Any] = {}
-        current_mb = None
+        folded = 0
         outputs: dict[str, np.ndarray] = {}
+        pending: list = []
 
-        def fold(mb: int) -> None:
+        def lookup(env: dict, name: str, mb: int | None) -> Any:
+            if name in env:
+                return env[name]
+            if name in shared:
+                return shared[name]
+            return self._per_micro(name, mb)
+
+        def fold(mb: int, env: dict) -> None:
             for name, (src, how, *_dim) in acc.items():
-                x = values[src]
+                x = env[src]
                 if how == "sum":
-                    sums[name] = x.copy() if mb == 0 else sums[name] + x
+                    sums[name] = x.copy() if name not in sums else sums[name] + x
                 elif how == "last":
                     sums[name] = x
                 else:
@@ -237,29 +254,40 @@ class Rank:
 
         for pos, t in enumerate(self.order):
             mb = t.get("micro_batch")
-            if self.micro > 1 and current_mb is not None and mb != current_mb:
-                fold(current_mb)
-                if mb is None:
-                    for name, (_src, how, *dim) in acc.items():
-                        values[name] = np.concatenate(sums[name], axis=dim[0]) if how == "concat" else sums[name]
-            current_mb = mb
+            env = shared if mb is None else envs.setdefault(mb, {})
             kind = t["kind"]
             try:
                 if kind == "source":
-                    values[t["tensor"]] = self.xp.asarray(self.data_piece(t["tensor"], batch, mb))
+                    env[t["tensor"]] = self.xp.asarray(self.data_piece(t["tensor"], batch, mb))
                 elif kind == "compute":
                     t0 = time.perf_counter()
-                    feeds = {i: values[i] if i in values else self._per_micro(i, mb) for i in t["inputs"]}
-                    values.update(self.engines[t["module"]].run(feeds))
+                    feeds = {i: lookup(env, i, mb) for i in t["inputs"]}
+                    env.update(self.engines[t["module"]].run(feeds))
                     self.timings["compute"] += time.perf_counter() - t0
                 elif kind == "collective":
                     t0 = time.perf_counter()
-                    values[t["dst"]] = self._collective(t, values[t["src"]])
+                    env[t["dst"]] = self._collective(t, lookup(env, t["src"], mb))
+                    self.timings["comm"] += time.perf_counter() - t0
+                elif kind == "send":
+                    t0 = time.perf_counter()
+                    pending.append(self.comm.isend(to_host(lookup(env, t["local"], mb)), t["peer"], t["tag"]))
+                    self.timings["comm"] += time.perf_counter() - t0
+                elif kind == "recv":
+                    t0 = time.perf_counter()
+                    env[t["local"]] = self._receive(t)
                     self.timings["comm"] += time.perf_counter() - t0
                 elif kind == "sink":
-                    outputs[t["tensor"]] = values[t["local"]]
+                    outputs[t["tensor"]] = lookup(env, t["local"], mb)
                 for name in self.free_after[pos]:
-                    values.pop(name, None)
+                    env.pop(name, None)
+                if mb is not None and self.last_of_mb.get(mb) == pos:
+                    fold(mb, env)
+                    folded += 1
+                    del envs[mb]
+                    if folded == self.micro:
+                        for name, (_src, how, *dim) in acc.items():
+                            shared[name] = (self.xp.concatenate(sums[name], axis=dim[0]) if how == "concat"
+                                            else sums[name])
             except ParcError:
                 raise
             except KeyError as e:
@@ -267,10 +295,30 @@ class Rank:
             except Exception as e:  # onnxruntime and MPI raise their own types
                 first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
                 raise RunError(f"rank {self.rank}, task {t['id']}: {first}") from None
+        if pending:
+            self.comm.wait_sends(pending)
         for out, inp in self.program["bindings"].items():
             if out in outputs and inp in self.state:
                 self.state[inp] = outputs[out]
         return outputs
+
+    def _receive(self, t: dict) -> Any:
+        """A value another stage sends whole on its devices: this rank keeps its shard."""
+        whole = self.comm.recv(tuple(t["shape"]), helper.tensor_dtype_to_np_dtype(t["dtype"]), t["peer"], t["tag"])
+        shape = tuple(t["global"])
+        if not shape:
+            return self.xp.asarray(whole)
+        if t["id"] not in self._recv_index:
+            coords = (0,) + self.coords[1:] if self.micro > 1 else self.coords
+            self._recv_index[t["id"]] = np.ix_(*shard_index(shape, ShardSpec.parse(t["spec"]), self.model_mesh, coords))
+        return self.xp.asarray(np.ascontiguousarray(whole[self._recv_index[t["id"]]]))
+
+    def _group_comm(self, t: dict):
+        """The communicator of a collective's group: a mesh axis's of an SPMD plan, the listed
+        ranks' in a pipeline (each stage has its own mesh)."""
+        if self.pipelined:
+            return self.comm.for_ranks(tuple(t["group"]))
+        return self.comm.for_axis(self.mesh, t["axis"])
 
     @staticmethod
     def _per_micro(name: str, mb: int | None) -> np.ndarray:
@@ -289,7 +337,7 @@ class Rank:
         step = self.steps[t["id"]]
         if len(t["group"]) == 1:
             return self.xp.asarray(run_step(step, [to_host(x)])[0])
-        comm = self.comm.for_axis(self.mesh, t["axis"])
+        comm = self._group_comm(t)
         src, dst = step.src, step.dst
         if step.kind == "all_reduce":
             return comm.all_reduce(x, src.op)

@@ -44,12 +44,22 @@ def plan_inputs(plan) -> tuple[Graph, tuple[int, ...], list, dict[str, ShardSpec
     return m.graph, tuple(m.mesh.shape), strategies, specs, micro
 
 
-def _modules(p: RankProgram) -> list[tuple[str, int, list[onnx.NodeProto]]]:
-    """(part, depth, nodes) per module, in run order: the microbatch part, then the apply part."""
-    groups: dict[tuple[str, int], list[onnx.NodeProto]] = defaultdict(list)
-    for depth, part, node in p.nodes:
-        groups[part, depth].append(node)
-    return [(part, d, groups[part, d]) for part, d in sorted(groups, key=lambda k: (k[0] != MICRO, k[1]))]
+PASS_ORDER = {"": 0, "F": 0, "B": 1, "A": 2}
+
+
+def _modules(p: RankProgram) -> list[tuple[str, str, int, list[onnx.NodeProto]]]:
+    """(part, pass, depth, nodes) per module, in run order: the microbatch part, then the apply
+    part; in a pipeline stage's program each part's forward, backward and optimizer passes apart."""
+    groups: dict[tuple[str, str, int], list[onnx.NodeProto]] = defaultdict(list)
+    phases = p.phases if len(p.phases) == len(p.nodes) else [""] * len(p.nodes)
+    for (depth, part, node), ph in zip(p.nodes, phases):
+        groups[part, ph, depth].append(node)
+    return [(part, ph, d, groups[part, ph, d])
+            for part, ph, d in sorted(groups, key=lambda k: (k[0] != MICRO, PASS_ORDER[k[1]], k[2]))]
+
+
+def module_name(part: str, phase: str, depth: int) -> str:
+    return f"m{'a' if part == APPLY else ''}{phase.lower()}{depth:03d}"
 
 
 def _value_info(p: RankProgram, name: str) -> onnx.ValueInfoProto:
@@ -63,8 +73,9 @@ def build_modules(p: RankProgram, graph: Graph) -> tuple[list[dict], dict[str, o
     read_later: set[str] = set(p.outputs.values())
     read_later |= {c.src for c in p.comms}
     read_later |= {src for src, *_ in p.accumulate.values()}
+    read_later |= {local for local, _ in p.sends.values()}
     readers: dict[str, set[int]] = defaultdict(set)
-    for k, (_, _, nodes) in enumerate(groups):
+    for k, (_, _, _, nodes) in enumerate(groups):
         for n in nodes:
             for i in n.input:
                 if i:
@@ -72,7 +83,7 @@ def build_modules(p: RankProgram, graph: Graph) -> tuple[list[dict], dict[str, o
     opsets = [helper.make_opsetid(d, v) for d, v in sorted(p.opset.items())]
     ir_version = max(8, helper.find_min_ir_version_for(opsets, ignore_unknown=True))
     tasks, models = [], {}
-    for k, (part, depth, nodes) in enumerate(groups):
+    for k, (part, phase, depth, nodes) in enumerate(groups):
         made = {o for n in nodes for o in n.output if o}
         ins, inits, seen = [], [], set()
         for n in nodes:
@@ -86,18 +97,18 @@ def build_modules(p: RankProgram, graph: Graph) -> tuple[list[dict], dict[str, o
                     ins.append(i)
         outs = [o for n in nodes for o in n.output
                 if o and (o in read_later or readers[o] - {k})]
-        name = f"m{'a' if part == APPLY else ''}{depth:03d}"
+        name = module_name(part, phase, depth)
         g = helper.make_graph(nodes, f"{graph.name}.rank{p.rank}.{name}", [_value_info(p, i) for i in ins],
                               [_value_info(p, o) for o in outs], initializer=inits)
         models[name] = helper.make_model(g, opset_imports=opsets, producer_name="parc", ir_version=ir_version)
-        tasks.append({"name": name, "part": part, "depth": depth, "inputs": ins, "outputs": outs})
+        tasks.append({"name": name, "part": part, "phase": phase, "depth": depth, "inputs": ins, "outputs": outs})
     return tasks, models
 
 
 def _write_init(p: RankProgram, graph: Graph, rank_dir: Path) -> None:
     """init.onnx + weights.bin: the rank's shard of every state tensor and large constant."""
     by_name = {v.name: v for v in (*graph.input_constants, *graph.constants.values())}
-    residents = [r for r in p.residents.values() if r.kind != "data"]
+    residents = [r for r in p.residents.values() if r.kind not in ("data", "recv")]
     inits, nodes, outs = [], [], []
     offset = 0
     with open(rank_dir / "weights.bin.tmp", "wb") as f:
@@ -221,9 +232,7 @@ def _rank_tasks(r: int, p: RankProgram, mod_tasks: list[dict], device_mesh: tupl
                 tasks: list[dict], edges: list[list[str]], collectives: dict[str, dict]) -> list[str]:
     """Append rank r's tasks and edges; return its order (microbatch part repeated `micro` times)."""
     shift = 1 if micro > 1 else 0
-    comms_at: dict[tuple[str, int], list[tuple[int, Comm]]] = defaultdict(list)
-    for j, c in enumerate(p.comms):
-        comms_at[c.part, c.depth].append((j, c))
+    comms_at = comms_by_place(p)
     ids: list[str] = []
     made: dict[str, str] = {}  # local name -> producing task (this rank, current microbatch)
 
@@ -257,24 +266,43 @@ def _rank_tasks(r: int, p: RankProgram, mod_tasks: list[dict], device_mesh: tupl
     return ids
 
 
+def comms_by_place(p: RankProgram) -> dict[tuple[str, str, int], list[tuple[int, Comm]]]:
+    """The program's collectives (with their index) by part, pass and depth."""
+    out: dict[tuple[str, str, int], list[tuple[int, Comm]]] = defaultdict(list)
+    for j, c in enumerate(p.comms):
+        out[c.part, c.phase, c.depth].append((j, c))
+    return out
+
+
 def _part_tasks(r, p, part, mod_tasks, comms_at, device_mesh, shift, suffix, mb, tasks, edges, collectives,
-                ids, made, add_edges) -> None:
+                ids, made, add_edges, phase: str | None = None, ranks: tuple[int, ...] | None = None,
+                prefix: str = "") -> None:
+    """The tasks of one part (and, in a pipeline stage, one pass): modules and collectives by
+    depth. `ranks` maps the stage's local ranks to global ones; `prefix` keeps the collective ids
+    of different stages apart."""
     extra = {"micro_batch": mb} if mb is not None else {}
-    depths = sorted({t["depth"] for t in mod_tasks if t["part"] == part} | {d for (q, d) in comms_at if q == part})
+
+    def mine(t_part, t_phase):
+        return t_part == part and (phase is None or t_phase == phase)
+
+    depths = sorted({t["depth"] for t in mod_tasks if mine(t["part"], t.get("phase", ""))}
+                    | {d for (q, ph, d) in comms_at if mine(q, ph)})
+    g = (lambda q: q) if ranks is None else (lambda q: ranks[q])
     for d in depths:
         for t in mod_tasks:
-            if t["part"] == part and t["depth"] == d:
-                tid = f"r{r}.{t['name']}{suffix}"
-                tasks.append({"id": tid, "kind": "compute", "rank": r, "module": f"rank_{r}/{t['name']}.onnx",
+            if mine(t["part"], t.get("phase", "")) and t["depth"] == d:
+                tid = f"r{g(r)}.{t['name']}{suffix}"
+                tasks.append({"id": tid, "kind": "compute", "rank": g(r), "module": f"rank_{g(r)}/{t['name']}.onnx",
                               "phase": part, "inputs": t["inputs"], "outputs": t["outputs"], **extra})
                 add_edges(tid, t["inputs"])
                 ids.append(tid)
                 for o in t["outputs"]:
                     made[o] = tid
-        for j, c in comms_at.get((part, d), []):
+        for j, c in [jc for (q, ph, dd), jcs in comms_at.items() if mine(q, ph) and dd == d for jc in jcs]:
             axis = c.step.axis - shift
             members, gid = _group(r, device_mesh, axis)
-            tid = f"c{j}.a{axis}.g{gid}{suffix}"
+            members = [g(q) for q in members]
+            tid = f"{prefix}c{j}.a{axis}.g{gid}{suffix}"
             if tid not in collectives:
                 collectives[tid] = {"id": tid, "kind": "collective", "group": members, "op": c.step.kind,
                                     "tensor": c.value, "axis": axis, "step": c.step.to_json(),

@@ -68,6 +68,7 @@ class Comm:
     dst: str
     depth: int
     part: str = MICRO
+    phase: str = ""  # pipelined programs: F, B or A (the pass the collective belongs to)
 
 
 @dataclass
@@ -75,7 +76,8 @@ class Resident:
     """A source tensor the executor holds and feeds to modules: data, parameter, state, weight."""
 
     name: str  # local name (= the global name)
-    kind: str  # "data" (graph input), "state" (initializer fed each step), "weight" (constant)
+    kind: str  # "data" (graph input), "state" (initializer fed each step), "weight" (constant),
+    # "recv" (a value another pipeline stage computes, received each microbatch)
     spec: ShardSpec
     shape: tuple[int, ...]  # global
     local: tuple[int, ...]
@@ -101,6 +103,10 @@ class RankProgram:
     info: dict[str, tuple[int, tuple[int, ...]]] = field(default_factory=dict)  # local -> (dtype, shape)
     depth: dict[str, int] = field(default_factory=dict)
     part: dict[str, str] = field(default_factory=dict)  # local name -> part that produced it
+    # pipelined programs: the pass of each entry of `nodes` (F forward, B backward, A optimizer;
+    # "" otherwise), and the values sent to other stages: name -> (local name, pass)
+    phases: list[str] = field(default_factory=list)
+    sends: dict[str, tuple[str, str]] = field(default_factory=dict)
 
 
 def index_limit(v: Value) -> int:
@@ -147,9 +153,13 @@ def _phase(n: Node) -> str:
     return n.meta.get(PHASE, "forward")
 
 
+PASSES = {"forward": "F", "backward": "B", "optimizer": "A"}  # a pipeline stage's passes, in run order
+
+
 class _Lowerer:
     def __init__(self, graph: Graph, mesh: tuple[int, ...], coords: tuple[int, ...], strategies: list,
-                 rules: list, source_specs: dict[str, ShardSpec], micro: int, rank: int) -> None:
+                 rules: list, source_specs: dict[str, ShardSpec], micro: int, rank: int,
+                 received: frozenset[str] = frozenset(), pipelined: bool = False) -> None:
         self.g = graph
         self.rules = rules
         self.fed = {x.name for x in (*graph.inputs, *graph.input_constants)}  # graph inputs, fed each step
@@ -162,6 +172,13 @@ class _Lowerer:
         self.where: dict[str, list[tuple[ShardSpec, str]]] = {}  # global value -> (spec, local name)
         self.count = 0
         self.aux_count = 0
+        self.received = received
+        self.pipelined = pipelined
+        self.phase = ""  # the pass being lowered (pipelined programs)
+
+    def append(self, depth: int, part: str, proto: onnx.NodeProto) -> None:
+        self.p.nodes.append((depth, part, proto))
+        self.p.phases.append(self.phase)
 
     # -- names and bookkeeping ----------------------------------------------------------------
     def fresh(self, base: str) -> str:
@@ -185,7 +202,7 @@ class _Lowerer:
     def emit(self, proto: onnx.NodeProto, part: str, at_least: int = 0) -> int:
         """Append a node at the depth of its deepest input (or `at_least`): the same on every rank."""
         depth = max([at_least, *(self.p.depth.get(i, 0) for i in proto.input if i)])
-        self.p.nodes.append((depth, part, proto))
+        self.append(depth, part, proto)
         return depth
 
     def const(self, base: str, array: np.ndarray) -> str:
@@ -205,7 +222,8 @@ class _Lowerer:
                 if shape else np.asarray(v.const.numpy())
             self.p.embedded[v.name] = numpy_helper.from_array(np.asarray(array, order="C"), v.name)
         else:
-            kind = "weight" if v.name not in self.fed else "state" if v.is_const else "data"
+            kind = ("weight" if v.name not in self.fed else "state" if v.is_const else
+                    "recv" if v.name in self.received else "data")
             high = index_limit(v) if kind == "data" and not v.dtype.is_float else None
             self.p.residents[v.name] = Resident(v.name, kind, spec, shape, loc, dtype, high)
         self.define(v.name, dtype, loc, 0, SOURCE)
@@ -259,7 +277,7 @@ class _Lowerer:
                 self._local_step(step, name, out, shape, dtype, part)
             else:
                 depth = self.p.depth[name]
-                self.p.comms.append(Comm(step, v.name, shape, dtype, name, out, depth, part))
+                self.p.comms.append(Comm(step, v.name, shape, dtype, name, out, depth, part, self.phase))
                 self.define(out, dtype, self.local(shape, step.after), depth + 1, part)
             name, spec = out, step.after
         held.append((want, name))
@@ -347,13 +365,13 @@ class _Lowerer:
                 fill_shape[ax.dim] = 1
                 value = numpy_helper.from_array(np.array([identity(op, np_dtype)], np_dtype), "value")
                 fill = self.aux("fill")
-                self.p.nodes.append((self.p.depth[src], part, helper.make_node(
+                self.append(self.p.depth[src], part, helper.make_node(
                     "ConstantOfShape", [self.const("shape", np.array(fill_shape, np.int64))], [fill],
-                    value=value, name=self.aux("reshard_fill"))))
+                    value=value, name=self.aux("reshard_fill")))
                 self.define(fill, dtype, tuple(fill_shape), self.p.depth[src], part)
                 cat = self.aux("cat")
-                self.p.nodes.append((self.p.depth[src], part, helper.make_node(
-                    "Concat", [src, fill], [cat], axis=ax.dim, name=self.aux("reshard_cat"))))
+                self.append(self.p.depth[src], part, helper.make_node(
+                    "Concat", [src, fill], [cat], axis=ax.dim, name=self.aux("reshard_cat")))
                 self.define(cat, dtype, tuple(before[:ax.dim]) + (before[ax.dim] + 1,) + tuple(before[ax.dim + 1:]),
                             self.p.depth[src], part)
                 index = np.full(extent, len(pos), np.int64)
@@ -367,6 +385,8 @@ class _Lowerer:
     def node(self, pos: int, n: Node) -> None:
         s = self.strategies[pos]
         part = APPLY if self.micro > 1 and _phase(n) == "optimizer" else MICRO
+        if self.pipelined:
+            self.phase = PASSES[_phase(n)]
         rule = self.rules[pos]
         shape_args = dict(rule.shape_args) if rule is not None else {}
         size_args = dict(rule.size_args) if rule is not None else {}
@@ -402,8 +422,8 @@ class _Lowerer:
             if scales[j] != 1.0:
                 np_dtype = helper.tensor_dtype_to_np_dtype(dtype)
                 k = self.const("share", np.array(scales[j], np_dtype))
-                self.p.nodes.append((depth, part, helper.make_node("Mul", [outs[j], k], [v.name],
-                                                                   name=self.aux(f"{n.name}_share"))))
+                self.append(depth, part, helper.make_node("Mul", [outs[j], k], [v.name],
+                                                          name=self.aux(f"{n.name}_share")))
                 self.define(v.name, dtype, loc, depth, part)
             self.where[v.name] = [(s.outputs[j], v.name)]
 
@@ -434,16 +454,23 @@ def rules_of(graph: Graph) -> list:
 
 
 def lower_rank(graph: Graph, mesh: tuple[int, ...], rank: int, strategies: list,
-               source_specs: dict[str, ShardSpec], micro: int = 1, rules: list | None = None) -> RankProgram:
+               source_specs: dict[str, ShardSpec], micro: int = 1, rules: list | None = None,
+               sends: dict[str, str] | None = None, received: frozenset[str] = frozenset(),
+               not_outputs: frozenset[str] = frozenset()) -> RankProgram:
     """Rank `rank`'s local program. `mesh` is the model's mesh (time axis first when `micro` > 1,
     where the rank's coordinates are taken at time 0); `strategies[pos]` is node pos's chosen
-    Strategy and `source_specs` each source's layout."""
+    Strategy and `source_specs` each source's layout.
+
+    A pipeline stage's program (`sends` given: value -> its producer's phase) tags every node
+    and collective with its pass (F, B, A) and ends each sent value whole on the stage's devices
+    (split along time as computed: one microbatch's piece); `received` graph inputs come from
+    other stages; `not_outputs` are graph outputs that only exist to be sent."""
     device_mesh = mesh[1:] if micro > 1 else mesh
     coords = tuple(int(c) for c in np.unravel_index(rank, device_mesh))
     if micro > 1:
         coords = (0,) + coords
     low = _Lowerer(graph, mesh, coords, strategies, rules if rules is not None else rules_of(graph),
-                   source_specs, micro, rank)
+                   source_specs, micro, rank, received, sends is not None)
     for v in (*graph.inputs, *graph.input_constants, *graph.constants.values()):
         if v.name in source_specs and v.name not in low.where:
             low.source(v)
@@ -454,6 +481,19 @@ def lower_rank(graph: Graph, mesh: tuple[int, ...], rank: int, strategies: list,
     for o in graph.outputs:
         if o.name not in low.where:
             raise LoweringError(f"graph output '{o.name}' is not computed by any node")
+        if sends and o.name in sends:
+            phase = sends[o.name]
+            low.phase = PASSES[phase]
+            part = APPLY if micro > 1 and phase == "optimizer" else MICRO
+            spec = low.where[o.name][0][0]
+            time = (spec[0],) if micro > 1 and part == MICRO else (Replicated(),) if micro > 1 else ()
+            whole = ShardSpec(time + (Replicated(),) * (len(mesh) - len(time)))
+            low.p.sends[o.name] = (low.get(o, whole, part), low.phase)
+        if o.name in not_outputs:
+            continue
+        if sends is not None:
+            low.phase = "A" if binds.get(o.name) is not None else PASSES.get(
+                _phase(o.producer) if o.producer is not None else "forward", "F")
         target = binds.get(o.name)
         want = source_specs.get(target, rep) if target is not None else rep
         low.p.outputs[o.name] = low.get(o, want, APPLY if micro > 1 else MICRO)

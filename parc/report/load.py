@@ -14,7 +14,7 @@ from typing import Any
 from parc.errors import PlanFormatError
 
 PLAN_FILE = "plan.json"
-FORMAT_VERSIONS = (1,)  # plan.json versions this explainer reads (parc.passes.spmd.search.FORMAT_VERSION)
+FORMAT_VERSIONS = (1, 2)  # plan.json versions this explainer reads: 1 one mesh (parc.passes.spmd.search), 2 a pipeline (parc.passes.pipeline.plan)
 
 # (dotted key, expected type, required): what the report reads. Optional keys may be absent
 # (an older plan without `communication`), never of the wrong type.

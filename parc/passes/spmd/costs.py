@@ -73,6 +73,24 @@ class Micro:
     count: int
     labels: tuple[str | None, ...] | None = None
     sources: tuple[ShardSpec, ...] | None = None  # one-axis specs (the time axis)
+    # every source's and node output's time-axis layout by name, as micro_layout decided them
+    # (a pipeline stage plans its part of the graph with these: `Micro.restricted`)
+    values: tuple[tuple[str, ShardSpec], ...] = ()
+
+    def restricted(self, graph: Graph, positions: list[int]) -> Micro:
+        """This layout for the subgraph `graph` made of the nodes at `positions` of the graph it
+        was decided on: their labels, and each of its sources' layout (by name)."""
+        assert self.labels is not None
+        by_name = dict(self.values)
+        labels = tuple(self.labels[pos] for pos in positions)
+        seen: set[int] = set()
+        sources = []
+        for n in graph.nodes:
+            for v in n.inputs:
+                if v is not None and v.producer is None and id(v) not in seen:
+                    seen.add(id(v))
+                    sources.append(by_name[v.name])
+        return Micro(self.count, labels, tuple(sources), self.values)
 
 
 def time_axis(mesh: Mesh | None, count: int, device) -> Mesh:
@@ -350,7 +368,7 @@ class _Pricer:
                     t = self.pairs.get(pk)
                     if t is None:
                         t = reshard_time(a, b, shape, itemsize, self.mesh, bucketed)
-                        if rule and t and _moves_in_time(a, b, shape, itemsize, self.mesh, rule):
+                        if rule and a != b and _moves_in_time(a, b, shape, itemsize, self.mesh, rule):
                             t = FORBIDDEN
                         self.pairs[pk] = t
                     small[r, c] = t
@@ -360,8 +378,30 @@ class _Pricer:
 
 def _moves_in_time(a: ShardSpec, b: ShardSpec, shape: tuple[int, ...], itemsize: int, mesh: Mesh,
                    rule: int) -> bool:
-    steps = [c for c in reshard(a, b, shape, itemsize, mesh.shape) if c.axis == 0 and not c.is_local]
-    return any(rule == 1 or c.kind != "all_reduce" for c in steps)
+    """Whether turning a into b moves data between microbatches: a collective on the time axis
+    (only the sum of a value read once after them may), or, for a consumer run per microbatch,
+    a local step the sequential schedule cannot take (a microbatch's piece placed among zeros
+    needs its position; only even slices and a replicated value made P(sum) have one)."""
+    for c in reshard(a, b, shape, itemsize, mesh.shape):
+        if c.axis != 0:
+            continue
+        if not c.is_local:
+            if rule == 1 or c.kind != "all_reduce":
+                return True
+        elif rule == 1 and not _sequential(c):
+            return True
+    return False
+
+
+def _sequential(step) -> bool:
+    """A local step along time the lowering runs per microbatch (`lower._micro_slice`,
+    `lower._micro_first`)."""
+    from parc.sharding.spec import Partial, Replicated, Split
+
+    if step.kind == "local_slice":
+        return isinstance(step.dst, Split) and step.dst.is_even
+    return (step.kind == "local_partial" and isinstance(step.src, Replicated) and isinstance(step.dst, Partial)
+            and step.dst.op == "sum")
 
 
 def _unique(specs: list[ShardSpec]) -> tuple[list[ShardSpec], np.ndarray]:
@@ -438,4 +478,8 @@ def micro_layout(graph: Graph, cluster: Cluster, count: int) -> Micro:
     labels = tuple(model.strategies[pos][sol.choice[model.node_index(pos)]].labels[0]
                    for pos in range(len(graph.nodes)))
     sources = tuple(model.source_specs[k][sol.choice[k]] for k in range(len(model.sources)))
-    return Micro(count, labels, sources)
+    values = [(v.name, spec) for v, spec in zip(model.sources, sources)]
+    for pos, n in enumerate(graph.nodes):
+        strategy = model.strategies[pos][sol.choice[model.node_index(pos)]]
+        values += [(v.name, spec) for v, spec in zip(n.outputs, strategy.outputs) if v.name]
+    return Micro(count, labels, sources, tuple(values))

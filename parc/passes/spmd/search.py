@@ -275,7 +275,7 @@ def _baseline_names(mesh: Mesh) -> list[str]:
 def plan_graph(graph: Graph, cluster: Cluster, *, level: str = "O3", memory_budget: float | None = None,
                max_mesh_dims: int = 2, progress: Callable[[str, int, int], None] | None = None,
                time_limit: float = 60.0, hints: Hints | None = None, jobs: int | None = None,
-               micro_batches: int = 1) -> Plan:
+               micro_batches: int = 1, micro: Micro | None = None, with_baselines: bool = True) -> Plan:
     """The cheapest plan over the cluster's meshes; raises InfeasiblePlanError if none fits.
 
     Jobs run in up to `jobs` processes (default: one per CPU, at most one per job; 1: in this
@@ -284,15 +284,18 @@ def plan_graph(graph: Graph, cluster: Cluster, *, level: str = "O3", memory_budg
 
     `micro_batches` M > 1 plans the step as M microbatches with gradient accumulation: the
     layout along time is decided once (`costs.micro_layout`), then every mesh is searched with
-    it as a leading mesh axis (`costs.Micro`)."""
+    it as a leading mesh axis (`costs.Micro`); `micro` gives that layout instead (a pipeline
+    stage's part of the whole graph's). `with_baselines=False` solves no baselines."""
     t0 = time.perf_counter()
     budget = float(memory_budget if memory_budget is not None else min(d.memory_bytes for d in cluster.devices))
     if micro_batches < 1:
         raise UsageError(f"--micro-batches {micro_batches}: expected a count >= 1")
-    micro = micro_layout(graph, cluster, micro_batches) if micro_batches > 1 else None
+    if micro is None and micro_batches > 1:
+        micro = micro_layout(graph, cluster, micro_batches)
+    names = _baseline_names if with_baselines else (lambda mesh: [])
     search = _Search(cluster, level, budget, SearchOptions(ilp=IlpOptions(time_limit=time_limit)), hints, micro)
     meshes = enumerate_meshes(cluster, max_dims=max_mesh_dims)
-    total = sum(2 + len(_baseline_names(m)) for m in meshes)  # jobs: build, plan, baselines
+    total = sum(2 + len(names(m)) for m in meshes)  # jobs: build, plan, baselines
     if jobs is None:
         jobs = min(os.cpu_count() or 1, total)
     if jobs < 1:
@@ -308,7 +311,7 @@ def plan_graph(graph: Graph, cluster: Cluster, *, level: str = "O3", memory_budg
             return []
         # The baselines run beside the plan, even if no mesh turns out to have one (then unused).
         more = [_Job("plan", job.mesh, out.model, out.pins)] if out.skipped is None else []
-        return more + [_Job(name, job.mesh, out.model) for name in _baseline_names(job.mesh)]
+        return more + [_Job(name, job.mesh, out.model) for name in names(job.mesh)]
 
     run_jobs(partial(_run, search), graph, [_Job("build", m) for m in meshes], jobs, then)
     results, tried, failures, skipped, warned = [], [], [], [], set()
@@ -337,10 +340,10 @@ def plan_graph(graph: Graph, cluster: Cluster, *, level: str = "O3", memory_budg
                 if r.solution.cost <= cheapest * (1 + 1e-6))
     plan = Plan(best, level, cluster, budget, tried, hints=hints)
     # Baselines of the meshes the hints skipped before building a cost model: build one now.
-    late = [_Job(name, m) for m in meshes for name in _baseline_names(m) if (name, m) not in outcome]
+    late = [_Job(name, m) for m in meshes for name in names(m) if (name, m) not in outcome]
     for job, out in zip(late, run_jobs(partial(_run, search), graph, late, jobs)):
         outcome[job.what, job.mesh] = out
-    plan.baselines = {name: outcome[name, m] for m in meshes for name in _baseline_names(m)}
+    plan.baselines = {name: outcome[name, m] for m in meshes for name in names(m)}
     plan.time_s = time.perf_counter() - t0
     return plan
 

@@ -1,0 +1,231 @@
+"""A pipelined plan's per-rank programs and its task graph (Rhino 6.1-6.2, Whale's TaskGraphs).
+
+Every rank of stage s runs its stage's program (`lower_rank` on the stage's subgraph), cut
+into modules per pass: forward (``mf<depth>``), backward (``mb<depth>``) and optimizer
+(``ma<depth>``; ``maa<depth>`` when the step is microbatched, the apply part). One forward and
+one backward program serve every microbatch. The order of each rank is stage s's static 1F1B
+schedule (`one_f_one_b`): per forward step F(k) the data of microbatch k, what other stages
+send it for that pass, the forward modules and their collectives, then its own sends; per
+backward step the same for the backward pass; after the last backward the gradients, summed
+over the microbatches, are applied once; last, a weight read by another stage (a tied
+embedding) goes there in its new value.
+
+A value crossing stages travels whole on the sending stage's devices (split along time as the
+microbatch layout says: one microbatch's piece): receiver i of the reading stage gets it from
+rank i mod |sender group| of the producing stage, and keeps its own shard (the executor slices
+it with the receiving layout). Sends do not wait for their receiver (the executor completes
+them by the end of the step), so the orders cannot deadlock through them; `check_taskgraph`
+runs the orders to make sure.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import onnx
+
+from parc.exec.taskgraph import FORMAT, check_taskgraph, one_f_one_b
+from parc.passes.emit import (
+    PROGRAM_FORMAT,
+    _param_stats,
+    _part_tasks,
+    _write_init,
+    build_modules,
+    comms_by_place,
+    plan_inputs,
+)
+from parc.passes.lower import APPLY, MICRO, PASSES, bindings, loss_name, lower_rank, rules_of
+from parc.passes.pipeline.plan import PipelinePlan
+from parc.passes.pipeline.stages import phase, stage_outputs
+
+TAG_LIMIT = 32767  # the largest MPI tag every implementation accepts
+
+
+def write_pipeline_programs(pp: PipelinePlan, out: Path) -> dict:
+    """Lower every rank of every stage; write modules, init, program.json and taskgraph.json."""
+    m, count = pp.micro_batches, len(pp.stages)
+    schedule = one_f_one_b(count, m)
+    binds = bindings(pp.graph)
+    stats = _param_stats(pp.graph)
+    owned = {s.index: stage_outputs(pp.graph, pp.assignment, s.index) for s in pp.stages}
+    progs: dict[int, tuple] = {}  # global rank -> (stage plan, program, module tasks)
+    for st in pp.stages:
+        graph, mesh, strategies, specs, micro = plan_inputs(st.plan)
+        sends = {b.name: b.phase for b in pp.crossing if b.src == st.index}
+        received = frozenset(b.name for b in pp.crossing if st.index in b.dst and b.name not in binds)
+        not_outputs = frozenset(o.name for o in graph.outputs) - owned[st.index]
+        rules = rules_of(graph)
+        for local, rank in enumerate(st.ranks):
+            p = lower_rank(graph, mesh, local, strategies, specs, micro, rules, sends, received, not_outputs)
+            rank_dir = out / f"rank_{rank}"
+            rank_dir.mkdir(parents=True, exist_ok=True)
+            mod_tasks, models = build_modules(p, graph)
+            for name, model in models.items():
+                onnx.save(model, rank_dir / f"{name}.onnx")
+            _write_init(p, graph, rank_dir)
+            progs[rank] = (st, p, mod_tasks)
+    tasks: list[dict] = []
+    edges: list[list[str]] = []
+    collectives: dict[str, dict] = {}
+    order: dict[str, list[str]] = {}
+    links = _links(pp, progs)
+    data: dict[str, dict] = {}
+    for _, p, _ in progs.values():
+        for x in p.residents.values():
+            if x.kind == "data":
+                data.setdefault(x.name, {"name": x.name, "kind": "data", "spec": "", "shape": list(x.shape),
+                                         "local": list(x.shape), "dtype": x.dtype, "high": x.high})
+    data_inputs = [data[v.name] for v in pp.graph.inputs if v.name in data]
+    loss = loss_name(pp.graph)
+    reporter = min((r for r, (_, p, _) in progs.items() if loss in p.outputs), default=0)
+    for rank, (st, p, mod_tasks) in sorted(progs.items()):
+        graph = st.graph
+        mine_bound = {new: old for new, old in binds.items() if new in p.outputs or
+                      any(lk["tensor"] == new and lk["dst_rank"] == rank for lk in links)}
+        program = {
+            "format": PROGRAM_FORMAT, "rank": rank, "coords": list(p.coords), "mesh": list(p.mesh),
+            "micro_batches": m, "stage": st.index, "stages": count, "stage_ranks": list(st.ranks),
+            "residents": [{"name": x.name, "kind": x.kind, "spec": str(x.spec), "shape": list(x.shape),
+                           "local": list(x.local), "dtype": x.dtype, "high": x.high,
+                           **({"init": stats[x.name]} if x.name in stats else {})} for x in p.residents.values()],
+            "outputs": p.outputs, "accumulate": p.accumulate, "bindings": mine_bound,
+            "loss": loss if loss in p.outputs else None, "data_inputs": data_inputs, "reporter": reporter,
+        }
+        (out / f"rank_{rank}" / "program.json").write_text(json.dumps(program, indent=1, sort_keys=True) + "\n")
+        order[str(rank)] = _rank_order(rank, st, p, mod_tasks, schedule[st.index], m, links, tasks, edges,
+                                       collectives)
+    tasks.extend(collectives.values())
+    doc = {"format": FORMAT, "ranks": pp.ranks, "micro_batches": m,
+           "stages": [{"id": st.index, "ranks": list(st.ranks), "mesh": list(st.plan.best.mesh.shape)}
+                      for st in pp.stages],
+           "tasks": tasks, "edges": edges, "order": order}
+    check_taskgraph(doc)
+    tmp = out / "taskgraph.json.tmp"
+    tmp.write_text(json.dumps(doc, indent=0) + "\n")
+    tmp.replace(out / "taskgraph.json")
+    return doc
+
+
+def _links(pp: PipelinePlan, progs: dict[int, tuple]) -> list[dict]:
+    """Every (value, sending rank, receiving rank) of the plan, with the pass each side runs it
+    in, the array that travels and the receiver's layout."""
+    binds = bindings(pp.graph)
+    out = []
+    for i, b in enumerate(pp.crossing):
+        src = pp.stages[b.src]
+        for d in b.dst:
+            dst = pp.stages[d]
+            for j, rank in enumerate(dst.ranks):
+                sender = src.ranks[j % len(src.ranks)]
+                _, sp, _ = progs[sender]
+                _, rp, _ = progs[rank]
+                local, send_pass = sp.sends[b.name]
+                shape = sp.info[local][1]
+                if b.name in binds:  # a new weight for a stage that reads it: after the update
+                    recv_pass, spec = "A", rp.residents[binds[b.name]].spec
+                else:
+                    recv_pass = _first_pass(dst.graph, b.name)
+                    spec = rp.residents[b.name].spec
+                out.append({"index": i, "tensor": b.name, "src_rank": sender, "dst_rank": rank,
+                            "src_local": local, "send_pass": send_pass, "recv_pass": recv_pass,
+                            "shape": list(shape), "global": list(b.shape), "dtype": b.dtype, "spec": str(spec),
+                            "bound": b.name in binds})
+    return out
+
+
+def _first_pass(graph, name: str) -> str:
+    """The earliest pass of the stage's nodes that read `name`."""
+    passes = {PASSES[phase(u)] for v in graph.inputs if v.name == name for u, _ in v.uses}
+    for ph in ("F", "B", "A"):
+        if ph in passes:
+            return ph
+    return "F"
+
+
+def _tag(index: int, mb: int | None, m: int) -> int:
+    return (index * (m + 1) + (0 if mb is None else mb + 1)) % TAG_LIMIT
+
+
+def _rank_order(rank: int, st, p, mod_tasks: list[dict], steps, m: int, links: list[dict], tasks: list[dict],
+                edges: list[list[str]], collectives: dict[str, dict]) -> list[str]:
+    """Append rank's tasks and edges; return its 1F1B order."""
+    local = st.ranks.index(rank)
+    device_mesh = tuple(p.mesh[1:] if m > 1 else p.mesh)
+    shift = 1 if m > 1 else 0
+    comms_at = comms_by_place(p)
+    ids: list[str] = []
+    made_by_mb: dict[int | None, dict[str, str]] = {}
+    prefix = f"s{st.index}."
+    data = [x for x in p.residents.values() if x.kind == "data"]
+
+    def add_edges_for(made):
+        def add(tid: str, names) -> None:
+            for n in names:
+                if n in made:
+                    edges.append([made[n], tid])
+        return add
+
+    def transfers(kind: str, ph: str, mb: int | None, made: dict[str, str]) -> None:
+        suffix = f".mb{mb}" if mb is not None else ""
+        extra = {"micro_batch": mb} if mb is not None else {}
+        for lk in links:
+            if kind == "send" and lk["src_rank"] == rank and lk["send_pass"] == ph:
+                tid = f"r{rank}.send.{lk['tensor']}.to{lk['dst_rank']}{suffix}"
+                tasks.append({"id": tid, "kind": "send", "rank": rank, "peer": lk["dst_rank"],
+                              "tensor": lk["tensor"], "local": lk["src_local"], "tag": _tag(lk["index"], mb, m),
+                              "phase": ph, **extra})
+                if lk["src_local"] in made:
+                    edges.append([made[lk["src_local"]], tid])
+                ids.append(tid)
+            elif kind == "recv" and lk["dst_rank"] == rank and lk["recv_pass"] == ph:
+                tid = f"r{rank}.recv.{lk['tensor']}{suffix}"
+                tasks.append({"id": tid, "kind": "recv", "rank": rank, "peer": lk["src_rank"],
+                              "tensor": lk["tensor"], "local": lk["tensor"], "tag": _tag(lk["index"], mb, m),
+                              "shape": lk["shape"], "global": lk["global"], "dtype": lk["dtype"],
+                              "spec": lk["spec"], "phase": ph, **extra})
+                edges.append([f"r{lk['src_rank']}.send.{lk['tensor']}.to{rank}{suffix}", tid])
+                made[lk["tensor"]] = tid
+                ids.append(tid)
+
+    def run_pass(part: str, ph: str, mb: int | None, made: dict[str, str]) -> None:
+        suffix = f".mb{mb}" if mb is not None else ""
+        _part_tasks(local, p, part, mod_tasks, comms_at, device_mesh, shift, suffix, mb, tasks, edges,
+                    collectives, ids, made, add_edges_for(made), phase=ph, ranks=st.ranks, prefix=prefix)
+
+    for what, k in steps:
+        mb = k if m > 1 else None
+        made = made_by_mb.setdefault(mb, {})
+        suffix = f".mb{k}" if m > 1 else ""
+        if what == "F":
+            for x in data:
+                tid = f"r{rank}.source.{x.name}{suffix}"
+                tasks.append({"id": tid, "kind": "source", "rank": rank, "tensor": x.name, "phase": MICRO,
+                              **({"micro_batch": mb} if mb is not None else {})})
+                ids.append(tid)
+                made[x.name] = tid
+        transfers("recv", what, mb, made)
+        run_pass(MICRO, what, mb, made)
+        transfers("send", what, mb, made)
+    made = dict(made_by_mb.get(m - 1 if m > 1 else None, {}))
+    if m == 1:
+        run_pass(MICRO, "A", None, made)
+    else:
+        for ph in ("F", "B", "A"):
+            run_pass(APPLY, ph, None, made)
+    transfers("send", "A", None, made)
+    transfers("recv", "A", None, made)
+    for name, loc in p.outputs.items():
+        tid = f"r{rank}.sink.{name}"
+        tasks.append({"id": tid, "kind": "sink", "rank": rank, "tensor": name, "local": loc})
+        if loc in made:
+            edges.append([made[loc], tid])
+        ids.append(tid)
+    for lk in links:  # new values of weights this stage reads but another updates
+        if lk["dst_rank"] == rank and lk["bound"]:
+            tid = f"r{rank}.sink.{lk['tensor']}"
+            tasks.append({"id": tid, "kind": "sink", "rank": rank, "tensor": lk["tensor"], "local": lk["tensor"]})
+            edges.append([made[lk["tensor"]], tid])
+            ids.append(tid)
+    return ids
+

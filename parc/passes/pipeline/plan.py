@@ -1,0 +1,255 @@
+"""Pipelined plans: stages on device groups, each stage an SPMD plan of its own (Rhino 3, 5).
+
+A pipeline of S stages over N devices gives stage s the devices s*N/S .. (s+1)*N/S - 1 (rank
+order, so when stages are bigger than a node the pipeline axis is the one between nodes, where
+bandwidth is lowest). `assign_stages` splits the graph; every stage's subgraph is then planned
+by the SPMD search on its own device group, with the microbatch layout decided once for the
+whole graph (`costs.micro_layout`), so a value crossing stages has the same microbatch split on
+both sides.
+
+Predicted step (1F1B, Rhino 6.2, DAPPLE): with t_s stage s's time for one microbatch (forward,
+backward and their collectives: its SPMD step less the optimizer, over M), p_s the transfers it
+sends per microbatch, and a_s its optimizer,
+
+    step = sum_s (t_s + p_s) + (M - 1) * max_s (t_s + p_s) + max_s a_s
+
+and the bubble is step - M * max_s (t_s + p_s) - max_s a_s: the fill and drain. Stage s keeps
+the activations of min(S - s, M) microbatches alive (Whale 3.3.2); its memory is its sources
+plus that many times one microbatch's activations, checked against the budget per stage.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from parc.cluster import Cluster
+from parc.cluster.cluster import Node as ClusterNode
+from parc.cluster.links import LinkSpec
+from parc.errors import InfeasiblePlanError, UsageError
+from parc.ir.graph import Graph
+from parc.passes.pipeline.stages import (
+    DEFAULT_TOLERANCE,
+    OPTIMIZER,
+    Boundary,
+    StageAssignment,
+    assign_stages,
+    balance,
+    boundaries,
+    phase,
+    stage_graph,
+)
+from parc.passes.spmd.costs import Micro, micro_layout
+from parc.passes.spmd.search import Plan, plan_graph
+
+log = logging.getLogger("parc.plan")
+FORMAT_VERSION = 2  # plan.json of a pipelined plan (stages, schedule, predicted.bubble_s)
+
+
+def sub_cluster(cluster: Cluster, start: int, count: int) -> Cluster:
+    """Devices start .. start+count-1 of `cluster` as a cluster of their own (a node split
+    between two groups keeps its link and NICs on each side)."""
+    nodes, rank = [], 0
+    for node in cluster.nodes:
+        lo, hi = max(start, rank), min(start + count, rank + len(node.devices))
+        if lo < hi:
+            nodes.append(ClusterNode(node.devices[lo - rank:hi - rank], node.intra_link, node.nics))
+        rank += len(node.devices)
+    return Cluster(tuple(nodes), cluster.inter_link)
+
+
+def stage_link(cluster: Cluster, a: int, b: int) -> LinkSpec:
+    """The link between two devices: inside a node its link, else the inter-node link."""
+    na, nb = cluster.node_of(a), cluster.node_of(b)
+    return cluster.nodes[na].intra_link if na == nb else cluster.inter_link
+
+
+@dataclass
+class StagePlan:
+    """One stage: its device group (global ranks), subgraph and SPMD plan."""
+
+    index: int
+    ranks: tuple[int, ...]
+    graph: Graph
+    positions: list[int]  # the whole graph's node positions this stage computes
+    plan: Plan
+    per_micro_s: float = 0.0  # forward + backward (+ their collectives) of one microbatch
+    apply_s: float = 0.0  # the optimizer
+    send_s: float = 0.0  # transfers sent per microbatch
+    memory_bytes: float = 0.0  # sources + the microbatches 1F1B keeps alive
+    params: int = 0  # parameters the stage holds (elements)
+
+
+@dataclass
+class PipelinePlan:
+    """What `parc plan --pipeline` decided; `to_json` is plan.json format 2."""
+
+    graph: Graph
+    cluster: Cluster
+    assignment: StageAssignment
+    crossing: list[Boundary]
+    stages: list[StagePlan]
+    micro_batches: int
+    level: str
+    budget: float
+    step_s: float = 0.0
+    bubble_s: float = 0.0
+    time_s: float = 0.0
+    baselines: dict[str, dict] = field(default_factory=dict)
+    spmd: dict | None = None  # the best SPMD-only plan's figures, when it was searched
+
+    @property
+    def ranks(self) -> int:
+        return sum(len(s.ranks) for s in self.stages)
+
+    def to_json(self) -> dict:
+        specs, strategies, tensors, communication = {}, {}, {}, []
+        for st in reversed(self.stages):  # a value on several stages: the first stage's layout
+            doc = st.plan.to_json()
+            specs.update(doc["specs"])
+            strategies.update(doc["strategies"])
+            tensors.update(doc["tensors"])
+            communication = [dict(c, stage=st.index) for c in doc["communication"]] + communication
+        compute = sum(float(np.sum(st.plan.best.compute_s)) for st in self.stages)
+        comm = sum(st.plan.best.comm_s for st in self.stages)
+        memory = [st.memory_bytes for st in self.stages for _ in st.ranks]
+        first = self.stages[0].plan
+        return {
+            "format_version": FORMAT_VERSION,
+            "cluster": self.cluster.to_json(),
+            "mesh": {"shape": [len(self.stages), *first.best.mesh.shape],
+                     "links": first.best.mesh.to_json().get("links", []), "pipeline": True},
+            "stages": [{
+                "id": st.index, "devices": list(st.ranks), "mesh": list(st.plan.best.mesh.shape),
+                "nodes": len(st.positions),
+                "forward_s": float(self.assignment.fwd_cost[st.index]),
+                "backward_s": float(self.assignment.bwd_cost[st.index]),
+                "per_micro_batch_s": st.per_micro_s, "optimizer_s": st.apply_s, "send_s": st.send_s,
+                "step_time_s": st.plan.best.solution.cost,
+                "memory_bytes_per_device": st.memory_bytes, "parameters": st.params,
+                "solver": {"status": st.plan.best.solution.status, "gap": st.plan.best.solution.gap},
+            } for st in self.stages],
+            "schedule": {"kind": "1f1b", "micro_batches": self.micro_batches},
+            "transfers": [{"value": b.name, "from_stage": b.src, "to_stages": list(b.dst), "pass": b.phase,
+                           "bytes": int(np.prod(b.shape)) * _itemsize(b.dtype)} for b in self.crossing],
+            "stage_search": {"status": self.assignment.status, "tolerance": self.assignment.tolerance,
+                             "cut_bytes": self.assignment.cut_bytes, "balance": balance(self.assignment),
+                             "time_s": self.assignment.solve_s},
+            "predicted": {"step_time_s": self.step_s, "bubble_s": self.bubble_s, "compute_s": compute,
+                          "comm_s": comm, "memory_bytes_per_device": memory,
+                          "memory_budget_bytes": self.budget},
+            "specs": specs,
+            "strategies": strategies,
+            "tensors": tensors,
+            "communication": communication,
+            "micro_batches": {"count": self.micro_batches} if self.micro_batches > 1 else None,
+            "solver": {"level": self.level, "time_s": self.time_s,
+                       "meshes": [{"shape": [len(self.stages), *st.plan.best.mesh.shape], "stage": st.index,
+                                   "feasible": True, "step_time_s": st.plan.best.solution.cost}
+                                  for st in self.stages]},
+            "baselines": self.baselines,
+            "spmd_only": self.spmd,
+            "hints": None,
+        }
+
+
+def _itemsize(onnx_type: int) -> int:
+    from onnx import helper
+
+    return int(np.dtype(helper.tensor_dtype_to_np_dtype(onnx_type)).itemsize)
+
+
+def batch_size(graph: Graph) -> int | None:
+    """The batch (dim 0 of the data inputs), when they agree."""
+    dims = {v.shape[0] for v in graph.inputs if v.shape}
+    return dims.pop() if len(dims) == 1 else None
+
+
+def default_micro_batches(graph: Graph, stages: int) -> int:
+    """M for a pipeline of `stages` when the user names none: the smallest divisor of the batch
+    that is at least 2 * stages (a bubble of (S - 1) / (M + S - 1) at most a third), else the
+    largest divisor."""
+    batch = batch_size(graph) or 1
+    divisors = [d for d in range(1, batch + 1) if batch % d == 0]
+    return next((d for d in divisors if d >= 2 * stages), divisors[-1])
+
+
+def plan_pipeline(graph: Graph, cluster: Cluster, stages: int, *, micro_batches: int | None = None,
+                  level: str = "O3", memory_budget: float | None = None, time_limit: float = 60.0,
+                  tolerance: float = DEFAULT_TOLERANCE, jobs: int | None = None, max_mesh_dims: int = 2,
+                  fixed: dict[str, int] | None = None) -> PipelinePlan:
+    """The pipelined plan of `graph` in `stages` stages over the cluster (module docstring)."""
+    t0 = time.perf_counter()
+    n = cluster.num_devices
+    if stages < 2 or n % stages:
+        raise UsageError(f"--pipeline {stages}: expected a stage count >= 2 that divides the "
+                         f"{n} devices")
+    m = micro_batches if micro_batches is not None else default_micro_batches(graph, stages)
+    batch = batch_size(graph)
+    if m < 1 or (batch is not None and batch % m):
+        raise UsageError(f"--micro-batches {m}: expected a count that divides the batch ({batch})")
+    budget = float(memory_budget if memory_budget is not None else min(d.memory_bytes for d in cluster.devices))
+    a = assign_stages(graph, cluster, stages, tolerance, fixed, time_limit)
+    crossing = boundaries(graph, a)
+    micro: Micro | None = micro_layout(graph, cluster, m) if m > 1 else None
+    group = n // stages
+    plans = []
+    for s in range(stages):
+        g = stage_graph(graph, a, s, crossing)
+        positions = a.nodes_of(s)
+        sub = sub_cluster(cluster, s * group, group)
+        stage_micro = micro.restricted(g, positions) if micro is not None else None
+        try:
+            p = plan_graph(g, sub, level=level, memory_budget=budget, time_limit=time_limit, jobs=jobs,
+                           micro_batches=m, micro=stage_micro, with_baselines=False, max_mesh_dims=max_mesh_dims)
+        except InfeasiblePlanError as e:
+            raise InfeasiblePlanError(f"pipeline stage {s} of {stages} ({len(positions)} nodes): {e}") from None
+        plans.append(StagePlan(s, tuple(range(s * group, (s + 1) * group)), g, positions, p))
+    out = PipelinePlan(graph, cluster, a, crossing, plans, m, level, budget)
+    _predict(out)
+    out.time_s = time.perf_counter() - t0
+    return out
+
+
+def _predict(pp: PipelinePlan) -> None:
+    """Per-stage times and memory, the 1F1B step and its bubble (module docstring)."""
+    m, count = pp.micro_batches, len(pp.stages)
+    for st in pp.stages:
+        best = st.plan.best
+        prob, x = best.model.problem, best.solution.choice
+        apply_s = 0.0
+        for pos, node in enumerate(st.graph.nodes):
+            if phase(node) == OPTIMIZER:
+                apply_s += float(prob.comp[best.model.node_index(pos)][x[best.model.node_index(pos)]])
+        st.apply_s = apply_s
+        st.per_micro_s = max(best.solution.cost - apply_s, 0.0) / m
+        sends = 0.0
+        for b in pp.crossing:
+            if b.src != st.index or b.phase == OPTIMIZER:
+                continue
+            nbytes = int(np.prod(b.shape)) * _itemsize(b.dtype) / m
+            for d in b.dst:
+                link = stage_link(pp.cluster, st.ranks[0], pp.stages[d].ranks[0])
+                sends += link.latency + nbytes / link.bandwidth
+        st.send_s = sends
+        source_bytes = sum(float(prob.mem[k][x[k]]) for k in range(len(best.model.sources))) if prob.mem else 0.0
+        activations = max(best.memory_bytes - source_bytes, 0.0)
+        st.memory_bytes = source_bytes + min(count - st.index, m) * activations
+        st.params = int(sum(v.size for v in st.graph.input_constants if v.is_param))
+        if st.memory_bytes > pp.budget:
+            raise InfeasiblePlanError(
+                f"pipeline stage {st.index} of {count} needs {st.memory_bytes / 2**30:.2f} GiB per device "
+                f"({min(count - st.index, m)} microbatches of activations kept by 1F1B), the budget is "
+                f"{pp.budget / 2**30:.2f} GiB")
+    slowest = max(st.per_micro_s + st.send_s for st in pp.stages)
+    apply_s = max(st.apply_s for st in pp.stages)
+    pp.step_s = sum(st.per_micro_s + st.send_s for st in pp.stages) + (m - 1) * slowest + apply_s
+    pp.bubble_s = pp.step_s - m * slowest - apply_s
+
+
+def describe(pp: PipelinePlan) -> str:
+    return json.dumps([{"stage": st.index, "ranks": st.ranks, "nodes": len(st.positions)} for st in pp.stages])

@@ -1,0 +1,482 @@
+"""Pipeline stages: which stage computes each node (Rhino 5.1-5.2), and each stage's subgraph.
+
+**The stage ILP** runs on the forward graph. Integer B_i (the stage of forward node i, here
+sum_s s * x_is over 0-1 columns x_is), a 0-1 F_ij per forward edge with
+F_ij <= B_j - B_i <= (S - 1) F_ij, and the objective sum F_ij * bytes(i, j): the volume that
+crosses stages. Rhino's bound tightening keeps each node near its balanced position: with A_i
+and D_i its ancestors and descendants, c its cost and T = sum c / S,
+
+    floor(sum_{A_i} c / T - eps)  <=  B_i  <=  S - 1 - floor((c_i + sum_{D_i} c) / T - eps)
+
+(the upper bound as the mirror of the lower one: a node whose descendants need k stages' worth
+of time starts at stage S - k at the latest). On a non-linear graph ancestor sums say little about
+parallel branches, so a per-stage load row sum_i c_i x_is <= (1 + eps) T is added as well; eps
+doubles until the problem is feasible. A node's cost c_i counts its forward and its backward
+compute (the backward nodes whose `parc.forward` names it).
+
+**The other nodes follow:** a backward node goes to the stage of the forward node it came from;
+an optimizer node to the stage of its parameter (the first stage whose forward nodes read it);
+a backward node without a forward node (the sum of a tied weight's gradients) to the earliest
+stage that reads its output. Nodes computed from state alone and tied to no parameter (Adam's
+bias corrections, the step counter) are computed by every stage that needs them. The loss is
+on the last stage. Nothing is linearised: skip connections, an encoder output read by every
+decoder layer and a tied embedding read by the first and last stage are cross-stage edges.
+
+`stage_graph` cuts stage s out of the training graph: its nodes, the sources they read, the
+values other stages produce as inputs (received), and as outputs the graph outputs it owns plus
+what other stages read from it (sent).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import dataclass, field
+
+import highspy
+import numpy as np
+
+from parc.autodiff.context import FORWARD_OF, PHASE
+from parc.autodiff.step import STATE_KEY
+from parc.cluster import Cluster, compute_time
+from parc.errors import InfeasiblePlanError, UsageError
+from parc.ir.graph import Graph, Node, Value
+from parc.ops import get_rule
+from parc.ops.base import output_elements
+
+DEFAULT_TOLERANCE = 0.1  # eps of the bound tightening and the load rows (docs/pipeline.md)
+FORWARD, BACKWARD, OPTIMIZER = "forward", "backward", "optimizer"
+
+
+def phase(n: Node) -> str:
+    return n.meta.get(PHASE, FORWARD)
+
+
+@dataclass
+class StageAssignment:
+    """The stages of a graph's nodes and what crosses between them."""
+
+    count: int
+    stages_of: list[tuple[int, ...]]  # per node position: the stages computing it (several: replicated)
+    fwd_cost: np.ndarray  # per stage: forward compute seconds (one device, whole batch)
+    bwd_cost: np.ndarray  # per stage: backward compute seconds
+    cut_bytes: float  # bytes crossing stages per step, forward edges (the ILP's objective)
+    status: str = "optimal"
+    tolerance: float = DEFAULT_TOLERANCE
+    solve_s: float = 0.0
+    owner: dict[str, int] = field(default_factory=dict)  # value name -> the stage that produces it for others
+
+    def nodes_of(self, stage: int) -> list[int]:
+        return [pos for pos, ss in enumerate(self.stages_of) if stage in ss]
+
+
+def node_cost(n: Node, cluster: Cluster) -> float:
+    """One device's time for node n on the whole batch (the cost model's roofline)."""
+    slowest = min(cluster.devices, key=lambda d: d.peak("float32"))
+    rule = get_rule(n)
+    flops = rule.flops(n) if rule is not None else output_elements(n)
+    read, written = rule.bytes_accessed(n) if rule is not None else (0, 0)
+    dtype = next((v.dtype for v in n.outputs if v.dtype is not None), None)
+    return compute_time(flops, read + written, slowest, dtype or "float32")
+
+
+def assign_stages(graph: Graph, cluster: Cluster, count: int, tolerance: float = DEFAULT_TOLERANCE,
+                  fixed: dict[str, int] | None = None, time_limit: float = 60.0) -> StageAssignment:
+    """Split `graph` into `count` stages (see the module docstring). `fixed` pins forward nodes
+    (by name) to stages (hints' `stage:` scopes)."""
+    if count < 2:
+        raise UsageError(f"--pipeline {count}: a pipeline needs 2 or more stages")
+    nodes = graph.nodes
+    fwd = [pos for pos, n in enumerate(nodes) if phase(n) == FORWARD]
+    if len(fwd) < count:
+        raise UsageError(f"--pipeline {count}: the graph has {len(fwd)} forward nodes, fewer than the stages")
+    index = {id(nodes[pos]): k for k, pos in enumerate(fwd)}
+    by_name = {nodes[pos].name: k for k, pos in enumerate(fwd)}
+    cost = np.array([node_cost(nodes[pos], cluster) for pos in fwd])
+    bwd_of = np.zeros(len(fwd))
+    for n in nodes:
+        if phase(n) == BACKWARD and n.meta.get(FORWARD_OF) in by_name:
+            bwd_of[by_name[n.meta[FORWARD_OF]]] += node_cost(n, cluster)
+    weight = cost + bwd_of
+    edges, volume = _forward_edges(fwd, nodes, index)
+    pins = _pins(graph, fwd, nodes, by_name, fixed or {}, count)
+    t0 = time.perf_counter()
+    x, status, eps = _solve(weight, edges, volume, count, tolerance, pins, time_limit)
+    stage_f = {fwd[k]: int(x[k]) for k in range(len(fwd))}
+    stages_of = _follow(graph, stage_f, count)
+    fcost, bcost = np.zeros(count), np.zeros(count)
+    for pos, ss in enumerate(stages_of):
+        c = node_cost(nodes[pos], cluster)
+        for s in ss:
+            (fcost if phase(nodes[pos]) == FORWARD else bcost)[s] += c
+    cut = float(sum(v for (i, j), v in zip(edges, volume) if x[i] != x[j]))
+    a = StageAssignment(count, stages_of, fcost, bcost, cut, status, eps, time.perf_counter() - t0)
+    a.owner = _owners(graph, stages_of)
+    check_order(graph, a)
+    return a
+
+
+def _forward_edges(fwd: list[int], nodes: list[Node], index: dict[int, int]) -> tuple[list, list]:
+    pairs: dict[tuple[int, int], float] = {}
+    for k, pos in enumerate(fwd):
+        for v in nodes[pos].outputs:
+            for user, _ in v.uses:
+                j = index.get(id(user))
+                if j is not None and j != k:
+                    pairs[k, j] = max(pairs.get((k, j), 0.0), float(v.nbytes))
+    return list(pairs), list(pairs.values())
+
+
+def _pins(graph: Graph, fwd: list[int], nodes: list[Node], by_name: dict[str, int], fixed: dict[str, int],
+          count: int) -> dict[int, int]:
+    """Forward nodes whose stage is fixed: the loss's producer on the last stage, and hints."""
+    pins: dict[int, int] = {}
+    record = graph.metadata.get(STATE_KEY)
+    loss = json.loads(record).get("loss") if record else None
+    for k, pos in enumerate(fwd):
+        if loss is not None and any(v.name == loss for v in nodes[pos].outputs):
+            pins[k] = count - 1
+    for name, s in fixed.items():
+        if not 0 <= s < count:
+            raise UsageError(f"hints: stage {s} for node '{name}': expected 0..{count - 1}")
+        if name in by_name:
+            pins[by_name[name]] = s
+    return pins
+
+
+def _solve(weight: np.ndarray, edges: list, volume: list, count: int, tolerance: float,
+           pins: dict[int, int], time_limit: float) -> tuple[np.ndarray, str, float]:
+    """The stage of each forward node, the solver status and the tolerance that was feasible."""
+    n = len(weight)
+    anc, desc = _closure(n, edges)
+    total = float(weight.sum()) or 1.0
+    per = total / count
+    a_cost = anc @ weight
+    d_cost = desc @ weight + weight
+    eps = tolerance
+    for _ in range(8):
+        lo = np.maximum(np.floor(a_cost / per - eps), 0).astype(int)
+        hi = np.minimum(count - 1 - np.floor(d_cost / per - eps), count - 1).astype(int)
+        hi = np.maximum(hi, lo)
+        for k, s in pins.items():
+            lo[k] = hi[k] = s
+        got = _stage_ilp(weight, edges, volume, count, lo, hi, (1 + eps) * per, time_limit)
+        if got is not None:
+            return got[0], got[1], eps
+        eps *= 2
+    raise InfeasiblePlanError(f"no balanced split into {count} stages (tolerance up to {eps:g}); "
+                              f"the pinned stages may contradict the graph's order")
+
+
+def _closure(n: int, edges: list) -> tuple[np.ndarray, np.ndarray]:
+    """Ancestor and descendant matrices (bool [n, n]) of a DAG whose nodes are in topological order."""
+    preds: list[list[int]] = [[] for _ in range(n)]
+    for i, j in edges:
+        preds[j].append(i)
+    anc = np.zeros((n, n), dtype=bool)
+    for j in range(n):
+        for i in preds[j]:
+            anc[j] |= anc[i]
+            anc[j, i] = True
+    return anc.astype(np.float64), anc.T.astype(np.float64)
+
+
+def _stage_ilp(weight, edges, volume, count, lo, hi, cap, time_limit) -> tuple[np.ndarray, str] | None:
+    """x_is (n * count columns, node-major) then F_e; None when infeasible."""
+    n, m = len(weight), len(edges)
+    X = n * count
+    lower = np.zeros(X + m)
+    upper = np.ones(X + m)
+    s_of = np.tile(np.arange(count), n)
+    node_of = np.repeat(np.arange(n), count)
+    upper[:X][(s_of < lo[node_of]) | (s_of > hi[node_of])] = 0.0
+    cost = np.concatenate([np.zeros(X), np.asarray(volume, dtype=np.float64)])
+    rows, cols, vals, rlo, rhi = [], [], [], [], []
+    r = 0
+    # one stage per node
+    rows.append(np.repeat(np.arange(n), count))
+    cols.append(np.arange(X))
+    vals.append(np.ones(X))
+    rlo.append(np.ones(n))
+    rhi.append(np.ones(n))
+    r += n
+    # F_e <= B_j - B_i <= (count - 1) F_e, as two rows per edge
+    for k, (i, j) in enumerate(edges):
+        for scale, lo_b, hi_b in ((1.0, 0.0, highspy.kHighsInf), (count - 1.0, -highspy.kHighsInf, 0.0)):
+            rows.append(np.full(2 * count + 1, r))
+            cols.append(np.concatenate([j * count + np.arange(count), i * count + np.arange(count), [X + k]]))
+            vals.append(np.concatenate([np.arange(count, dtype=float), -np.arange(count, dtype=float), [-scale]]))
+            rlo.append(np.array([lo_b]))
+            rhi.append(np.array([hi_b]))
+            r += 1
+    # stage loads
+    for s in range(count):
+        rows.append(np.full(n, r))
+        cols.append(np.arange(n) * count + s)
+        vals.append(np.asarray(weight, dtype=np.float64))
+        rlo.append(np.array([-highspy.kHighsInf]))
+        rhi.append(np.array([cap]))
+        r += 1
+    rows_a, cols_a, vals_a = np.concatenate(rows), np.concatenate(cols), np.concatenate(vals)
+    order = np.argsort(rows_a, kind="stable")
+    lp = highspy.HighsLp()
+    lp.num_col_, lp.num_row_ = X + m, r
+    lp.col_cost_, lp.col_lower_, lp.col_upper_ = cost, lower, upper
+    lp.row_lower_, lp.row_upper_ = np.concatenate(rlo), np.concatenate(rhi)
+    lp.a_matrix_.format_ = highspy.MatrixFormat.kRowwise
+    lp.a_matrix_.num_col_, lp.a_matrix_.num_row_ = X + m, r
+    lp.a_matrix_.start_ = np.concatenate([[0], np.cumsum(np.bincount(rows_a, minlength=r))]).astype(np.int32)
+    lp.a_matrix_.index_ = cols_a[order].astype(np.int32)
+    lp.a_matrix_.value_ = vals_a[order]
+    lp.integrality_ = [highspy.HighsVarType.kInteger] * (X + m)
+    h = highspy.Highs()
+    h.setOptionValue("output_flag", False)
+    h.setOptionValue("threads", 1)
+    h.setOptionValue("random_seed", 0)
+    h.setOptionValue("mip_rel_gap", 1e-4)
+    h.setOptionValue("time_limit", time_limit)
+    h.passModel(lp)
+    h.run()
+    status = h.getModelStatus()
+    info = h.getInfo()
+    if info.primal_solution_status != highspy.SolutionStatus.kSolutionStatusFeasible.value:
+        return None
+    col = np.asarray(h.getSolution().col_value)[:X].reshape(n, count)
+    name = "optimal" if status == highspy.HighsModelStatus.kOptimal else h.modelStatusToString(status)
+    return col.argmax(axis=1), name
+
+
+def _follow(graph: Graph, stage_f: dict[int, int], count: int) -> list[tuple[int, ...]]:
+    """Stages of the backward and optimizer nodes, from the forward nodes' (module docstring)."""
+    nodes = graph.nodes
+    pos_of = {id(n): pos for pos, n in enumerate(nodes)}
+    by_name = {nodes[pos].name: s for pos, s in stage_f.items()}
+    out: list[tuple[int, ...] | None] = [None] * len(nodes)
+    for pos, s in stage_f.items():
+        out[pos] = (s,)
+    # a parameter's stage: the first stage whose forward nodes read it
+    param_stage: dict[str, int] = {}
+    for pos, s in stage_f.items():
+        for v in nodes[pos].inputs:
+            if v is not None and v.producer is None:
+                param_stage[v.name] = min(param_stage.get(v.name, count), s)
+    floating = _floating(graph)
+    for pos, n in enumerate(nodes):
+        if out[pos] is not None or pos in floating:
+            continue
+        if phase(n) == BACKWARD and n.meta.get(FORWARD_OF) in by_name:
+            out[pos] = (by_name[n.meta[FORWARD_OF]],)
+        elif phase(n) == OPTIMIZER and n.meta.get("parc.param") in param_stage:
+            out[pos] = (param_stage[n.meta["parc.param"]],)
+    # the rest: the earliest stage that reads it, else the latest stage it reads from
+    for pos in reversed(range(len(nodes))):
+        if out[pos] is not None or pos in floating:
+            continue
+        users = [out[pos_of[id(u)]] for v in nodes[pos].outputs for u, _ in v.uses]
+        users = [min(ss) for ss in users if ss]
+        if users:
+            out[pos] = (min(users),)
+    for pos, n in enumerate(nodes):
+        if out[pos] is not None or pos in floating:
+            continue
+        made = [max(out[pos_of[id(v.producer)]] or (0,)) for v in n.inputs
+                if v is not None and v.producer is not None and id(v.producer) in pos_of]
+        out[pos] = (max(made),) if made else (count - 1,)
+    # replicated nodes: every stage that reads their outputs or holds the state they update
+    bound = _bound_sources(graph)
+    readers: dict[str, set[int]] = {}
+    for pos, n in enumerate(nodes):
+        if out[pos] is None:
+            continue
+        for v in n.inputs:
+            if v is not None and v.producer is None:
+                readers.setdefault(v.name, set()).update(out[pos])
+    for pos in sorted(floating, reverse=True):
+        want: set[int] = set()
+        for v in nodes[pos].outputs:
+            for u, _ in v.uses:
+                want.update(out[pos_of[id(u)]] or ())
+            if v.name in bound:
+                want.update(readers.get(bound[v.name], ()))
+        out[pos] = tuple(sorted(want)) or (count - 1,)
+        for v in nodes[pos].inputs:
+            if v is not None and v.producer is None:
+                readers.setdefault(v.name, set()).update(out[pos])
+    return [ss if ss is not None else (count - 1,) for ss in out]
+
+
+def _floating(graph: Graph) -> set[int]:
+    """Positions of the nodes every stage may compute for itself: not forward, tied to no
+    forward node and no parameter, and reading only constants, state and other such nodes."""
+    data = {v.name for v in graph.inputs}
+    params = {v.name for v in graph.params()}
+    out: set[int] = set()
+    made: set[int] = set()
+    for pos, n in enumerate(graph.nodes):
+        if phase(n) == FORWARD or n.meta.get(FORWARD_OF) or n.meta.get("parc.param"):
+            continue
+        ok = all(v is None or (v.producer is None and v.name not in data and v.name not in params)
+                 or id(v) in made for v in n.inputs)
+        if ok:
+            out.add(pos)
+            made.update(id(v) for v in n.outputs)
+    return out
+
+
+def _bound_sources(graph: Graph) -> dict[str, str]:
+    record = graph.metadata.get(STATE_KEY)
+    return dict(json.loads(record)["bindings"]) if record else {}
+
+
+def _owners(graph: Graph, stages_of: list[tuple[int, ...]]) -> dict[str, int]:
+    """The stage each node output is sent from: the first stage computing it."""
+    return {v.name: min(ss) for n, ss in zip(graph.nodes, stages_of) for v in n.outputs if v.name}
+
+
+def check_order(graph: Graph, a: StageAssignment) -> None:
+    """Forward values only flow to later stages; a 1F1B schedule cannot run anything else."""
+    pos_of = {id(n): pos for pos, n in enumerate(graph.nodes)}
+    for pos, n in enumerate(graph.nodes):
+        if phase(n) != FORWARD:
+            continue
+        for v in n.inputs:
+            if v is not None and v.producer is not None and phase(v.producer) == FORWARD:
+                if min(a.stages_of[pos_of[id(v.producer)]]) > min(a.stages_of[pos]):
+                    raise UsageError(f"node '{n.label}' on stage {min(a.stages_of[pos])} reads "
+                                     f"'{v.name}' from the later stage {min(a.stages_of[pos_of[id(v.producer)]])}")
+
+
+# ---- a stage's subgraph -------------------------------------------------------------------------
+@dataclass
+class Boundary:
+    """A value computed on one stage and read on another."""
+
+    name: str
+    src: int  # producing stage
+    dst: tuple[int, ...]  # reading stages
+    phase: str  # the producer's phase (forward, backward, optimizer)
+    shape: tuple[int, ...]
+    dtype: int  # ONNX element type
+
+
+def boundaries(graph: Graph, a: StageAssignment) -> list[Boundary]:
+    """Every value that crosses stages, in graph order, with the state updates that another stage
+    holds (a tied weight's new value goes to every stage that reads the weight)."""
+    pos_of = {id(n): pos for pos, n in enumerate(graph.nodes)}
+    out: dict[str, Boundary] = {}
+    for pos, n in enumerate(graph.nodes):
+        for v in n.inputs:
+            if v is None or v.producer is None:
+                continue
+            src_stages = a.stages_of[pos_of[id(v.producer)]]
+            for s in a.stages_of[pos]:
+                if s in src_stages:
+                    continue
+                b = out.setdefault(v.name, Boundary(v.name, min(src_stages), (), phase(v.producer),
+                                                    tuple(v.shape), v.dtype.onnx_type))
+                if s not in b.dst:
+                    b.dst = tuple(sorted((*b.dst, s)))
+    # new state read by a stage that does not compute it
+    readers: dict[str, set[int]] = {}
+    for pos, n in enumerate(graph.nodes):
+        for v in n.inputs:
+            if v is not None and v.producer is None:
+                readers.setdefault(v.name, set()).update(a.stages_of[pos])
+    outputs = {v.name: v for v in graph.outputs}
+    for new, old in _bound_sources(graph).items():
+        v = outputs.get(new)
+        if v is None or v.producer is None:
+            continue
+        made = a.stages_of[pos_of[id(v.producer)]]
+        need = tuple(sorted(s for s in readers.get(old, ()) if s not in made))
+        if need:
+            b = out.setdefault(new, Boundary(new, min(made), (), phase(v.producer), tuple(v.shape),
+                                             v.dtype.onnx_type))
+            b.dst = tuple(sorted(set(b.dst) | set(need)))
+    return list(out.values())
+
+
+def stage_graph(graph: Graph, a: StageAssignment, stage: int, crossing: list[Boundary]) -> Graph:
+    """Stage `stage`'s program as a Graph of its own (module docstring). Received values are
+    graph inputs; sent values and the graph outputs this stage owns are graph outputs."""
+    g = Graph(f"{graph.name}.stage{stage}", dict(graph.opset))
+    g.metadata = dict(graph.metadata)
+    copies: dict[int, Value] = {}
+    received = {b.name for b in crossing if stage in b.dst and b.name not in _bound_sources(graph)}
+    input_consts = {v.name for v in graph.input_constants}
+
+    def value(v: Value) -> Value:
+        if id(v) in copies:
+            return copies[id(v)]
+        if v.producer is None or v.name in received:
+            if v.is_const:
+                c = g.add_constant(v.const, v.name, is_param=v.is_param)
+                if v.name in input_consts:
+                    g.input_constants.append(c)
+            else:
+                c = g.add_input(v.name, v.dtype, v.shape)  # type: ignore[arg-type]
+            copies[id(v)] = c
+            return c
+        raise AssertionError(f"value {v.name} read before it is made on stage {stage}")
+
+    positions = a.nodes_of(stage)
+    for pos in positions:
+        n = graph.nodes[pos]
+        ins = [value(v) if v is not None else None for v in n.inputs]
+        outs = []
+        for v in n.outputs:
+            c = Value(v.name, v.dtype, v.shape)
+            if v.name:
+                g.names.claim(v.name)
+            copies[id(v)] = c
+            outs.append(c)
+        node = Node(n.op_type, ins, outs, dict(n.attrs), n.name, n.domain, dict(n.meta))
+        g.nodes.append(node)
+    sent = {b.name for b in crossing if b.src == stage}
+    owned = stage_outputs(graph, a, stage)
+    g.outputs = [copies[id(v)] for v in graph.outputs if v.name in owned]
+    extra = [copies[id(v)] for pos in positions for v in graph.nodes[pos].outputs
+             if v.name in sent and v.name not in owned]
+    g.outputs += extra
+    record = graph.metadata.get(STATE_KEY)
+    if record:
+        rec = json.loads(record)
+        outs = {v.name for v in g.outputs}
+        holds = {v.name for v in g.input_constants}
+        rec["bindings"] = {o: i for o, i in rec["bindings"].items() if o in outs and i in holds}
+        rec["params"] = [p for p in rec["params"] if p in holds and p in {i for i in rec["bindings"].values()}]
+        rec["grads"] = {p: gname for p, gname in rec["grads"].items() if p in rec["params"]}
+        if rec.get("loss") not in outs:
+            rec["loss"] = None
+        g.metadata[STATE_KEY] = json.dumps(rec, sort_keys=True)
+    g.metadata["parc.stage"] = json.dumps({"stage": stage, "received": sorted(received), "sent": sorted(sent)})
+    return g
+
+
+def stage_outputs(graph: Graph, a: StageAssignment, stage: int) -> set[str]:
+    """The graph outputs stage `stage` gives: those it owns, and the new values of state it
+    holds that it computes itself (a replicated step counter)."""
+    pos_of = {id(n): pos for pos, n in enumerate(graph.nodes)}
+    held = {v.name for pos in a.nodes_of(stage) for v in graph.nodes[pos].inputs
+            if v is not None and v.producer is None}
+    binds = _bound_sources(graph)
+    out = set()
+    for v in graph.outputs:
+        if v.producer is None or stage not in a.stages_of[pos_of[id(v.producer)]]:
+            continue
+        if a.owner.get(v.name) == stage or binds.get(v.name) in held:
+            out.add(v.name)
+    return out
+
+
+def balance(a: StageAssignment) -> float:
+    """The slowest stage's forward + backward compute over the mean (1.0: perfectly even)."""
+    load = a.fwd_cost + a.bwd_cost
+    return float(load.max() / load.mean()) if load.mean() > 0 else 1.0
+
+
+def tolerance_ok(value: float) -> float:
+    if not (value >= 0 and math.isfinite(value)):
+        raise UsageError(f"--pipeline-tolerance {value}: expected a number >= 0")
+    return value
