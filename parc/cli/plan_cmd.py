@@ -51,9 +51,10 @@ def _progress() -> Iterator[Callable[[str, int, int], None] | None]:
 @click.option("--micro-batches", type=int, metavar="M",
               help="Plan the step as M microbatches with gradient accumulation and one optimizer step "
                    "(default 1; a pipeline of S stages: the smallest divisor of the batch >= 2S).")
-@click.option("--pipeline", default="off", show_default=True, metavar="off|S",
+@click.option("--pipeline", default="auto", show_default=True, metavar="off|auto|S",
               help="Pipeline the step over S stages of equal device groups (1F1B), each stage an SPMD "
-                   "plan of its own; off: one mesh.")
+                   "plan of its own; off: one mesh; auto: also try S = divisors of the node count >= 2 "
+                   "(stages of whole nodes) and keep the cheapest.")
 @click.option("--pipeline-tolerance", type=float, default=0.1, show_default=True, metavar="EPS",
               help="Stage imbalance the stage search tolerates (Rhino 5.2's epsilon).")
 @click.option("--mesh-dims", type=int, default=2, show_default=True, metavar="N",
@@ -94,28 +95,59 @@ def plan(model: str, devices: str | None, cluster_file: str | None, level: str, 
     cluster = resolve_cluster(devices, cluster_file)
     graph = importer.load(model, importer.parse_dims(dims))
     budget = mem_limit * 2**30 if mem_limit is not None else None
-    if stages:
-        from parc.passes.pipeline.plan import plan_pipeline
+    from parc.errors import InfeasiblePlanError
+    from parc.passes.pipeline.plan import pipeline_candidates, plan_pipeline
 
-        if stages > cluster.num_devices or cluster.num_devices % stages:
-            raise UsageError(f"--pipeline {stages}: expected a stage count that divides the "
-                             f"{cluster.num_devices} devices")
-        if not hints.empty:
-            raise UsageError("--hints: not supported with --pipeline yet")
-        result = plan_pipeline(graph, cluster, stages, micro_batches=micro_batches, level=level,
+    if stages > 0 and (stages > cluster.num_devices or cluster.num_devices % stages):
+        raise UsageError(f"--pipeline {stages}: expected a stage count that divides the "
+                         f"{cluster.num_devices} devices")
+    if stages > 0 and not hints.empty:
+        raise UsageError("--hints: not supported with --pipeline S yet (use --pipeline off or auto)")
+    counts = [stages] if stages > 0 else pipeline_candidates(cluster) if stages < 0 and hints.empty else []
+    spmd, spmd_error = None, None
+    try:
+        with _progress() as report:
+            spmd = plan_graph(graph, cluster, level=level, memory_budget=budget, progress=report,
+                              time_limit=time_limit, hints=None if hints.empty else hints, jobs=jobs,
+                              micro_batches=micro_batches or 1, max_mesh_dims=mesh_dims)
+    except (InfeasiblePlanError, UsageError) as e:  # a pipeline may still fit, or be the only choice
+        if not counts:
+            raise
+        spmd_error = e
+    best, tried = None, []
+    for count in counts:
+        try:
+            pp = plan_pipeline(graph, cluster, count, micro_batches=micro_batches, level=level,
                                memory_budget=budget, time_limit=time_limit, tolerance=pipeline_tolerance,
                                jobs=jobs, max_mesh_dims=mesh_dims)
+        except (InfeasiblePlanError, UsageError) as e:
+            if stages > 0:
+                raise
+            tried.append({"stages": count, "feasible": False, "error": str(e)})
+            continue
+        tried.append({"stages": count, "micro_batches": pp.micro_batches, "feasible": True,
+                      "step_time_s": pp.step_s})
+        if best is None or pp.step_s < best.step_s:
+            best = pp
+    if best is not None and (stages > 0 or spmd is None or best.step_s < spmd.best.solution.cost):
+        best.baselines = dict(spmd.baselines) if spmd is not None else {}
+        best.spmd = ({"step_time_s": spmd.best.solution.cost, "mesh": list(spmd.best.mesh.shape)}
+                     if spmd is not None else {"feasible": False, "error": str(spmd_error)})
+        best.tried = tried
+        result = best
+        stages = len(best.stages)
+    elif spmd is not None:
+        result, stages = spmd, 0
     else:
-        with _progress() as report:
-            result = plan_graph(graph, cluster, level=level, memory_budget=budget, progress=report,
-                                time_limit=time_limit, hints=None if hints.empty else hints, jobs=jobs,
-                                micro_batches=micro_batches or 1, max_mesh_dims=mesh_dims)
+        raise spmd_error  # type: ignore[misc]
     out = Path(output)
     stage = out.parent / f".{out.name}.tmp-{os.getpid()}"
     shutil.rmtree(stage, ignore_errors=True)
     stage.mkdir(parents=True)
     try:
         doc = result.to_json()
+        if not stages:
+            doc["solver"]["pipelines"] = tried  # what --pipeline auto tried, and why it lost
         doc["model"] = {"path": str(Path(model).resolve()), "sha256": sha256_file(Path(model))}
         (stage / "plan.json").write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
         if programs and stages:
@@ -152,10 +184,12 @@ def plan(model: str, devices: str | None, cluster_file: str | None, level: str, 
 
 
 def _stages(value: str) -> int:
-    """--pipeline: 0 for off, else the stage count."""
+    """--pipeline: 0 for off, -1 for auto, else the stage count."""
     text = value.strip().lower()
     if text == "off":
         return 0
+    if text == "auto":
+        return -1
     try:
         n = int(text)
     except ValueError:

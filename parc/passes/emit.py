@@ -293,7 +293,8 @@ def _part_tasks(r, p, part, mod_tasks, comms_at, device_mesh, shift, suffix, mb,
             if mine(t["part"], t.get("phase", "")) and t["depth"] == d:
                 tid = f"r{g(r)}.{t['name']}{suffix}"
                 tasks.append({"id": tid, "kind": "compute", "rank": g(r), "module": f"rank_{g(r)}/{t['name']}.onnx",
-                              "phase": part, "inputs": t["inputs"], "outputs": t["outputs"], **extra})
+                              "phase": part, "inputs": t["inputs"], "outputs": t["outputs"],
+                              **({"pass": phase} if phase else {}), **extra})
                 add_edges(tid, t["inputs"])
                 ids.append(tid)
                 for o in t["outputs"]:
@@ -307,7 +308,7 @@ def _part_tasks(r, p, part, mod_tasks, comms_at, device_mesh, shift, suffix, mb,
                 collectives[tid] = {"id": tid, "kind": "collective", "group": members, "op": c.step.kind,
                                     "tensor": c.value, "axis": axis, "step": c.step.to_json(),
                                     "shape": list(c.shape), "dtype": c.dtype, "src": c.src, "dst": c.dst,
-                                    "phase": part, **extra}
+                                    "phase": part, **({"pass": phase} if phase else {}), **extra}
             elif (collectives[tid]["src"], collectives[tid]["dst"]) != (c.src, c.dst):
                 raise AssertionError(f"collective {tid}: ranks disagree on local names")
             add_edges(tid, [c.src])

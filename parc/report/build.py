@@ -50,8 +50,24 @@ def explain(plan: Mapping[str, Any], plan_file: str = "plan.json") -> Report:
         groups=_groups(plan["strategies"], plan["specs"]), strategy_mix=_mix(plan["strategies"], plan["specs"]),
         parameters=params,
         communication=_communication(plan.get("communication"), step.comm_s), memory=memory,
-        baselines=_baselines(plan.get("baselines") or {}, step_s, memory.max_bytes), why=[])
+        baselines=_baselines(plan.get("baselines") or {}, step_s, memory.max_bytes), why=[],
+        pipeline=_pipeline(plan))
     return replace(report, why=reasons(report))
+
+
+def _pipeline(plan: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The pipeline's facts as plan.json states them (format 2), with the transfer totals; also
+    what `--pipeline auto` tried for a one-mesh plan."""
+    tried = (plan.get("solver") or {}).get("pipelines") or []
+    if not plan.get("stages"):
+        return {"tried": tried} if tried else None
+    transfers = plan.get("transfers") or []
+    return {"stages": list(plan["stages"]), "schedule": dict(plan.get("schedule") or {}),
+            "bubble_s": float(plan["predicted"].get("bubble_s", 0.0)),
+            "transfers": len(transfers), "transfer_bytes": int(sum(t.get("bytes", 0) * len(t.get("to_stages", []))
+                                                                    for t in transfers)),
+            "stage_search": dict(plan.get("stage_search") or {}), "spmd_only": plan.get("spmd_only"),
+            "tried": tried}
 
 
 def _summary(plan: Mapping[str, Any]) -> Summary:

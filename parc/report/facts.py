@@ -184,6 +184,8 @@ class Report:
     memory: Memory
     baselines: list[Baseline]
     why: list[str]
+    # a pipelined plan (plan.json format 2): its stages, schedule, transfers and what it beat
+    pipeline: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {"format": REPORT_FORMAT, **asdict(self)}

@@ -34,8 +34,48 @@ class Section:
 def document(r: Report) -> tuple[str, list[Section]]:
     """(title, sections) of the report."""
     title = f"parc explain: {r.plan}"
-    return title, [_summary(r), _groups(r), _parameters(r), _communication(r), _memory(r), _baselines(r),
-                   Section("Why", bullets=list(r.why))]
+    pipeline = [_pipeline(r)] if r.pipeline else []
+    return title, [_summary(r), *pipeline, _groups(r), _parameters(r), _communication(r), _memory(r),
+                   _baselines(r), Section("Why", bullets=list(r.why))]
+
+
+def _pipeline(r: Report) -> Section:
+    p = r.pipeline or {}
+    tried = "; ".join(f"{t['stages']} stages: " + (fmt_time(t["step_time_s"]) if t.get("feasible") else "infeasible")
+                      for t in p.get("tried") or [])
+    if not p.get("stages"):
+        return Section("Pipeline", [("not chosen", f"one mesh is faster; tried {tried}")])
+    step = r.step.step_time_s
+    sched = p["schedule"]
+    pairs = [("schedule", f"{sched.get('kind', '?')}, {len(p['stages'])} stages x {sched.get('micro_batches')} "
+                          f"microbatches; bubble {fmt_time(p['bubble_s'])} ({fmt_pct(p['bubble_s'] / step if step else 0)} "
+                          "of the step)"),
+             ("between stages", f"{p['transfers']} values, {fmt_bytes(p['transfer_bytes'])} per step "
+                                "(activations forward, their gradients back, tied weights after the update)")]
+    search = p.get("stage_search") or {}
+    if search:
+        pairs.append(("stage search", f"ILP {search.get('status', '?')}, tolerance {search.get('tolerance', 0):g}, "
+                                      f"{fmt_bytes(search.get('cut_bytes', 0))} cut, slowest stage "
+                                      f"{search.get('balance', 1):.2f}x the mean, {fmt_time(search.get('time_s'))}"))
+    spmd = p.get("spmd_only") or {}
+    if spmd.get("step_time_s"):
+        gain = 1 - step / spmd["step_time_s"]
+        pairs.append(("vs one mesh", f"the best SPMD-only plan (mesh {fmt_shape(spmd.get('mesh', []))}) takes "
+                                     f"{fmt_time(spmd['step_time_s'])}: the pipeline is {fmt_pct(abs(gain))} "
+                                     f"{'faster' if gain >= 0 else 'slower'}"))
+    elif spmd:
+        pairs.append(("vs one mesh", f"no SPMD-only plan fits ({spmd.get('error', '')})"))
+    if tried:
+        pairs.append(("tried", tried))
+    rows = [[str(s["id"]), f"{s['devices'][0]}-{s['devices'][-1]}", fmt_shape(s["mesh"]), str(s["nodes"]),
+             fmt_time(s["forward_s"] + s["backward_s"]), fmt_time(s["per_micro_batch_s"]),
+             fmt_time(s["optimizer_s"]), fmt_time(s["send_s"]), fmt_bytes(s["memory_bytes_per_device"]),
+             f"{s['parameters']:,}"] for s in p["stages"]]
+    table = Table(["stage", "devices", "mesh", "nodes", "fwd+bwd (1 device)", "per microbatch", "optimizer",
+                   "sends/mb", "memory/device", "parameters"], rows, frozenset({3, 4, 5, 6, 7, 8, 9}),
+                  "per microbatch: the stage's forward and backward with their collectives; memory: sources "
+                  "plus the microbatches of activations 1F1B keeps (min(S - s, M))")
+    return Section("Pipeline", pairs, [table])
 
 
 def _summary(r: Report) -> Section:

@@ -157,8 +157,33 @@ def _round(p: Problem, values: np.ndarray) -> np.ndarray:
     return segment_argmin(p, np.where(p.allowed_flat, -values[: len(p.comp_flat)], np.inf))
 
 
+def new_highs() -> highspy.Highs:
+    """A Highs instance without the banner HiGHS prints on stdout when the first one is made
+    (its C++ side writes it before any option can turn output off)."""
+    import os
+    import sys
+
+    global _BANNER_SHOWN
+    if _BANNER_SHOWN:
+        return highspy.Highs()
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 1)
+            h = highspy.Highs()
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
+    _BANNER_SHOWN = True
+    return h
+
+
+_BANNER_SHOWN = False
+
+
 def _highs(options: IlpOptions) -> highspy.Highs:
-    h = highspy.Highs()
+    h = new_highs()
     h.setOptionValue("output_flag", options.verbose)
     h.setOptionValue("threads", options.threads)
     h.setOptionValue("presolve", "on" if options.presolve else "off")

@@ -174,7 +174,7 @@ def _rank_order(rank: int, st, p, mod_tasks: list[dict], steps, m: int, links: l
                 tid = f"r{rank}.send.{lk['tensor']}.to{lk['dst_rank']}{suffix}"
                 tasks.append({"id": tid, "kind": "send", "rank": rank, "peer": lk["dst_rank"],
                               "tensor": lk["tensor"], "local": lk["src_local"], "tag": _tag(lk["index"], mb, m),
-                              "phase": ph, **extra})
+                              "pass": ph, **extra})
                 if lk["src_local"] in made:
                     edges.append([made[lk["src_local"]], tid])
                 ids.append(tid)
@@ -183,7 +183,7 @@ def _rank_order(rank: int, st, p, mod_tasks: list[dict], steps, m: int, links: l
                 tasks.append({"id": tid, "kind": "recv", "rank": rank, "peer": lk["src_rank"],
                               "tensor": lk["tensor"], "local": lk["tensor"], "tag": _tag(lk["index"], mb, m),
                               "shape": lk["shape"], "global": lk["global"], "dtype": lk["dtype"],
-                              "spec": lk["spec"], "phase": ph, **extra})
+                              "spec": lk["spec"], "pass": ph, **extra})
                 edges.append([f"r{lk['src_rank']}.send.{lk['tensor']}.to{rank}{suffix}", tid])
                 made[lk["tensor"]] = tid
                 ids.append(tid)

@@ -101,6 +101,7 @@ class PipelinePlan:
     time_s: float = 0.0
     baselines: dict[str, dict] = field(default_factory=dict)
     spmd: dict | None = None  # the best SPMD-only plan's figures, when it was searched
+    tried: list[dict] = field(default_factory=list)  # the stage counts searched
 
     @property
     def ranks(self) -> int:
@@ -121,8 +122,12 @@ class PipelinePlan:
         return {
             "format_version": FORMAT_VERSION,
             "cluster": self.cluster.to_json(),
-            "mesh": {"shape": [len(self.stages), *first.best.mesh.shape],
-                     "links": first.best.mesh.to_json().get("links", []), "pipeline": True},
+            "mesh": {"shape": [len(self.stages), *first.best.mesh.shape], "pipeline": True,
+                     "links": [stage_link(self.cluster, self.stages[0].ranks[0], self.stages[1].ranks[0]).to_json(),
+                               *first.best.mesh.to_json().get("links", [])],
+                     "spans_nodes": [self.cluster.node_of(self.stages[0].ranks[0]) !=
+                                     self.cluster.node_of(self.stages[1].ranks[0]),
+                                     *first.best.mesh.to_json().get("spans_nodes", [])]},
             "stages": [{
                 "id": st.index, "devices": list(st.ranks), "mesh": list(st.plan.best.mesh.shape),
                 "nodes": len(st.positions),
@@ -147,7 +152,7 @@ class PipelinePlan:
             "tensors": tensors,
             "communication": communication,
             "micro_batches": {"count": self.micro_batches} if self.micro_batches > 1 else None,
-            "solver": {"level": self.level, "time_s": self.time_s,
+            "solver": {"level": self.level, "time_s": self.time_s, "pipelines": self.tried,
                        "meshes": [{"shape": [len(self.stages), *st.plan.best.mesh.shape], "stage": st.index,
                                    "feasible": True, "step_time_s": st.plan.best.solution.cost}
                                   for st in self.stages]},
@@ -161,6 +166,14 @@ def _itemsize(onnx_type: int) -> int:
     from onnx import helper
 
     return int(np.dtype(helper.tensor_dtype_to_np_dtype(onnx_type)).itemsize)
+
+
+def pipeline_candidates(cluster: Cluster) -> list[int]:
+    """The stage counts `--pipeline auto` tries: divisors >= 2 of the node count, so every stage
+    is whole nodes and the pipeline axis is the slow one between them (Rhino fig. 9). Inside a
+    node the links are fast, and SPMD alone is tried."""
+    k = len(cluster.nodes)
+    return [s for s in range(2, k + 1) if k % s == 0 and cluster.num_devices % s == 0]
 
 
 def batch_size(graph: Graph) -> int | None:
@@ -195,7 +208,15 @@ def plan_pipeline(graph: Graph, cluster: Cluster, stages: int, *, micro_batches:
     budget = float(memory_budget if memory_budget is not None else min(d.memory_bytes for d in cluster.devices))
     a = assign_stages(graph, cluster, stages, tolerance, fixed, time_limit)
     crossing = boundaries(graph, a)
-    micro: Micro | None = micro_layout(graph, cluster, m) if m > 1 else None
+    micro: Micro | None = None
+    if m > 1:
+        try:
+            micro = micro_layout(graph, cluster, m)
+        except UsageError as e:
+            if micro_batches is not None:
+                raise
+            log.warning("%s; the pipeline runs the batch whole (1 microbatch)", e)
+            m = 1
     group = n // stages
     plans = []
     for s in range(stages):

@@ -44,6 +44,7 @@ from parc.errors import InfeasiblePlanError, UsageError
 from parc.ir.graph import Graph, Node, Value
 from parc.ops import get_rule
 from parc.ops.base import output_elements
+from parc.solver.ilp import new_highs
 
 DEFAULT_TOLERANCE = 0.1  # eps of the bound tightening and the load rows (docs/pipeline.md)
 FORWARD, BACKWARD, OPTIMIZER = "forward", "backward", "optimizer"
@@ -230,7 +231,7 @@ def _stage_ilp(weight, edges, volume, count, lo, hi, cap, time_limit) -> tuple[n
     lp.a_matrix_.index_ = cols_a[order].astype(np.int32)
     lp.a_matrix_.value_ = vals_a[order]
     lp.integrality_ = [highspy.HighsVarType.kInteger] * (X + m)
-    h = highspy.Highs()
+    h = new_highs()
     h.setOptionValue("output_flag", False)
     h.setOptionValue("threads", 1)
     h.setOptionValue("random_seed", 0)

@@ -1,0 +1,149 @@
+"""The stage search (Rhino 5.1-5.2): the ILP against brute force on small DAGs, where the other
+nodes go, what crosses stages on non-linear graphs, and the pipelined plan's figures."""
+
+from __future__ import annotations
+
+import itertools
+import json
+
+import numpy as np
+import pytest
+
+from parc.cluster import resolve_cluster
+from parc.ir import importer
+from parc.passes.pipeline import stages as st
+from parc.passes.pipeline.plan import default_micro_batches, plan_pipeline, sub_cluster
+from tests.helpers import parc
+
+
+def _brute(weight, edges, volume, count, lo, hi, cap):
+    best = None
+    for x in itertools.product(range(count), repeat=len(weight)):
+        if any(not lo[i] <= x[i] <= hi[i] for i in range(len(x))):
+            continue
+        if any(x[j] < x[i] for i, j in edges):
+            continue
+        load = np.zeros(count)
+        for i, s in enumerate(x):
+            load[s] += weight[i]
+        if (load > cap + 1e-12).any():
+            continue
+        cut = sum(v for (i, j), v in zip(edges, volume) if x[i] != x[j])
+        best = cut if best is None else min(best, cut)
+    return best
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_stage_ilp_equals_brute_force(seed):
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(4, 8))
+    count = int(rng.integers(2, 4))
+    edges = sorted({(int(i), int(j)) for j in range(1, n) for i in rng.choice(j, size=min(j, 2), replace=False)})
+    volume = [float(v) for v in rng.integers(1, 100, size=len(edges))]
+    weight = rng.uniform(0.5, 2.0, size=n)
+    per = weight.sum() / count
+    cap = 1.6 * per
+    lo = np.zeros(n, dtype=int)
+    hi = np.full(n, count - 1)
+    got = st._stage_ilp(weight, edges, volume, count, lo, hi, cap, 10.0)
+    want = _brute(weight, edges, volume, count, lo, hi, cap)
+    if want is None:
+        assert got is None
+        return
+    x, status = got
+    assert status == "optimal"
+    assert all(x[j] >= x[i] for i, j in edges)
+    cut = sum(v for (i, j), v in zip(edges, volume) if x[i] != x[j])
+    assert cut == pytest.approx(want)
+
+
+@pytest.fixture(scope="module")
+def zoo(tmp_path_factory):
+    d = tmp_path_factory.mktemp("stages")
+    out = {}
+    for name in ("gpt-tiny", "unet-tiny", "t5-tiny"):
+        path = d / f"{name}.onnx"
+        assert parc("models", "build", name, "--train", "adamw", "-o", str(path)).returncode == 0
+        out[name] = importer.load(str(path), {})
+    return out
+
+
+CLUSTER = resolve_cluster("4xa100-80g", None)
+
+
+def test_gpt_stages_follow_the_forward_nodes(zoo):
+    g = zoo["gpt-tiny"]
+    a = st.assign_stages(g, CLUSTER, 2)
+    loss = json.loads(g.metadata["parc.state"])["loss"]
+    by_name = {n.name: a.stages_of[pos] for pos, n in enumerate(g.nodes)}
+    for pos, n in enumerate(g.nodes):
+        if any(v.name == loss for v in n.outputs):
+            assert a.stages_of[pos] == (1,)  # the loss on the last stage
+        if n.meta.get("parc.phase") == "backward" and n.meta.get("parc.forward") in by_name:
+            assert a.stages_of[pos] == by_name[n.meta["parc.forward"]]
+    # the tied embedding: read by the first stage (Gather) and the last (LM head); its optimizer
+    # runs on the first stage and its new value goes to the last
+    crossing = {b.name: b for b in st.boundaries(g, a)}
+    assert crossing["wte.weight.new"].src == 0 and crossing["wte.weight.new"].dst == (1,)
+    # forward values only flow forward
+    assert all(b.src < min(b.dst) for b in crossing.values() if b.phase == "forward")
+    assert all(b.src > max(b.dst) for b in crossing.values() if b.phase == "backward")
+    assert st.balance(a) <= 1 + a.tolerance + 1e-9
+
+
+def test_unet_skips_cross_stages_without_linearising(zoo):
+    g = zoo["unet-tiny"]
+    a = st.assign_stages(g, CLUSTER, 2)
+    forward = [b for b in st.boundaries(g, a) if b.phase == "forward"]
+    assert len(forward) >= 2  # the trunk and at least one skip connection
+    assert st.balance(a) <= 1.10 + 1e-9  # the quality bar: stages within 10%
+
+
+def test_encoder_output_read_by_every_decoder_layer(zoo):
+    g = zoo["t5-tiny"]
+    a = st.assign_stages(g, CLUSTER, 2)
+    graphs = [st.stage_graph(g, a, s, st.boundaries(g, a)) for s in range(2)]
+    assert sum(len(x.nodes) for x in graphs) >= len(g.nodes)  # every node somewhere (some on both)
+    for x in graphs:
+        made = {v.name for n in x.nodes for v in n.outputs}
+        for n in x.nodes:
+            for v in n.inputs:
+                assert v is None or v.producer is not None or v.name not in made
+
+
+def test_pipelined_plan_figures(zoo):
+    pp = plan_pipeline(zoo["gpt-tiny"], CLUSTER, 2, jobs=1)
+    doc = pp.to_json()
+    assert doc["format_version"] == 2 and len(doc["stages"]) == 2
+    assert doc["schedule"] == {"kind": "1f1b", "micro_batches": 2}
+    per = [s["per_micro_batch_s"] + s["send_s"] for s in doc["stages"]]
+    apply = max(s["optimizer_s"] for s in doc["stages"])
+    assert doc["predicted"]["step_time_s"] == pytest.approx(sum(per) + (2 - 1) * max(per) + apply)
+    assert doc["predicted"]["bubble_s"] == pytest.approx(doc["predicted"]["step_time_s"] - 2 * max(per) - apply)
+    assert [s["devices"] for s in doc["stages"]] == [[0, 1], [2, 3]]
+    assert len(doc["predicted"]["memory_bytes_per_device"]) == 4
+
+
+def test_sub_cluster_and_default_micro_batches(zoo):
+    c = resolve_cluster("2x4xa100-80g", None)
+    half = sub_cluster(c, 4, 4)
+    assert half.num_devices == 4 and len(half.nodes) == 1
+    mixed = sub_cluster(c, 2, 4)
+    assert [len(n.devices) for n in mixed.nodes] == [2, 2]
+    assert default_micro_batches(zoo["gpt-tiny"], 2) == 2  # batch 2: its largest divisor
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--pipeline", "3"], "--pipeline 3"),
+    (["--pipeline", "1"], "--pipeline 1"),
+    (["--pipeline", "two"], "--pipeline two"),
+    (["--pipeline", "2", "--micro-batches", "3"], "--micro-batches 3"),
+    (["--pipeline", "2", "--pipeline-tolerance", "-1"], "--pipeline-tolerance"),
+])
+def test_bad_pipeline_flags(tmp_path, args, needle):
+    from tests.helpers import assert_one_line_error
+
+    model = tmp_path / "m.onnx"
+    assert parc("models", "build", "gpt-tiny", "--train", "sgd", "-o", str(model)).returncode == 0
+    res = parc("plan", str(model), "--devices", "4xa100-80g", *args, "-o", str(tmp_path / "plan"))
+    assert_one_line_error(res, needle)
