@@ -82,6 +82,8 @@ def run(plan_dir: str, steps: int, data: str | None, checkpoint: str | None, che
     if checkpoint_every < 0:
         raise UsageError(f"--checkpoint-every {checkpoint_every}: expected a count >= 0")
     in_job = rank_from_env() is not None or os.environ.get(CHILD)
+    if in_job and not os.environ.get(CHILD):  # the user's own mpiexec or srun: each rank checks
+        precheck(plan_dir, force)
     if not in_job:
         _, ranks = precheck(plan_dir, force)
         program = json.loads((Path(plan_dir) / "rank_0" / "program.json").read_text())

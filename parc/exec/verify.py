@@ -109,8 +109,8 @@ def plan_run(plan_dir: str, ranks: int, steps: int, seed: int, engine: str, time
              init: str = "source", data_file: str | None = None) -> dict:
     """The same, from the plan's ranks: `parc run --dump` for the outputs, and a checkpoint of its
     last step for the state (whole tensors gathered from the shards as `parc export` does)."""
-    from parc.cli.main import cli
     from parc.exec.checkpoint import check_checkpoint, full_tensors
+    from parc.exec.launch import train
 
     argv = ["run", plan_dir, "--steps", str(steps), "--seed", str(seed), "--engine", engine,
             "--timeout", str(timeout), "--force", "--dump", str(tmp), "--init", init,
@@ -121,8 +121,9 @@ def plan_run(plan_dir: str, ranks: int, steps: int, seed: int, engine: str, time
 
         if launch(ranks, argv):
             raise UsageError(f"{plan_dir}: the plan's ranks failed (see above); nothing to compare")
-    else:
-        cli.main(argv, standalone_mode=False)
+    else:  # one rank: this process runs it, as a library (no second trip through the CLI)
+        train(Path(plan_dir), steps=steps, seed=seed, engine=engine, data=data_file, as_json=False,
+              timeout=timeout, dump=str(tmp), checkpoint=str(tmp / "state"), init=init, echo=lambda _s: None)
     outputs: list[dict] = [{} for _ in range(steps)]
     for path in sorted(tmp.glob("outputs*.npz")):  # one file per pipeline stage
         flat = np.load(path)

@@ -169,11 +169,13 @@ def _itemsize(onnx_type: int) -> int:
 
 
 def pipeline_candidates(cluster: Cluster) -> list[int]:
-    """The stage counts `--pipeline auto` tries: divisors >= 2 of the node count, so every stage
-    is whole nodes and the pipeline axis is the slow one between them (Rhino fig. 9). Inside a
-    node the links are fast, and SPMD alone is tried."""
+    """The stage counts `--pipeline auto` tries: one stage per node, so every hop over the slow
+    links between nodes is on the pipeline axis and every stage's SPMD plan stays inside a node
+    (Rhino fig. 9's setting). One candidate, because each costs a search per stage (gpt-2.7b on
+    4 nodes: 84 s for S = 4 beside 282 s for the one-mesh search); `--pipeline S` plans others.
+    On one node the links are fast and only the one-mesh search runs."""
     k = len(cluster.nodes)
-    return [s for s in range(2, k + 1) if k % s == 0 and cluster.num_devices % s == 0]
+    return [k] if k >= 2 and cluster.num_devices % k == 0 else []
 
 
 def batch_size(graph: Graph) -> int | None:
