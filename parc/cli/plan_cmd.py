@@ -101,15 +101,17 @@ def plan(model: str, devices: str | None, cluster_file: str | None, level: str, 
     if stages > 0 and (stages > cluster.num_devices or cluster.num_devices % stages):
         raise UsageError(f"--pipeline {stages}: expected a stage count that divides the "
                          f"{cluster.num_devices} devices")
-    if stages > 0 and not hints.empty:
-        raise UsageError("--hints: not supported with --pipeline S yet (use --pipeline off or auto)")
-    counts = [stages] if stages > 0 else pipeline_candidates(cluster) if stages < 0 and hints.empty else []
+    counts = [stages] if stages > 0 else pipeline_candidates(cluster) if stages < 0 else []
     spmd, spmd_error = None, None
     try:
+        if stages > 0:  # the user asked for this pipeline: no one-mesh search to compare with
+            raise _Skipped()
         with _progress() as report:
             spmd = plan_graph(graph, cluster, level=level, memory_budget=budget, progress=report,
                               time_limit=time_limit, hints=None if hints.empty else hints, jobs=jobs,
                               micro_batches=micro_batches or 1, max_mesh_dims=mesh_dims)
+    except _Skipped:
+        spmd_error = _Skipped("not searched (--pipeline S)")
     except (InfeasiblePlanError, UsageError) as e:  # a pipeline may still fit, or be the only choice
         if not counts:
             raise
@@ -119,7 +121,7 @@ def plan(model: str, devices: str | None, cluster_file: str | None, level: str, 
         try:
             pp = plan_pipeline(graph, cluster, count, micro_batches=micro_batches, level=level,
                                memory_budget=budget, time_limit=time_limit, tolerance=pipeline_tolerance,
-                               jobs=jobs, max_mesh_dims=mesh_dims)
+                               jobs=jobs, max_mesh_dims=mesh_dims, hints=None if hints.empty else hints)
         except (InfeasiblePlanError, UsageError) as e:
             if stages > 0:
                 raise
@@ -132,7 +134,8 @@ def plan(model: str, devices: str | None, cluster_file: str | None, level: str, 
     if best is not None and (stages > 0 or spmd is None or best.step_s < spmd.best.solution.cost):
         best.baselines = dict(spmd.baselines) if spmd is not None else {}
         best.spmd = ({"step_time_s": spmd.best.solution.cost, "mesh": list(spmd.best.mesh.shape)}
-                     if spmd is not None else {"feasible": False, "error": str(spmd_error)})
+                     if spmd is not None else {"searched": False} if isinstance(spmd_error, _Skipped)
+                     else {"feasible": False, "error": str(spmd_error)})
         best.tried = tried
         result = best
         stages = len(best.stages)
@@ -181,6 +184,10 @@ def plan(model: str, devices: str | None, cluster_file: str | None, level: str, 
                f"{p['step_time_s'] * 1e3:.3f} ms (compute {p['compute_s'] * 1e3:.3f}, comm "
                f"{p['comm_s'] * 1e3:.3f}), {p['memory_bytes_per_device'][0] / 2**30:.2f} GiB/device; "
                f"baselines: {base}")
+
+
+class _Skipped(Exception):
+    """The one-mesh search was not run."""
 
 
 def _stages(value: str) -> int:

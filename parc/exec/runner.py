@@ -159,14 +159,17 @@ class Rank:
         keep = {r["name"] for r in self.program["residents"] if r["kind"] != "recv"} | set(self.program["accumulate"])
         keep |= {src for src, *_ in self.program["accumulate"].values()}
         last: dict[tuple[str, Any], int] = {}
+        once: set[str] = set()  # read by a task outside the microbatches (the apply part)
         for pos, t in enumerate(self.order):
             reads = (t["inputs"] if t["kind"] == "compute" else [t["src"]] if t["kind"] == "collective"
                      else [t["local"]] if t["kind"] in ("sink", "send") else [])
             for name in reads:
                 last[name, t.get("micro_batch")] = pos
+                if t.get("micro_batch") is None:
+                    once.add(name)
         out: list[list[str]] = [[] for _ in self.order]
-        for (name, _mb), pos in last.items():
-            if name not in keep:
+        for (name, mb), pos in last.items():
+            if name not in keep and (mb is None or name not in once):
                 out[pos].append(name)
         return out
 
@@ -235,11 +238,15 @@ class Rank:
         outputs: dict[str, np.ndarray] = {}
         pending: list = []
 
+        latest: dict[str, Any] = {}  # the last microbatch's values, which the apply part may read
+
         def lookup(env: dict, name: str, mb: int | None) -> Any:
             if name in env:
                 return env[name]
             if name in shared:
                 return shared[name]
+            if mb is None and name in latest:
+                return latest[name]
             return self._per_micro(name, mb)
 
         def fold(mb: int, env: dict) -> None:
@@ -283,7 +290,7 @@ class Rank:
                 if mb is not None and self.last_of_mb.get(mb) == pos:
                     fold(mb, env)
                     folded += 1
-                    del envs[mb]
+                    latest = envs.pop(mb)
                     if folded == self.micro:
                         for name, (_src, how, *dim) in acc.items():
                             shared[name] = (self.xp.concatenate(sums[name], axis=dim[0]) if how == "concat"

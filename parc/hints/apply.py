@@ -97,6 +97,21 @@ def assign_scopes(graph: Graph, hints: Hints) -> tuple[list[Scope | None], list[
     return chosen, warnings
 
 
+def stage_pins(graph: Graph, hints: Hints, count: int) -> dict[str, tuple[int, str]]:
+    """Forward node name -> (stage, where) for the nodes a `stage:` scope matches first (Whale's
+    pipeline annotation); UsageError for a stage the pipeline does not have."""
+    scopes, _ = assign_scopes(graph, hints)
+    out = {}
+    for node, scope in zip(graph.nodes, scopes):
+        if scope is None or scope.stage is None or node.meta.get("parc.phase", "forward") != "forward":
+            continue
+        if scope.stage >= count:
+            raise UsageError(f"{scope.where}.stage: stage {scope.stage} for node '{node.name}', but the "
+                             f"pipeline has {count} stages (0..{count - 1})")
+        out[node.name] = (scope.stage, scope.where)
+    return out
+
+
 def axis_products(mesh_shape: tuple[int, ...]) -> set[int]:
     """The device counts a subset of mesh axes spans (1 for none)."""
     return {math.prod(c) for k in range(len(mesh_shape) + 1) for c in itertools.combinations(mesh_shape, k)}
@@ -135,7 +150,9 @@ def hint_pins(model: CostModel, hints: Hints) -> tuple[dict[int, tuple[int, ...]
     a pinned dim the mesh cannot divide, is also a UsageError) and UsageError when they can hold
     on no mesh (a pin naming no tensor of the graph).
     """
-    graph, mesh_shape = model.graph, model.mesh.shape
+    graph = model.graph
+    cut = 1 if model.micro is not None else 0  # microbatched: mesh axis 0 is time, not devices
+    mesh_shape = tuple(model.mesh.shape[cut:])
     check_mesh(graph, hints, mesh_shape)
     scopes, warnings = assign_scopes(graph, hints)
     params = param_names(graph)
@@ -148,11 +165,12 @@ def hint_pins(model: CostModel, hints: Hints) -> tuple[dict[int, tuple[int, ...]
         inputs = _param_inputs(node, params)
         if request is None or not inputs:
             continue
-        n = request.devices(model.mesh.num_devices)
+        n = request.devices(math.prod(mesh_shape))
         strategies = model.strategies[pos]
-        ok = tuple(j for j, s in enumerate(strategies) if _obeys(s, request.kind, n, inputs, mesh_shape))
+        ok = tuple(j for j, s in enumerate(strategies) if _obeys(s, request.kind, n, inputs, mesh_shape, cut))
         if not ok and request.kind == "replicate":  # e.g. a parameter's update: run it on every replica
-            ok = tuple(j for j, s in enumerate(strategies) if _obeys(s, request.kind, None, inputs, mesh_shape))
+            ok = tuple(j for j, s in enumerate(strategies)
+                       if _obeys(s, request.kind, None, inputs, mesh_shape, cut))
         if not ok:
             unmet[f"{where}: {request.kind}({n})"].append(node.name)
         elif len(ok) < len(strategies):
@@ -183,7 +201,7 @@ def hint_pins(model: CostModel, hints: Hints) -> tuple[dict[int, tuple[int, ...]
             pos, k = producer[id(v)]
             index = model.node_index(pos)
             candidates = [s.outputs[k] for s in model.strategies[pos]]
-        ok = _pinned(pin, v, candidates, mesh_shape)
+        ok = _pinned(pin, v, [ShardSpec(tuple(c)[cut:]) for c in candidates], mesh_shape)
         before = allowed.get(index)
         if before is not None and not set(before) & set(ok):
             warnings.append(f"{pin.where}: the pin overrides the scope request on {v.name}'s producer "
@@ -206,13 +224,16 @@ def warn_once(warnings: Iterable[str], seen: set[str]) -> None:
             log.warning("%s", w)
 
 
-def _obeys(s: Strategy, kind: str, n: int | None, inputs: list[int], mesh_shape: tuple[int, ...]) -> bool:
+def _obeys(s: Strategy, kind: str, n: int | None, inputs: list[int], mesh_shape: tuple[int, ...],
+           cut: int = 0) -> bool:
     """split(n): a parameter input cut into n pieces; replicate(n): parameter inputs replicated
-    and the work divided n ways (any way when n is None)."""
-    specs = [s.inputs[i] for i in inputs if s.inputs[i] is not None]
+    and the work divided n ways (any way when n is None). `mesh_shape` is the device mesh; with
+    `cut` 1 the strategy's axis 0 is the microbatch (time) axis, which does not count."""
+    specs = [ShardSpec(tuple(s.inputs[i])[cut:]) for i in inputs if s.inputs[i] is not None]
     if kind == "split":
         return any(_split_over(spec, mesh_shape) == n for spec in specs)
-    return (n is None or s.split == n) and all(isinstance(a, Replicated) for spec in specs for a in spec)
+    work = s.split if not cut else math.prod(m for label, m in zip(s.labels[cut:], mesh_shape) if label is not None)
+    return (n is None or work == n) and all(isinstance(a, Replicated) for spec in specs for a in spec)
 
 
 def _split_over(spec: ShardSpec, mesh_shape: tuple[int, ...]) -> int:

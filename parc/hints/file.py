@@ -7,6 +7,8 @@ scopes:                          # first match wins; a Whale TaskGraph each
     split: 4                     # tensor parallel: the scope's parameters sharded over 4 devices
   - match: "^embed"
     replicate: 4                 # data parallel over 4 devices, parameters replicated
+  - match: "^h\\.1[2-9]\\."
+    stage: 1                     # pipelines: these forward nodes on stage 1 (their backward follows)
 pins:
   wte.weight: "S(0)"             # one axis spec per mesh axis, for a named tensor
 ```
@@ -56,8 +58,9 @@ class Scope:
     """A TaskGraph: the nodes whose scope name `match` finds, with a requested strategy."""
 
     match: str
-    request: Request
+    request: Request | None  # None: a `stage:` scope that leaves the SPMD strategy to the search
     where: str = "<hints>"  # "file:line: scopes[i]" for messages
+    stage: int | None = None  # Whale's pipeline annotation: the scope's forward nodes on stage K
     regex: re.Pattern = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -67,7 +70,8 @@ class Scope:
             raise UsageError(f"{self.where}.match: invalid regular expression '{self.match}': {e}") from None
 
     def to_json(self) -> dict[str, Any]:
-        return {"match": self.match, **self.request.to_json()}
+        return {"match": self.match, **(self.request.to_json() if self.request is not None else {}),
+                **({"stage": self.stage} if self.stage is not None else {})}
 
 
 @dataclass(frozen=True)
@@ -143,13 +147,19 @@ def _default(e: Entry) -> Request | None:
 
 
 def _scope(e: Entry) -> Scope:
-    keys = e.mapping(("match", *KINDS), required=("match",))
+    keys = e.mapping(("match", *KINDS, "stage"), required=("match",))
     match = keys["match"]
     pattern = match.value if isinstance(match.value, str) else None
     if not pattern:
         raise match.fail(f"expected a regular expression (a non-empty string), found {match.value!r}")
-    request = _request(e, keys)
-    return Scope(pattern, request, f"{match.file}:{match.line}: {e.key}")  # compiles: bad regex fails
+    stage = None
+    if "stage" in keys:
+        k = keys["stage"]
+        if isinstance(k.value, bool) or not isinstance(k.value, int) or k.value < 0:
+            raise k.fail(f"expected a stage number >= 0, found {k.value!r}")
+        stage = k.value
+    request = _request(e, keys) if stage is None or any(k in keys for k in KINDS) else None
+    return Scope(pattern, request, f"{match.file}:{match.line}: {e.key}", stage)  # compiles: bad regex fails
 
 
 def _request(e: Entry, keys: dict[str, Entry]) -> Request:
@@ -157,7 +167,7 @@ def _request(e: Entry, keys: dict[str, Entry]) -> Request:
     if len(given) == 2:
         raise e.fail("give replicate: N or split: N, not both (one strategy per scope)")
     if not given:
-        raise e.fail("missing replicate: N or split: N")
+        raise e.fail("missing replicate: N, split: N or stage: K")
     n = keys[given[0]]
     if isinstance(n.value, bool) or not isinstance(n.value, int) or n.value < 1:
         raise n.fail(f"expected a positive integer device count, found {n.value!r}")

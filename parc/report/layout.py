@@ -63,6 +63,8 @@ def _pipeline(r: Report) -> Section:
         pairs.append(("vs one mesh", f"the best SPMD-only plan (mesh {fmt_shape(spmd.get('mesh', []))}) takes "
                                      f"{fmt_time(spmd['step_time_s'])}: the pipeline is {fmt_pct(abs(gain))} "
                                      f"{'faster' if gain >= 0 else 'slower'}"))
+    elif spmd.get("searched") is False:
+        pairs.append(("vs one mesh", "not searched (--pipeline S); --pipeline auto compares"))
     elif spmd:
         pairs.append(("vs one mesh", f"no SPMD-only plan fits ({spmd.get('error', '')})"))
     if tried:

@@ -107,3 +107,48 @@ def test_verify_catches_a_stage_reading_a_stale_microbatch(work, tmp_path):
     res = parc("verify", str(bad), "--steps", "2", timeout=300)
     assert res.returncode == 1, res.stdout + res.stderr
     assert "MISMATCH" in res.stdout
+
+
+def test_two_stages_of_two_way_tensor_parallel_verify(work):
+    """`default: split` applies inside each stage: the MLP matmuls split over the stage's 2 devices."""
+    hints = work / "tp.yaml"
+    hints.write_text("default: split\n")
+    plan_dir = work / "gpt-pp2-tp2"
+    doc = _plan(_step(work, "gpt-tiny"), plan_dir, "--pipeline", "2", "--hints", str(hints))
+    assert doc["strategies"]["h.0.mlp.fc.matmul"] != "-" and doc["strategies"]["h.1.mlp.fc.matmul"] != "-"
+    _verify(plan_dir, *TIGHT)
+
+
+def test_microbatched_tensor_parallel_verifies(work):
+    """Hints on a microbatched one-mesh plan count the devices, not the microbatch axis."""
+    hints = work / "tp.yaml"
+    hints.write_text("default: split\n")
+    plan_dir = work / "gpt-mb2-tp"
+    doc = _plan(_step(work, "gpt-tiny"), plan_dir, "--micro-batches", "2", "--hints", str(hints))
+    assert doc["strategies"]["h.0.mlp.fc.matmul"] != "-"
+    _verify(plan_dir, *TIGHT)
+
+
+def test_stage_hints_place_nodes(work):
+    hints = work / "stages.yaml"
+    hints.write_text('scopes:\n  - match: "^h\\\\.1\\\\."\n    stage: 1\n  - match: "^h\\\\.0\\\\."\n    stage: 0\n')
+    plan_dir = work / "gpt-staged"
+    _plan(_step(work, "gpt-tiny"), plan_dir, "--pipeline", "2", "--hints", str(hints), "--no-programs")
+    doc = json.loads((plan_dir / "plan.json").read_text())
+    assert len(doc["stages"]) == 2
+    crossing = {t["value"] for t in doc["transfers"] if t["pass"] == "forward"}
+    assert any(v.startswith("h.0.") for v in crossing)  # the cut is between the two blocks
+
+
+def test_stage_hints_against_the_graph_order_are_refused(work):
+    from tests.helpers import assert_one_line_error
+
+    hints = work / "backwards.yaml"
+    hints.write_text('scopes:\n  - match: "^h\\\\.0\\\\."\n    stage: 1\n  - match: "^h\\\\.1\\\\."\n    stage: 0\n')
+    res = parc("plan", str(_step(work, "gpt-tiny")), "--devices", "4xa100-80g", "--pipeline", "2", "--hints",
+               str(hints), "-o", str(work / "never"))
+    assert_one_line_error(res, "backwards.yaml:4", "stage")
+    hints.write_text('scopes:\n  - match: "^h\\\\.0\\\\."\n    stage: 5\n')
+    res = parc("plan", str(_step(work, "gpt-tiny")), "--devices", "4xa100-80g", "--pipeline", "2", "--hints",
+               str(hints), "-o", str(work / "never"))
+    assert_one_line_error(res, "backwards.yaml:2", "stage 5")

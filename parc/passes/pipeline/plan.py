@@ -31,6 +31,8 @@ from parc.cluster import Cluster
 from parc.cluster.cluster import Node as ClusterNode
 from parc.cluster.links import LinkSpec
 from parc.errors import InfeasiblePlanError, UsageError
+from parc.hints import Hints
+from parc.hints.apply import stage_pins
 from parc.ir.graph import Graph
 from parc.passes.pipeline.stages import (
     DEFAULT_TOLERANCE,
@@ -196,8 +198,10 @@ def default_micro_batches(graph: Graph, stages: int) -> int:
 def plan_pipeline(graph: Graph, cluster: Cluster, stages: int, *, micro_batches: int | None = None,
                   level: str = "O3", memory_budget: float | None = None, time_limit: float = 60.0,
                   tolerance: float = DEFAULT_TOLERANCE, jobs: int | None = None, max_mesh_dims: int = 2,
-                  fixed: dict[str, int] | None = None) -> PipelinePlan:
-    """The pipelined plan of `graph` in `stages` stages over the cluster (module docstring)."""
+                  hints: Hints | None = None) -> PipelinePlan:
+    """The pipelined plan of `graph` in `stages` stages over the cluster (module docstring).
+    `hints`: `stage:` scopes pin forward nodes to stages; the rest of the hints apply to every
+    stage's SPMD search (pins to the tensors the stage holds)."""
     t0 = time.perf_counter()
     n = cluster.num_devices
     if stages < 2 or n % stages:
@@ -208,6 +212,7 @@ def plan_pipeline(graph: Graph, cluster: Cluster, stages: int, *, micro_batches:
     if m < 1 or (batch is not None and batch % m):
         raise UsageError(f"--micro-batches {m}: expected a count that divides the batch ({batch})")
     budget = float(memory_budget if memory_budget is not None else min(d.memory_bytes for d in cluster.devices))
+    fixed = stage_pins(graph, hints, stages) if hints is not None else None
     a = assign_stages(graph, cluster, stages, tolerance, fixed, time_limit)
     crossing = boundaries(graph, a)
     micro: Micro | None = None
@@ -228,7 +233,8 @@ def plan_pipeline(graph: Graph, cluster: Cluster, stages: int, *, micro_batches:
         stage_micro = micro.restricted(g, positions) if micro is not None else None
         try:
             p = plan_graph(g, sub, level=level, memory_budget=budget, time_limit=time_limit, jobs=jobs,
-                           micro_batches=m, micro=stage_micro, with_baselines=False, max_mesh_dims=max_mesh_dims)
+                           micro_batches=m, micro=stage_micro, with_baselines=False, max_mesh_dims=max_mesh_dims,
+                           hints=_stage_hints(hints, g))
         except InfeasiblePlanError as e:
             raise InfeasiblePlanError(f"pipeline stage {s} of {stages} ({len(positions)} nodes): {e}") from None
         plans.append(StagePlan(s, tuple(range(s * group, (s + 1) * group)), g, positions, p))
@@ -236,6 +242,17 @@ def plan_pipeline(graph: Graph, cluster: Cluster, stages: int, *, micro_batches:
     _predict(out)
     out.time_s = time.perf_counter() - t0
     return out
+
+
+def _stage_hints(hints: Hints | None, g: Graph) -> Hints | None:
+    """The hints a stage's SPMD search gets: scopes with a request, pins of its own tensors."""
+    if hints is None:
+        return None
+    names = {v.name for v in g.values()}
+    scopes = tuple(s for s in hints.scopes if s.request is not None)
+    out = Hints(scopes, tuple(p for p in hints.pins if p.tensor in names), hints.default, hints.default_where,
+                hints.source)
+    return None if out.empty else out
 
 
 def _predict(pp: PipelinePlan) -> None:

@@ -83,9 +83,9 @@ def node_cost(n: Node, cluster: Cluster) -> float:
 
 
 def assign_stages(graph: Graph, cluster: Cluster, count: int, tolerance: float = DEFAULT_TOLERANCE,
-                  fixed: dict[str, int] | None = None, time_limit: float = 60.0) -> StageAssignment:
+                  fixed: dict[str, tuple[int, str]] | None = None, time_limit: float = 60.0) -> StageAssignment:
     """Split `graph` into `count` stages (see the module docstring). `fixed` pins forward nodes
-    (by name) to stages (hints' `stage:` scopes)."""
+    (by name) to stages, with where the pin comes from (hints' `stage:` scopes)."""
     if count < 2:
         raise UsageError(f"--pipeline {count}: a pipeline needs 2 or more stages")
     nodes = graph.nodes
@@ -102,6 +102,7 @@ def assign_stages(graph: Graph, cluster: Cluster, count: int, tolerance: float =
     weight = cost + bwd_of
     edges, volume = _forward_edges(fwd, nodes, index)
     pins = _pins(graph, fwd, nodes, by_name, fixed or {}, count)
+    _check_pins(pins, fwd, nodes, edges, fixed or {})
     t0 = time.perf_counter()
     x, status, eps = _solve(weight, edges, volume, count, tolerance, pins, time_limit)
     stage_f = {fwd[k]: int(x[k]) for k in range(len(fwd))}
@@ -129,8 +130,8 @@ def _forward_edges(fwd: list[int], nodes: list[Node], index: dict[int, int]) -> 
     return list(pairs), list(pairs.values())
 
 
-def _pins(graph: Graph, fwd: list[int], nodes: list[Node], by_name: dict[str, int], fixed: dict[str, int],
-          count: int) -> dict[int, int]:
+def _pins(graph: Graph, fwd: list[int], nodes: list[Node], by_name: dict[str, int],
+          fixed: dict[str, tuple[int, str]], count: int) -> dict[int, int]:
     """Forward nodes whose stage is fixed: the loss's producer on the last stage, and hints."""
     pins: dict[int, int] = {}
     record = graph.metadata.get(STATE_KEY)
@@ -138,12 +139,30 @@ def _pins(graph: Graph, fwd: list[int], nodes: list[Node], by_name: dict[str, in
     for k, pos in enumerate(fwd):
         if loss is not None and any(v.name == loss for v in nodes[pos].outputs):
             pins[k] = count - 1
-    for name, s in fixed.items():
+    for name, (s, where) in fixed.items():
         if not 0 <= s < count:
-            raise UsageError(f"hints: stage {s} for node '{name}': expected 0..{count - 1}")
+            raise UsageError(f"{where}.stage: stage {s} for node '{name}': expected 0..{count - 1}")
         if name in by_name:
+            if by_name[name] in pins and pins[by_name[name]] != s:
+                raise UsageError(f"{where}.stage: node '{name}' computes the loss, which is on the last "
+                                 f"stage ({count - 1}), not {s}")
             pins[by_name[name]] = s
     return pins
+
+
+def _check_pins(pins: dict[int, int], fwd: list[int], nodes: list[Node], edges: list,
+                fixed: dict[str, tuple[int, str]]) -> None:
+    """A pinned node may not be on an earlier stage than a pinned node it depends on."""
+    if len(pins) < 2:
+        return
+    anc, _ = _closure(len(fwd), edges)
+    for j, sj in pins.items():
+        for i, si in pins.items():
+            if si > sj and anc[j, i]:
+                name = nodes[fwd[j]].name
+                where = fixed.get(name, (0, "the loss"))[1]
+                raise UsageError(f"{where}.stage: node '{name}' on stage {sj} reads (through its inputs) "
+                                 f"node '{nodes[fwd[i]].name}' on the later stage {si}")
 
 
 def _solve(weight: np.ndarray, edges: list, volume: list, count: int, tolerance: float,
