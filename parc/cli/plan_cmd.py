@@ -96,7 +96,7 @@ def plan(model: str, devices: str | None, cluster_file: str | None, level: str, 
     graph = importer.load(model, importer.parse_dims(dims))
     budget = mem_limit * 2**30 if mem_limit is not None else None
     from parc.errors import InfeasiblePlanError
-    from parc.passes.pipeline.plan import pipeline_candidates, plan_pipeline
+    from parc.passes.pipeline.plan import pipeline_candidates, pipeline_uniform, plan_pipeline
 
     if stages > 0 and (stages > cluster.num_devices or cluster.num_devices % stages):
         raise UsageError(f"--pipeline {stages}: expected a stage count that divides the "
@@ -137,6 +137,8 @@ def plan(model: str, devices: str | None, cluster_file: str | None, level: str, 
                      if spmd is not None else {"searched": False} if isinstance(spmd_error, _Skipped)
                      else {"feasible": False, "error": str(spmd_error)})
         best.tried = tried
+        best.baselines["pipeline-uniform"] = pipeline_uniform(graph, cluster, len(best.stages), best.micro_batches,
+                                                              best.budget, time_limit, mesh_dims)
         result = best
         stages = len(best.stages)
     elif spmd is not None:
@@ -176,7 +178,9 @@ def plan(model: str, devices: str | None, cluster_file: str | None, level: str, 
         click.echo(f"wrote {out / 'plan.json'}: pipeline of {len(doc['stages'])} stages x "
                    f"{doc['schedule']['micro_batches']} microbatches (1F1B), predicted step "
                    f"{p['step_time_s'] * 1e3:.3f} ms (bubble {p['bubble_s'] * 1e3:.3f}), "
-                   f"{max(p['memory_bytes_per_device']) / 2**30:.2f} GiB/device max; {shapes}")
+                   f"{max(p['memory_bytes_per_device']) / 2**30:.2f} GiB/device max; {shapes}; baselines: "
+                   + ", ".join(f"{k} {v['step_time_s'] * 1e3:.3f} ms" if v.get("step_time_s") is not None
+                               else f"{k} infeasible" for k, v in doc["baselines"].items()))
         return
     base = ", ".join(f"{k} {v['step_time_s'] * 1e3:.3f} ms" if v["step_time_s"] is not None else f"{k} infeasible"
                      for k, v in doc["baselines"].items())

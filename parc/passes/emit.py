@@ -167,6 +167,23 @@ def _write_sparse(f, offset: int, shard: np.ndarray) -> None:
             f.write(chunk.tobytes())
 
 
+def write_rank_files(p: RankProgram, graph: Graph, rank_dir: Path) -> list[dict]:
+    """A rank's modules, init.onnx and weights.bin in `rank_dir`; its module tasks."""
+    rank_dir.mkdir(parents=True, exist_ok=True)
+    mod_tasks, models = build_modules(p, graph)
+    for name, model in models.items():
+        onnx.save(model, rank_dir / f"{name}.onnx")
+    _write_init(p, graph, rank_dir)
+    return mod_tasks
+
+
+def residents_json(p: RankProgram, stats: dict[str, dict[str, float]]) -> list[dict]:
+    """program.json's residents: what the executor holds and feeds, with the seeded init's stats."""
+    return [{"name": x.name, "kind": x.kind, "spec": str(x.spec), "shape": list(x.shape), "local": list(x.local),
+             "dtype": x.dtype, "high": x.high, **({"init": stats[x.name]} if x.name in stats else {})}
+            for x in p.residents.values()]
+
+
 def write_programs(plan, out: Path) -> dict:
     """Lower every rank of `plan`; write its modules, init and program, and taskgraph.json
     (returned)."""
@@ -189,17 +206,10 @@ def write_programs_for(graph: Graph, mesh: tuple[int, ...], strategies: list, sp
     for r in range(ranks):
         p = lower_rank(graph, mesh, r, strategies, specs, micro, rules)
         rank_dir = out / f"rank_{r}"
-        rank_dir.mkdir(parents=True, exist_ok=True)
-        mod_tasks, models = build_modules(p, graph)
-        for name, model in models.items():
-            onnx.save(model, rank_dir / f"{name}.onnx")
-        _write_init(p, graph, rank_dir)
+        mod_tasks = write_rank_files(p, graph, rank_dir)
         program = {
             "format": PROGRAM_FORMAT, "rank": r, "coords": list(p.coords), "mesh": list(mesh),
-            "micro_batches": micro,
-            "residents": [{"name": x.name, "kind": x.kind, "spec": str(x.spec), "shape": list(x.shape),
-                           "local": list(x.local), "dtype": x.dtype, "high": x.high,
-                           **({"init": stats[x.name]} if x.name in stats else {})} for x in p.residents.values()],
+            "micro_batches": micro, "residents": residents_json(p, stats),
             "outputs": p.outputs, "accumulate": p.accumulate, "bindings": binds, "loss": loss_name(graph),
         }
         (rank_dir / "program.json").write_text(json.dumps(program, indent=1, sort_keys=True) + "\n")

@@ -147,3 +147,23 @@ def test_bad_pipeline_flags(tmp_path, args, needle):
     assert parc("models", "build", "gpt-tiny", "--train", "sgd", "-o", str(model)).returncode == 0
     res = parc("plan", str(model), "--devices", "4xa100-80g", *args, "-o", str(tmp_path / "plan"))
     assert_one_line_error(res, needle)
+
+
+@pytest.mark.parametrize("name", ["gpt-tiny", "unet-tiny", "t5-tiny"])
+def test_pipelined_plan_beats_the_uniform_recipe(zoo, name):
+    """The quality bar: the stage ILP's pipeline is never slower than the topological order cut
+    into equal forward FLOPs with Megatron/data parallel stages, in the same cost model."""
+    from parc.passes.pipeline.plan import pipeline_uniform
+
+    pp = plan_pipeline(zoo[name], CLUSTER, 2, jobs=1)
+    base = pipeline_uniform(zoo[name], CLUSTER, 2, pp.micro_batches, pp.budget)
+    assert base["feasible"] and base["stages"] == 2
+    assert pp.step_s <= base["step_time_s"] * (1 + 1e-9)
+
+
+def test_uniform_stages_cut_by_forward_flops(zoo):
+    a = st.uniform_stages(zoo["gpt-tiny"], CLUSTER, 2)
+    assert a.status == "uniform"
+    fwd = [s for n, s in zip(zoo["gpt-tiny"].nodes, a.stages_of) if n.meta.get("parc.phase") == "forward"]
+    assert [x[0] for x in fwd] == sorted(x[0] for x in fwd)  # graph order, never back
+    assert {x[0] for x in fwd} == {0, 1}

@@ -59,3 +59,15 @@ def test_data_parallel_training_step_verifies(case, tmp_path):
 def test_forward_plan_of_the_export_verifies(case, tmp_path):
     dims = [f"--dim={k}={v}" for k, v in case["dims"].items()]
     _plan_and_verify(case["dir"] / case["onnx"], tmp_path, "tp", *dims)
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c.startswith(("gpt2-", "llama-"))], indirect=True)
+def test_two_stage_pipeline_of_the_export_verifies(case, tmp_path):
+    """The transformers GPT-2 and Llama training steps as 2 pipeline stages of 1 device each."""
+    step = _train(case, tmp_path)
+    out = tmp_path / "plan-pp"
+    res = parc("plan", str(step), "--devices", "2xa100-80g", "--pipeline", "2", "--jobs", "1", "-o", str(out))
+    assert res.returncode == 0, res.stderr
+    res = parc("verify", str(out), "--steps", "2", "--rtol", "1e-4", "--atol", "1e-6", timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "verified:" in res.stdout

@@ -23,17 +23,15 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import onnx
-
 from parc.exec.taskgraph import FORMAT, check_taskgraph, one_f_one_b
 from parc.passes.emit import (
     PROGRAM_FORMAT,
     _param_stats,
     _part_tasks,
-    _write_init,
-    build_modules,
     comms_by_place,
     plan_inputs,
+    residents_json,
+    write_rank_files,
 )
 from parc.passes.lower import APPLY, MICRO, PASSES, bindings, loss_name, lower_rank, rules_of
 from parc.passes.pipeline.plan import PipelinePlan
@@ -58,13 +56,7 @@ def write_pipeline_programs(pp: PipelinePlan, out: Path) -> dict:
         rules = rules_of(graph)
         for local, rank in enumerate(st.ranks):
             p = lower_rank(graph, mesh, local, strategies, specs, micro, rules, sends, received, not_outputs)
-            rank_dir = out / f"rank_{rank}"
-            rank_dir.mkdir(parents=True, exist_ok=True)
-            mod_tasks, models = build_modules(p, graph)
-            for name, model in models.items():
-                onnx.save(model, rank_dir / f"{name}.onnx")
-            _write_init(p, graph, rank_dir)
-            progs[rank] = (st, p, mod_tasks)
+            progs[rank] = (st, p, write_rank_files(p, graph, out / f"rank_{rank}"))
     tasks: list[dict] = []
     edges: list[list[str]] = []
     collectives: dict[str, dict] = {}
@@ -86,9 +78,7 @@ def write_pipeline_programs(pp: PipelinePlan, out: Path) -> dict:
         program = {
             "format": PROGRAM_FORMAT, "rank": rank, "coords": list(p.coords), "mesh": list(p.mesh),
             "micro_batches": m, "stage": st.index, "stages": count, "stage_ranks": list(st.ranks),
-            "residents": [{"name": x.name, "kind": x.kind, "spec": str(x.spec), "shape": list(x.shape),
-                           "local": list(x.local), "dtype": x.dtype, "high": x.high,
-                           **({"init": stats[x.name]} if x.name in stats else {})} for x in p.residents.values()],
+            "residents": residents_json(p, stats),
             "outputs": p.outputs, "accumulate": p.accumulate, "bindings": mine_bound,
             "loss": loss if loss in p.outputs else None, "data_inputs": data_inputs, "reporter": reporter,
         }

@@ -44,6 +44,7 @@ from parc.passes.pipeline.stages import (
     boundaries,
     phase,
     stage_graph,
+    uniform_stages,
 )
 from parc.passes.spmd.costs import Micro, micro_layout
 from parc.passes.spmd.search import Plan, plan_graph
@@ -267,15 +268,7 @@ def _predict(pp: PipelinePlan) -> None:
                 apply_s += float(prob.comp[best.model.node_index(pos)][x[best.model.node_index(pos)]])
         st.apply_s = apply_s
         st.per_micro_s = max(best.solution.cost - apply_s, 0.0) / m
-        sends = 0.0
-        for b in pp.crossing:
-            if b.src != st.index or b.phase == OPTIMIZER:
-                continue
-            nbytes = int(np.prod(b.shape)) * _itemsize(b.dtype) / m
-            for d in b.dst:
-                link = stage_link(pp.cluster, st.ranks[0], pp.stages[d].ranks[0])
-                sends += link.latency + nbytes / link.bandwidth
-        st.send_s = sends
+        st.send_s = _send_time(pp.cluster, pp.crossing, [s.ranks for s in pp.stages], st.index, m)
         source_bytes = sum(float(prob.mem[k][x[k]]) for k in range(len(best.model.sources))) if prob.mem else 0.0
         activations = max(best.memory_bytes - source_bytes, 0.0)
         st.memory_bytes = source_bytes + min(count - st.index, m) * activations
@@ -285,10 +278,71 @@ def _predict(pp: PipelinePlan) -> None:
                 f"pipeline stage {st.index} of {count} needs {st.memory_bytes / 2**30:.2f} GiB per device "
                 f"({min(count - st.index, m)} microbatches of activations kept by 1F1B), the budget is "
                 f"{pp.budget / 2**30:.2f} GiB")
-    slowest = max(st.per_micro_s + st.send_s for st in pp.stages)
-    apply_s = max(st.apply_s for st in pp.stages)
-    pp.step_s = sum(st.per_micro_s + st.send_s for st in pp.stages) + (m - 1) * slowest + apply_s
-    pp.bubble_s = pp.step_s - m * slowest - apply_s
+    pp.step_s, pp.bubble_s = one_f_one_b_time([st.per_micro_s + st.send_s for st in pp.stages],
+                                              [st.apply_s for st in pp.stages], m)
+
+
+def one_f_one_b_time(per_micro: list[float], apply_s: list[float], m: int) -> tuple[float, float]:
+    """(step, bubble) of 1F1B over stages taking per_micro[s] per microbatch (sends included)
+    and apply_s[s] for the optimizer (module docstring)."""
+    slowest = max(per_micro)
+    step = sum(per_micro) + (m - 1) * slowest + max(apply_s)
+    return step, step - m * slowest - max(apply_s)
+
+
+def _send_time(cluster: Cluster, crossing: list[Boundary], ranks: list[tuple[int, ...]], stage: int,
+               m: int) -> float:
+    """Seconds stage `stage` spends sending one microbatch's crossing values."""
+    total = 0.0
+    for b in crossing:
+        if b.src != stage or b.phase == OPTIMIZER:
+            continue
+        nbytes = int(np.prod(b.shape)) * _itemsize(b.dtype) / m
+        for d in b.dst:
+            link = stage_link(cluster, ranks[stage][0], ranks[d][0])
+            total += link.latency + nbytes / link.bandwidth
+    return total
+
+
+def pipeline_uniform(graph: Graph, cluster: Cluster, stages: int, micro_batches: int, budget: float,
+                     time_limit: float = 60.0, max_mesh_dims: int = 2) -> dict:
+    """The `pipeline-uniform` baseline in the same cost model: `uniform_stages`, and on each
+    stage's group the best of data parallel and Megatron TP x DP over its (dp, tp) grids."""
+    from parc.cluster import enumerate_meshes
+    from parc.passes.spmd.costs import build
+    from parc.passes.spmd.search import flat_baseline, megatron_baseline
+    from parc.solver import IlpOptions, SearchOptions
+
+    m = micro_batches
+    options = SearchOptions(ilp=IlpOptions(time_limit=time_limit))
+    a = uniform_stages(graph, cluster, stages)
+    crossing = boundaries(graph, a)
+    micro = micro_layout(graph, cluster, m) if m > 1 else None
+    group = cluster.num_devices // stages
+    ranks = [tuple(range(s * group, (s + 1) * group)) for s in range(stages)]
+    per, apply_s, meshes = [], [], []
+    for s in range(stages):
+        g = stage_graph(graph, a, s, crossing)
+        sub = sub_cluster(cluster, s * group, group)
+        stage_micro = micro.restricted(g, a.nodes_of(s)) if micro is not None else None
+        best = None
+        for mesh in enumerate_meshes(sub, max_dims=max_mesh_dims):
+            if mesh.ndim == 2 and mesh.shape[1] not in (2, 4, 8) or mesh.ndim > 2:
+                continue
+            model = build(g, mesh, sub, stage_micro)
+            r = (flat_baseline("data-parallel", model, budget, options) if mesh.ndim == 1
+                 else megatron_baseline(model, budget, options))
+            if r.get("feasible") and (best is None or r["step_time_s"] < best[0]["step_time_s"]):
+                best = (r, list(mesh.shape))
+        if best is None:
+            return {"step_time_s": None, "memory_bytes_per_device": None, "feasible": False, "stages": stages}
+        r, shape = best
+        per.append(max(r["step_time_s"] - r["optimizer_s"], 0.0) / m + _send_time(cluster, crossing, ranks, s, m))
+        apply_s.append(r["optimizer_s"])
+        meshes.append(shape)
+    step, bubble = one_f_one_b_time(per, apply_s, m)
+    return {"step_time_s": step, "feasible": True, "stages": stages, "micro_batches": m, "bubble_s": bubble,
+            "stage_meshes": meshes, "memory_bytes_per_device": None}
 
 
 def describe(pp: PipelinePlan) -> str:

@@ -105,6 +105,13 @@ def assign_stages(graph: Graph, cluster: Cluster, count: int, tolerance: float =
     _check_pins(pins, fwd, nodes, edges, fixed or {})
     t0 = time.perf_counter()
     x, status, eps = _solve(weight, edges, volume, count, tolerance, pins, time_limit)
+    return _assignment(graph, cluster, count, fwd, x, edges, volume, status, eps, time.perf_counter() - t0)
+
+
+def _assignment(graph: Graph, cluster: Cluster, count: int, fwd: list[int], x, edges, volume, status: str,
+                eps: float, seconds: float) -> StageAssignment:
+    """The assignment from the forward nodes' stages `x` (the other nodes follow)."""
+    nodes = graph.nodes
     stage_f = {fwd[k]: int(x[k]) for k in range(len(fwd))}
     stages_of = _follow(graph, stage_f, count)
     fcost, bcost = np.zeros(count), np.zeros(count)
@@ -113,10 +120,26 @@ def assign_stages(graph: Graph, cluster: Cluster, count: int, tolerance: float =
         for s in ss:
             (fcost if phase(nodes[pos]) == FORWARD else bcost)[s] += c
     cut = float(sum(v for (i, j), v in zip(edges, volume) if x[i] != x[j]))
-    a = StageAssignment(count, stages_of, fcost, bcost, cut, status, eps, time.perf_counter() - t0)
+    a = StageAssignment(count, stages_of, fcost, bcost, cut, status, eps, seconds)
     a.owner = _owners(graph, stages_of)
     check_order(graph, a)
     return a
+
+
+def uniform_stages(graph: Graph, cluster: Cluster, count: int) -> StageAssignment:
+    """The hand recipe (GPipe, DeepSpeed's uniform partition): the forward nodes in graph order
+    cut into `count` pieces of equal forward FLOPs; the other nodes follow as in assign_stages."""
+    nodes = graph.nodes
+    fwd = [pos for pos, n in enumerate(nodes) if phase(n) == FORWARD]
+    flops = np.array([float(get_rule(nodes[pos]).flops(nodes[pos])) if get_rule(nodes[pos]) is not None
+                      else float(output_elements(nodes[pos])) for pos in fwd])
+    total = float(flops.sum()) or 1.0
+    middle = np.cumsum(flops) - flops / 2
+    x = np.minimum((middle / (total / count)).astype(int), count - 1)
+    x = np.maximum.accumulate(x)  # graph order is topological: stages never go back
+    index = {id(nodes[pos]): k for k, pos in enumerate(fwd)}
+    edges, volume = _forward_edges(fwd, nodes, index)
+    return _assignment(graph, cluster, count, fwd, x, edges, volume, "uniform", 0.0, 0.0)
 
 
 def _forward_edges(fwd: list[int], nodes: list[Node], index: dict[int, int]) -> tuple[list, list]:

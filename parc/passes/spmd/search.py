@@ -380,7 +380,15 @@ def flat_baseline(name: str, model: CostModel, budget: float, options: SearchOpt
     except InfeasiblePlanError:
         return {"step_time_s": None, "memory_bytes_per_device": None, "feasible": False}
     mem = float(sum(p.mem[i][sol.choice[i]] for i in range(p.n))) if p.mem else 0.0
-    return {"step_time_s": sol.cost, "memory_bytes_per_device": mem, "feasible": mem <= budget}
+    return {"step_time_s": sol.cost, "memory_bytes_per_device": mem, "feasible": mem <= budget,
+            "optimizer_s": optimizer_time(model, sol.choice)}
+
+
+def optimizer_time(model: CostModel, choice) -> float:
+    """The compute seconds of a solution's optimizer nodes (they run once per step)."""
+    p = model.problem
+    return float(sum(p.comp[model.node_index(pos)][choice[model.node_index(pos)]]
+                     for pos, n in enumerate(model.graph.nodes) if n.meta.get("parc.phase") == "optimizer"))
 
 
 def megatron_baseline(model: CostModel, budget: float, options: SearchOptions) -> dict:
@@ -400,7 +408,8 @@ def megatron_baseline(model: CostModel, budget: float, options: SearchOptions) -
                 "mesh": list(model.mesh.shape[1 if model.micro is not None else 0:])}
     mem = float(sum(p.mem[i][sol.choice[i]] for i in range(p.n))) if p.mem else 0.0
     return {"step_time_s": sol.cost, "memory_bytes_per_device": mem, "feasible": mem <= budget,
-            "mesh": list(model.mesh.shape[1 if model.micro is not None else 0:]), "gap": sol.gap}
+            "mesh": list(model.mesh.shape[1 if model.micro is not None else 0:]), "gap": sol.gap,
+            "optimizer_s": optimizer_time(model, sol.choice)}
 
 
 def _replicate(v, mesh: Mesh) -> ShardSpec:
