@@ -101,6 +101,9 @@ def plan(model: str, devices: str | None, cluster_file: str | None, level: str, 
     if stages > 0 and (stages > cluster.num_devices or cluster.num_devices % stages):
         raise UsageError(f"--pipeline {stages}: expected a stage count that divides the "
                          f"{cluster.num_devices} devices")
+    import time
+
+    t0 = time.perf_counter()
     counts = [stages] if stages > 0 else pipeline_candidates(cluster) if stages < 0 else []
     spmd, spmd_error = None, None
     try:
@@ -145,6 +148,7 @@ def plan(model: str, devices: str | None, cluster_file: str | None, level: str, 
         result, stages = spmd, 0
     else:
         raise spmd_error  # type: ignore[misc]
+    result.time_s = time.perf_counter() - t0  # the whole search: one mesh and pipelines
     out = Path(output)
     stage = out.parent / f".{out.name}.tmp-{os.getpid()}"
     shutil.rmtree(stage, ignore_errors=True)
