@@ -65,8 +65,10 @@ def test_default_is_auto_and_may_carry_a_count(tmp_path):
     ('scopes:\n  - match: "h\\\\.["\n    split: 4\n', ":2: scopes[0].match:", "invalid regular expression"),
     ("scopes:\n  - match: a\n    split: 2\n  - match: b\n    split: 2\n    replicate: 2\n",
      ":4: scopes[1]:", "not both"),
-    ("scopes:\n  - match: a\n", ":2: scopes[0]:", "missing replicate: N or split: N"),
+    ("scopes:\n  - match: a\n", ":2: scopes[0]:", "missing replicate: N, split: N or stage: K"),
     ("scopes:\n  - split: 2\n", ":2: scopes[0]:", "missing key 'match'"),
+    ("scopes:\n  - match: a\n    stage: -1\n", ":3: scopes[0].stage:", "stage number >= 0"),
+    ("scopes:\n  - match: a\n    stage: one\n", ":3: scopes[0].stage:", "stage number >= 0"),
     ("scopes:\n  - match: a\n    split: 0\n", ":3: scopes[0].split:", "positive integer"),
     ("scopes:\n  - match: a\n    replicate: -2\n", ":3: scopes[0].replicate:", "positive integer"),
     ("scopes:\n  - match: a\n    split: 2.5\n", ":3: scopes[0].split:", "positive integer"),
@@ -128,3 +130,11 @@ def test_warn_once_logs_each_warning_once(caplog):
         warn_once(["hints.yaml:4: scopes[0].match: 'x' matches no node"], seen)
         warn_once(["hints.yaml:4: scopes[0].match: 'x' matches no node", "other"], seen)
     assert [r.getMessage() for r in caplog.records] == ["hints.yaml:4: scopes[0].match: 'x' matches no node", "other"]
+
+
+def test_stage_scopes(tmp_path):
+    hints = load_hints(write(tmp_path, 'scopes:\n  - match: "^h\\\\.1"\n    stage: 1\n  - match: b\n'
+                                        '    split: 2\n    stage: 0\n'))
+    assert hints.scopes[0].stage == 1 and hints.scopes[0].request is None
+    assert hints.scopes[1].stage == 0 and hints.scopes[1].request == Request("split", 2)
+    assert hints.scopes[0].to_json() == {"match": "^h\\.1", "stage": 1}
