@@ -61,9 +61,11 @@ def test_forward_plan_of_the_export_verifies(case, tmp_path):
     _plan_and_verify(case["dir"] / case["onnx"], tmp_path, "tp", *dims)
 
 
-@pytest.mark.parametrize("case", [c for c in CASES if c.startswith(("gpt2-", "llama-"))], indirect=True)
+@pytest.mark.parametrize("case", [c if c.startswith(("gpt2-", "llama-")) else pytest.param(c, marks=pytest.mark.slow)
+                                  for c in CASES], indirect=True)
 def test_two_stage_pipeline_of_the_export_verifies(case, tmp_path):
-    """The transformers GPT-2 and Llama training steps as 2 pipeline stages of 1 device each."""
+    """Every export's training step as 2 pipeline stages of 1 device each (GPT-2 and Llama in the
+    fast suite, the others in the slow one)."""
     step = _train(case, tmp_path)
     out = tmp_path / "plan-pp"
     res = parc("plan", str(step), "--devices", "2xa100-80g", "--pipeline", "2", "--jobs", "1", "-o", str(out))
