@@ -74,6 +74,21 @@ class _Array:
         return self.engine.run(feeds)  # on the GPU, values stay in device memory
 
 
+def _test_fault() -> tuple[str, str, float] | None:
+    """`PARC_TEST_FAULT=scale:<tensor substring>:<factor>` or `skip:<tensor substring>`: a bug the
+    verify tests inject into every collective on matching tensors (never set it otherwise)."""
+    spec = os.environ.get("PARC_TEST_FAULT")
+    if not spec:
+        return None
+    kind, _, rest = spec.partition(":")
+    if kind == "scale":
+        name, _, factor = rest.rpartition(":")
+        return ("scale", name, float(factor))
+    if kind == "skip":
+        return ("skip", rest, 1.0)
+    raise ParcError(f"PARC_TEST_FAULT={spec}: expected scale:<tensor>:<factor> or skip:<tensor>")
+
+
 def gpu_available() -> bool:
     """A CUDA GPU that CuPy can use."""
     try:
@@ -150,6 +165,7 @@ class Rank:
         self.last_of_mb = {t.get("micro_batch"): pos for pos, t in enumerate(self.order)
                            if t.get("micro_batch") is not None}
         self._recv_index: dict[str, tuple] = {}
+        self._fault = _test_fault()
         self.steps = {t["id"]: Collective.from_json(t["step"]) for t in self.order if t["kind"] == "collective"}
         self._pieces: dict[tuple[str, int | None], tuple[np.ndarray, ...]] = {}  # data slices, made once
 
@@ -273,7 +289,10 @@ class Rank:
                     self.timings["compute"] += time.perf_counter() - t0
                 elif kind == "collective":
                     t0 = time.perf_counter()
-                    env[t["dst"]] = self._collective(t, lookup(env, t["src"], mb))
+                    x = lookup(env, t["src"], mb)
+                    env[t["dst"]] = self._collective(t, x)
+                    if self._fault and self._fault[1] in t["tensor"]:
+                        env[t["dst"]] = self._inject(t, x, env[t["dst"]])
                     self.timings["comm"] += time.perf_counter() - t0
                 elif kind == "send":
                     t0 = time.perf_counter()
@@ -308,6 +327,14 @@ class Rank:
             if out in outputs and inp in self.state:
                 self.state[inp] = outputs[out]
         return outputs
+
+    def _inject(self, t: dict, before: Any, after: Any) -> Any:
+        """PARC_TEST_FAULT (tests of `parc verify`): a collective that scales its result or does
+        nothing (a missing 1/n, a missing reduction)."""
+        kind, _, factor = self._fault  # type: ignore[misc]
+        if kind == "scale":
+            return after * after.dtype.type(factor)
+        return before if before.shape == after.shape else after
 
     def _receive(self, t: dict) -> Any:
         """A value another stage sends whole on its devices: this rank keeps its shard."""

@@ -152,3 +152,25 @@ def test_stage_hints_against_the_graph_order_are_refused(work):
     res = parc("plan", str(_step(work, "gpt-tiny")), "--devices", "4xa100-80g", "--pipeline", "2", "--hints",
                str(hints), "-o", str(work / "never"))
     assert_one_line_error(res, "backwards.yaml:2", "stage 5")
+
+
+@pytest.mark.parametrize("fault", ["scale:mlp.fc.weight.grad:4", "skip:mlp.proj.bias.grad"])
+def test_adamw_verify_still_catches_injected_bugs(work, fault):
+    """Adam's round-off bound must not hide real bugs: a gradient all-reduce missing its 1/n (a
+    factor 4 on 4 ranks) or not run at all makes verify fail, although Adam's step is invariant
+    to the gradient's scale (the moments are compared plainly)."""
+    import os
+
+    hints = work / "dp.yaml"
+    hints.write_text("default: replicate\n")
+    plan_dir = work / "gpt-adamw-dp"
+    if not plan_dir.exists():
+        _plan(_step(work, "gpt-tiny", "adamw"), plan_dir, "--hints", str(hints), "--mesh-dims", "1")
+    _verify(plan_dir, "--steps", "3")
+    os.environ["PARC_TEST_FAULT"] = fault
+    try:
+        res = parc("verify", str(plan_dir), "--steps", "3", timeout=300)
+    finally:
+        del os.environ["PARC_TEST_FAULT"]
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert "MISMATCH" in res.stdout
