@@ -20,7 +20,6 @@ plus that many times one microbatch's activations, checked against the budget pe
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from dataclasses import dataclass, field
@@ -343,7 +342,3 @@ def pipeline_uniform(graph: Graph, cluster: Cluster, stages: int, micro_batches:
     step, bubble = one_f_one_b_time(per, apply_s, m)
     return {"step_time_s": step, "feasible": True, "stages": stages, "micro_batches": m, "bubble_s": bubble,
             "stage_meshes": meshes, "memory_bytes_per_device": None}
-
-
-def describe(pp: PipelinePlan) -> str:
-    return json.dumps([{"stage": st.index, "ranks": st.ranks, "nodes": len(st.positions)} for st in pp.stages])
