@@ -53,8 +53,8 @@ def _progress() -> Iterator[Callable[[str, int, int], None] | None]:
                    "(default 1; a pipeline of S stages: the smallest divisor of the batch >= 2S).")
 @click.option("--pipeline", default="auto", show_default=True, metavar="off|auto|S",
               help="Pipeline the step over S stages of equal device groups (1F1B), each stage an SPMD "
-                   "plan of its own; off: one mesh; auto: also try S = divisors of the node count >= 2 "
-                   "(stages of whole nodes) and keep the cheapest.")
+                   "plan of its own; off: one mesh; auto: on 2 or more nodes also try one stage per node "
+                   "and keep the faster plan.")
 @click.option("--pipeline-tolerance", type=float, default=0.1, show_default=True, metavar="EPS",
               help="Stage imbalance the stage search tolerates (Rhino 5.2's epsilon).")
 @click.option("--mesh-dims", type=int, default=2, show_default=True, metavar="N",
@@ -106,19 +106,16 @@ def plan(model: str, devices: str | None, cluster_file: str | None, level: str, 
     t0 = time.perf_counter()
     counts = [stages] if stages > 0 else pipeline_candidates(cluster) if stages < 0 else []
     spmd, spmd_error = None, None
-    try:
-        if stages > 0:  # the user asked for this pipeline: no one-mesh search to compare with
-            raise _Skipped()
-        with _progress() as report:
-            spmd = plan_graph(graph, cluster, level=level, memory_budget=budget, progress=report,
-                              time_limit=time_limit, hints=None if hints.empty else hints, jobs=jobs,
-                              micro_batches=micro_batches or 1, max_mesh_dims=mesh_dims)
-    except _Skipped:
-        spmd_error = _Skipped("not searched (--pipeline S)")
-    except (InfeasiblePlanError, UsageError) as e:  # a pipeline may still fit, or be the only choice
-        if not counts:
-            raise
-        spmd_error = e
+    if stages <= 0:  # with --pipeline S the user asked for that pipeline: no one-mesh search
+        try:
+            with _progress() as report:
+                spmd = plan_graph(graph, cluster, level=level, memory_budget=budget, progress=report,
+                                  time_limit=time_limit, hints=None if hints.empty else hints, jobs=jobs,
+                                  micro_batches=micro_batches or 1, max_mesh_dims=mesh_dims)
+        except (InfeasiblePlanError, UsageError) as e:  # a pipeline may still fit
+            if not counts:
+                raise
+            spmd_error = e
     best, tried = None, []
     for count in counts:
         try:
@@ -137,11 +134,10 @@ def plan(model: str, devices: str | None, cluster_file: str | None, level: str, 
     if best is not None and (stages > 0 or spmd is None or best.step_s < spmd.best.solution.cost):
         best.baselines = dict(spmd.baselines) if spmd is not None else {}
         best.spmd = ({"step_time_s": spmd.best.solution.cost, "mesh": list(spmd.best.mesh.shape)}
-                     if spmd is not None else {"searched": False} if isinstance(spmd_error, _Skipped)
+                     if spmd is not None else {"searched": False} if stages > 0
                      else {"feasible": False, "error": str(spmd_error)})
         best.tried = tried
-        best.baselines["pipeline-uniform"] = pipeline_uniform(graph, cluster, len(best.stages), best.micro_batches,
-                                                              best.budget, time_limit, mesh_dims)
+        best.baselines["pipeline-uniform"] = pipeline_uniform(best, time_limit, mesh_dims)
         result = best
         stages = len(best.stages)
     elif spmd is not None:
@@ -192,10 +188,6 @@ def plan(model: str, devices: str | None, cluster_file: str | None, level: str, 
                f"{p['step_time_s'] * 1e3:.3f} ms (compute {p['compute_s'] * 1e3:.3f}, comm "
                f"{p['comm_s'] * 1e3:.3f}), {p['memory_bytes_per_device'][0] / 2**30:.2f} GiB/device; "
                f"baselines: {base}")
-
-
-class _Skipped(Exception):
-    """The one-mesh search was not run."""
 
 
 def _stages(value: str) -> int:

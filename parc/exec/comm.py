@@ -2,9 +2,11 @@
 
 One interface for every backend (NCCL on GPUs comes with the executor): `all_reduce`,
 `all_gather` and `reduce_scatter` along a tensor dim, `all_to_all` (split one dim, concatenate
-another), `broadcast`, `send`/`recv`, each with a deadline. `MpiComm.for_axis(mesh_shape, axis)`
-gives the communicator of one mesh axis: the ranks that differ only in that axis's coordinate
-(row-major ranks, as `parc.cluster.Mesh`), created once and cached (Rhino 6.3).
+another), `broadcast`, `send`/`recv`, each with a deadline. `MpiComm.for_ranks(ranks)` gives the
+communicator of a collective's group as the task graph lists it (a mesh axis's ranks in
+coordinate order), `for_axis(mesh_shape, axis)` that of one mesh axis (the ranks that differ only
+in that axis's coordinate, row-major as `parc.cluster.Mesh`); both are created once and cached
+(Rhino 6.3).
 
 Every operation is non-blocking underneath and polled until done or until `timeout` seconds
 pass; then it raises CommTimeout naming the operation, so a rank that died cannot hang the
@@ -67,9 +69,10 @@ class MpiComm:
         return self._axes[key]
 
     def for_ranks(self, ranks: tuple[int, ...]) -> MpiComm:
-        """The communicator of `ranks` (this rank among them), in that order (cached). Only the
-        members take part in making it (MPI_Comm_create_group), so a pipeline stage's groups
-        need nothing from the other stages."""
+        """The communicator of `ranks` (this rank among them), in that order (cached): what the
+        executor uses for a collective's group (a mesh axis's ranks in coordinate order). Only the
+        members take part in making it (MPI_Comm_create_group), so the groups of one pipeline
+        stage need nothing from the other stages."""
         key = ("ranks", tuple(ranks))
         if key not in self._axes:
             group = self.comm.Get_group().Incl(list(ranks))

@@ -132,7 +132,6 @@ class Rank:
         self.comm = comm
         self.graph = load_taskgraph(self.dir / "taskgraph.json")
         self.program = json.loads((self.dir / f"rank_{rank}" / "program.json").read_text())
-        self.mesh = self.graph.mesh or (self.graph.ranks,)
         self.model_mesh = tuple(self.program["mesh"])
         self.coords = tuple(int(c) for c in self.program["coords"])
         self.micro = int(self.program["micro_batches"])
@@ -156,15 +155,14 @@ class Rank:
         elif init != "source":
             raise ParcError(f"--init {init}: expected source or seeded")
         self.state = {k: self.xp.asarray(v) for k, v in state.items()}
-        self.pipelined = len(self.graph.stages) > 1
         for t in self.order:  # every communicator before the first step (Rhino 6.3)
             if t["kind"] == "collective" and len(t["group"]) > 1:
-                self._group_comm(t)
+                self.comm.for_ranks(tuple(t["group"]))
         self.timings = {"compute": 0.0, "comm": 0.0}
         self.free_after = self._last_uses()
         self.last_of_mb = {t.get("micro_batch"): pos for pos, t in enumerate(self.order)
                            if t.get("micro_batch") is not None}
-        self._recv_index: dict[str, tuple] = {}
+        self._recv_index: dict[str, tuple] = {}  # tensor -> this rank's shard of what arrives
         self._fault = _test_fault()
         self.steps = {t["id"]: Collective.from_json(t["step"]) for t in self.order if t["kind"] == "collective"}
         self._pieces: dict[tuple[str, int | None], tuple[np.ndarray, ...]] = {}  # data slices, made once
@@ -342,17 +340,11 @@ class Rank:
         shape = tuple(t["global"])
         if not shape:
             return self.xp.asarray(whole)
-        if t["id"] not in self._recv_index:
+        if t["tensor"] not in self._recv_index:  # the same for every microbatch
             coords = (0,) + self.coords[1:] if self.micro > 1 else self.coords
-            self._recv_index[t["id"]] = np.ix_(*shard_index(shape, ShardSpec.parse(t["spec"]), self.model_mesh, coords))
-        return self.xp.asarray(np.ascontiguousarray(whole[self._recv_index[t["id"]]]))
-
-    def _group_comm(self, t: dict):
-        """The communicator of a collective's group: a mesh axis's of an SPMD plan, the listed
-        ranks' in a pipeline (each stage has its own mesh)."""
-        if self.pipelined:
-            return self.comm.for_ranks(tuple(t["group"]))
-        return self.comm.for_axis(self.mesh, t["axis"])
+            self._recv_index[t["tensor"]] = np.ix_(*shard_index(shape, ShardSpec.parse(t["spec"]), self.model_mesh,
+                                                                coords))
+        return self.xp.asarray(np.ascontiguousarray(whole[self._recv_index[t["tensor"]]]))
 
     @staticmethod
     def _per_micro(name: str, mb: int | None) -> np.ndarray:
@@ -371,7 +363,7 @@ class Rank:
         step = self.steps[t["id"]]
         if len(t["group"]) == 1:
             return self.xp.asarray(run_step(step, [to_host(x)])[0])
-        comm = self._group_comm(t)
+        comm = self.comm.for_ranks(tuple(t["group"]))  # a mesh axis's group, in coordinate order
         src, dst = step.src, step.dst
         if step.kind == "all_reduce":
             return comm.all_reduce(x, src.op)

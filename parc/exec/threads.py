@@ -59,6 +59,9 @@ class ThreadComm:
         color = int(np.ravel_multi_index(coords, mesh_shape))
         return ThreadComm(self.world.sub((tuple(mesh_shape), axis, color), mesh_shape[axis]), int(me))
 
+    def for_ranks(self, ranks: tuple[int, ...]) -> ThreadComm:
+        return ThreadComm(self.world.sub(("ranks", tuple(ranks)), len(ranks)), list(ranks).index(self.rank))
+
     def all_reduce(self, x: np.ndarray, op: str = "sum") -> np.ndarray:
         return reduce_parts(self._exchange(np.asarray(x), "all_reduce"), op)
 

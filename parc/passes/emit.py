@@ -51,8 +51,7 @@ def _modules(p: RankProgram) -> list[tuple[str, str, int, list[onnx.NodeProto]]]
     """(part, pass, depth, nodes) per module, in run order: the microbatch part, then the apply
     part; in a pipeline stage's program each part's forward, backward and optimizer passes apart."""
     groups: dict[tuple[str, str, int], list[onnx.NodeProto]] = defaultdict(list)
-    phases = p.phases if len(p.phases) == len(p.nodes) else [""] * len(p.nodes)
-    for (depth, part, node), ph in zip(p.nodes, phases):
+    for (depth, part, node), ph in zip(p.nodes, p.phases, strict=True):
         groups[part, ph, depth].append(node)
     return [(part, ph, d, groups[part, ph, d])
             for part, ph, d in sorted(groups, key=lambda k: (k[0] != MICRO, PASS_ORDER[k[1]], k[2]))]
@@ -219,6 +218,11 @@ def write_programs_for(graph: Graph, mesh: tuple[int, ...], strategies: list, sp
     doc = {"format": FORMAT, "ranks": ranks, "micro_batches": micro, "mesh": list(device_mesh),
            "stages": [{"id": 0, "ranks": list(range(ranks))}],
            "tasks": tasks, "edges": edges, "order": order}
+    return write_taskgraph(doc, out)
+
+
+def write_taskgraph(doc: dict, out: Path) -> dict:
+    """Check a task graph (the orders must run) and write it as out/taskgraph.json, atomically."""
     check_taskgraph(doc)
     tmp = out / "taskgraph.json.tmp"
     tmp.write_text(json.dumps(doc, indent=0) + "\n")

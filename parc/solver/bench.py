@@ -16,7 +16,7 @@ import highspy
 import numpy as np
 
 from parc.solver.generate import random_problem
-from parc.solver.ilp import IlpOptions, build_model, lp_relaxation
+from parc.solver.ilp import IlpOptions, build_model, lp_relaxation, new_highs, rowwise_lp
 from parc.solver.problem import Problem, ragged
 from parc.solver.search import SearchOptions, solve
 
@@ -31,22 +31,11 @@ def classic_lp_bound(p: Problem, time_limit: float = 600.0) -> float:
     rows = np.concatenate([owner, n + np.arange(A), n + np.arange(A), n + np.arange(A)])
     cols = np.concatenate([np.arange(X), X + np.arange(A), p.offsets[u] + j1, p.offsets[v] + j2])
     vals = np.concatenate([np.ones(X), np.ones(A), -np.ones(A), -np.ones(A)])
-    order = np.argsort(rows, kind="stable")
-    lp = highspy.HighsLp()
-    lp.num_col_, lp.num_row_ = X + A, n + A
-    lp.col_cost_ = np.concatenate([p.comp_flat, p.comm_flat])
-    lp.col_lower_ = np.zeros(X + A)
-    lp.col_upper_ = np.concatenate([p.allowed_flat.astype(np.float64), np.ones(A)])
-    lp.row_lower_ = np.concatenate([np.ones(n), -np.ones(A)])
-    lp.row_upper_ = np.concatenate([np.ones(n), np.full(A, highspy.kHighsInf)])
-    lp.a_matrix_.format_ = highspy.MatrixFormat.kRowwise
-    lp.a_matrix_.num_col_, lp.a_matrix_.num_row_ = X + A, n + A
-    lp.a_matrix_.start_ = np.concatenate([[0], np.cumsum(np.bincount(rows, minlength=n + A))]).astype(
-        np.int32
-    )
-    lp.a_matrix_.index_ = cols[order].astype(np.int32)
-    lp.a_matrix_.value_ = vals[order]
-    h = highspy.Highs()
+    cost = np.concatenate([p.comp_flat, p.comm_flat])
+    upper = np.concatenate([p.allowed_flat.astype(np.float64), np.ones(A)])
+    lp = rowwise_lp(cost, np.zeros(X + A), upper, [rows], [cols], [vals],
+                    [np.ones(n), -np.ones(A)], [np.ones(n), np.full(A, highspy.kHighsInf)], n + A)
+    h = new_highs()
     h.setOptionValue("output_flag", False)
     h.setOptionValue("time_limit", time_limit)
     h.passModel(lp)

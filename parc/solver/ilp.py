@@ -128,20 +128,26 @@ def build_model(p: Problem) -> Model:
         hi.append(np.array([p.budget]))
         num_rows += 1
 
-    rows, cols, vals = np.concatenate(rows), np.concatenate(cols), np.concatenate(vals)
-    order = np.argsort(rows, kind="stable")
-    lp = highspy.HighsLp()
-    lp.num_col_, lp.num_row_ = X + Y, num_rows
-    lp.col_cost_, lp.col_lower_, lp.col_upper_ = cost, lower, upper
-    lp.row_lower_, lp.row_upper_ = np.concatenate(lo), np.concatenate(hi)
-    lp.a_matrix_.format_ = highspy.MatrixFormat.kRowwise
-    lp.a_matrix_.num_col_, lp.a_matrix_.num_row_ = X + Y, num_rows
-    lp.a_matrix_.start_ = np.concatenate([[0], np.cumsum(np.bincount(rows, minlength=num_rows))]).astype(
-        np.int32
-    )
-    lp.a_matrix_.index_ = cols[order].astype(np.int32)
-    lp.a_matrix_.value_ = vals[order]
+    lp = rowwise_lp(cost, lower, upper, rows, cols, vals, lo, hi, num_rows)
     return Model(lp, X, ye, yj1, yj2)
+
+
+def rowwise_lp(cost, lower, upper, rows: list, cols: list, vals: list, row_lower: list, row_upper: list,
+               num_rows: int) -> highspy.HighsLp:
+    """A HighsLp from column arrays and the constraint entries as lists of (row, column, value)
+    array chunks with per-row bound chunks (any order; sorted into HiGHS's row-wise CSR here)."""
+    r, c, v = np.concatenate(rows), np.concatenate(cols), np.concatenate(vals)
+    order = np.argsort(r, kind="stable")
+    lp = highspy.HighsLp()
+    lp.num_col_, lp.num_row_ = len(cost), num_rows
+    lp.col_cost_, lp.col_lower_, lp.col_upper_ = cost, lower, upper
+    lp.row_lower_, lp.row_upper_ = np.concatenate(row_lower), np.concatenate(row_upper)
+    lp.a_matrix_.format_ = highspy.MatrixFormat.kRowwise
+    lp.a_matrix_.num_col_, lp.a_matrix_.num_row_ = len(cost), num_rows
+    lp.a_matrix_.start_ = np.concatenate([[0], np.cumsum(np.bincount(r, minlength=num_rows))]).astype(np.int32)
+    lp.a_matrix_.index_ = c[order].astype(np.int32)
+    lp.a_matrix_.value_ = v[order]
+    return lp
 
 
 def _full_vector(p: Problem, m: Model, x: np.ndarray) -> np.ndarray:

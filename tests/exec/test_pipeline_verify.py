@@ -115,7 +115,9 @@ def test_two_stages_of_two_way_tensor_parallel_verify(work):
     hints.write_text("default: split\n")
     plan_dir = work / "gpt-pp2-tp2"
     doc = _plan(_step(work, "gpt-tiny"), plan_dir, "--pipeline", "2", "--hints", str(hints))
-    assert doc["strategies"]["h.0.mlp.fc.matmul"] != "-" and doc["strategies"]["h.1.mlp.fc.matmul"] != "-"
+    # the weight's dims split (n: columns, k: rows); replicated (-) or batch-split (m) would be DP
+    assert doc["strategies"]["h.0.mlp.fc.matmul"] in ("n", "k")
+    assert doc["strategies"]["h.1.mlp.fc.matmul"] in ("n", "k")
     _verify(plan_dir, *TIGHT)
 
 
@@ -125,19 +127,23 @@ def test_microbatched_tensor_parallel_verifies(work):
     hints.write_text("default: split\n")
     plan_dir = work / "gpt-mb2-tp"
     doc = _plan(_step(work, "gpt-tiny"), plan_dir, "--micro-batches", "2", "--hints", str(hints))
-    assert doc["strategies"]["h.0.mlp.fc.matmul"] != "-"
+    assert set(doc["strategies"]["h.0.mlp.fc.matmul"].split("x")) <= {"n", "k"}
     _verify(plan_dir, *TIGHT)
 
 
 def test_stage_hints_place_nodes(work):
+    """Unpinned, the ILP cuts gpt-tiny after h.1.ln_1 (its output crosses); pinning block 0's MLP
+    to stage 1 moves the cut before it, so nothing of block 1 crosses."""
     hints = work / "stages.yaml"
-    hints.write_text('scopes:\n  - match: "^h\\\\.1\\\\."\n    stage: 1\n  - match: "^h\\\\.0\\\\."\n    stage: 0\n')
-    plan_dir = work / "gpt-staged"
-    _plan(_step(work, "gpt-tiny"), plan_dir, "--pipeline", "2", "--hints", str(hints), "--no-programs")
-    doc = json.loads((plan_dir / "plan.json").read_text())
-    assert len(doc["stages"]) == 2
-    crossing = {t["value"] for t in doc["transfers"] if t["pass"] == "forward"}
-    assert any(v.startswith("h.0.") for v in crossing)  # the cut is between the two blocks
+    hints.write_text('scopes:\n  - match: "^h\\\\.0\\\\.mlp\\\\."\n    stage: 1\n')
+    step = _step(work, "gpt-tiny")
+    crossing = {}
+    for name, extra in (("free", []), ("staged", ["--hints", str(hints)])):
+        _plan(step, work / f"gpt-{name}", "--pipeline", "2", "--no-programs", *extra)
+        doc = json.loads((work / f"gpt-{name}" / "plan.json").read_text())
+        crossing[name] = {t["value"] for t in doc["transfers"] if t["pass"] == "forward"}
+    assert any(v.startswith("h.1.") for v in crossing["free"])
+    assert not any(v.startswith(("h.1.", "h.0.mlp.")) for v in crossing["staged"])
 
 
 def test_stage_hints_against_the_graph_order_are_refused(work):

@@ -156,7 +156,7 @@ def test_pipelined_plan_beats_the_uniform_recipe(zoo, name):
     from parc.passes.pipeline.plan import pipeline_uniform
 
     pp = plan_pipeline(zoo[name], CLUSTER, 2, jobs=1)
-    base = pipeline_uniform(zoo[name], CLUSTER, 2, pp.micro_batches, pp.budget)
+    base = pipeline_uniform(pp)
     assert base["feasible"] and base["stages"] == 2
     assert pp.step_s <= base["step_time_s"] * (1 + 1e-9)
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from parc.exec.taskgraph import FORMAT, check_taskgraph, one_f_one_b
+from parc.exec.taskgraph import FORMAT, one_f_one_b
 from parc.passes.emit import (
     PROGRAM_FORMAT,
     _param_stats,
@@ -32,6 +32,7 @@ from parc.passes.emit import (
     plan_inputs,
     residents_json,
     write_rank_files,
+    write_taskgraph,
 )
 from parc.passes.lower import APPLY, MICRO, PASSES, bindings, loss_name, lower_rank, rules_of
 from parc.passes.pipeline.plan import PipelinePlan
@@ -62,6 +63,7 @@ def write_pipeline_programs(pp: PipelinePlan, out: Path) -> dict:
     collectives: dict[str, dict] = {}
     order: dict[str, list[str]] = {}
     links = _links(pp, progs)
+    bound_in = {(lk["dst_rank"], lk["tensor"]) for lk in links if lk["bound"]}  # new weights received
     data: dict[str, dict] = {}
     for _, p, _ in progs.values():
         for x in p.residents.values():
@@ -73,8 +75,7 @@ def write_pipeline_programs(pp: PipelinePlan, out: Path) -> dict:
     reporter = min((r for r, (_, p, _) in progs.items() if loss in p.outputs), default=0)
     for rank, (st, p, mod_tasks) in sorted(progs.items()):
         graph = st.graph
-        mine_bound = {new: old for new, old in binds.items() if new in p.outputs or
-                      any(lk["tensor"] == new and lk["dst_rank"] == rank for lk in links)}
+        mine_bound = {new: old for new, old in binds.items() if new in p.outputs or (rank, new) in bound_in}
         program = {
             "format": PROGRAM_FORMAT, "rank": rank, "coords": list(p.coords), "mesh": list(p.mesh),
             "micro_batches": m, "stage": st.index, "stages": count, "stage_ranks": list(st.ranks),
@@ -90,11 +91,7 @@ def write_pipeline_programs(pp: PipelinePlan, out: Path) -> dict:
            "stages": [{"id": st.index, "ranks": list(st.ranks), "mesh": list(st.plan.best.mesh.shape)}
                       for st in pp.stages],
            "tasks": tasks, "edges": edges, "order": order}
-    check_taskgraph(doc)
-    tmp = out / "taskgraph.json.tmp"
-    tmp.write_text(json.dumps(doc, indent=0) + "\n")
-    tmp.replace(out / "taskgraph.json")
-    return doc
+    return write_taskgraph(doc, out)
 
 
 def _links(pp: PipelinePlan, progs: dict[int, tuple]) -> list[dict]:

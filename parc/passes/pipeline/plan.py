@@ -102,6 +102,7 @@ class PipelinePlan:
     bubble_s: float = 0.0
     time_s: float = 0.0
     baselines: dict[str, dict] = field(default_factory=dict)
+    micro: Micro | None = None  # the whole graph's microbatch layout (None: one microbatch)
     spmd: dict | None = None  # the best SPMD-only plan's figures, when it was searched
     tried: list[dict] = field(default_factory=list)  # the stage counts searched
 
@@ -238,7 +239,7 @@ def plan_pipeline(graph: Graph, cluster: Cluster, stages: int, *, micro_batches:
         except InfeasiblePlanError as e:
             raise InfeasiblePlanError(f"pipeline stage {s} of {stages} ({len(positions)} nodes): {e}") from None
         plans.append(StagePlan(s, tuple(range(s * group, (s + 1) * group)), g, positions, p))
-    out = PipelinePlan(graph, cluster, a, crossing, plans, m, level, budget)
+    out = PipelinePlan(graph, cluster, a, crossing, plans, m, level, budget, micro=micro)
     _predict(out)
     out.time_s = time.perf_counter() - t0
     return out
@@ -303,27 +304,26 @@ def _send_time(cluster: Cluster, crossing: list[Boundary], ranks: list[tuple[int
     return total
 
 
-def pipeline_uniform(graph: Graph, cluster: Cluster, stages: int, micro_batches: int, budget: float,
-                     time_limit: float = 60.0, max_mesh_dims: int = 2) -> dict:
-    """The `pipeline-uniform` baseline in the same cost model: `uniform_stages`, and on each
-    stage's group the best of data parallel and Megatron TP x DP over its (dp, tp) grids."""
+def pipeline_uniform(pp: PipelinePlan, time_limit: float = 60.0, max_mesh_dims: int = 2) -> dict:
+    """The `pipeline-uniform` baseline of a pipelined plan, in the same cost model and with its
+    stage count, microbatches and microbatch layout: `uniform_stages`, and on each stage's group
+    the best of data parallel and Megatron TP x DP over its (dp, tp) grids."""
     from parc.cluster import enumerate_meshes
     from parc.passes.spmd.costs import build
     from parc.passes.spmd.search import flat_baseline, megatron_baseline
     from parc.solver import IlpOptions, SearchOptions
 
-    m = micro_batches
+    graph, cluster, stages, m, budget = pp.graph, pp.cluster, len(pp.stages), pp.micro_batches, pp.budget
     options = SearchOptions(ilp=IlpOptions(time_limit=time_limit))
     a = uniform_stages(graph, cluster, stages)
     crossing = boundaries(graph, a)
-    micro = micro_layout(graph, cluster, m) if m > 1 else None
     group = cluster.num_devices // stages
     ranks = [tuple(range(s * group, (s + 1) * group)) for s in range(stages)]
     per, apply_s, meshes = [], [], []
     for s in range(stages):
         g = stage_graph(graph, a, s, crossing)
         sub = sub_cluster(cluster, s * group, group)
-        stage_micro = micro.restricted(g, a.nodes_of(s)) if micro is not None else None
+        stage_micro = pp.micro.restricted(g, a.nodes_of(s)) if pp.micro is not None else None
         best = None
         for mesh in enumerate_meshes(sub, max_dims=max_mesh_dims):
             if mesh.ndim == 2 and mesh.shape[1] not in (2, 4, 8) or mesh.ndim > 2:

@@ -44,7 +44,7 @@ from parc.errors import InfeasiblePlanError, UsageError
 from parc.ir.graph import Graph, Node, Value
 from parc.ops import get_rule
 from parc.ops.base import output_elements
-from parc.solver.ilp import new_highs
+from parc.solver.ilp import new_highs, rowwise_lp
 
 DEFAULT_TOLERANCE = 0.1  # eps of the bound tightening and the load rows (docs/pipeline.md)
 FORWARD, BACKWARD, OPTIMIZER = "forward", "backward", "optimizer"
@@ -72,14 +72,17 @@ class StageAssignment:
         return [pos for pos, ss in enumerate(self.stages_of) if stage in ss]
 
 
-def node_cost(n: Node, cluster: Cluster) -> float:
-    """One device's time for node n on the whole batch (the cost model's roofline)."""
+def node_costs(graph: Graph, cluster: Cluster) -> np.ndarray:
+    """Each node's time on one device of the slowest type, whole batch (the cost model's roofline)."""
     slowest = min(cluster.devices, key=lambda d: d.peak("float32"))
-    rule = get_rule(n)
-    flops = rule.flops(n) if rule is not None else output_elements(n)
-    read, written = rule.bytes_accessed(n) if rule is not None else (0, 0)
-    dtype = next((v.dtype for v in n.outputs if v.dtype is not None), None)
-    return compute_time(flops, read + written, slowest, dtype or "float32")
+    out = np.empty(len(graph.nodes))
+    for pos, n in enumerate(graph.nodes):
+        rule = get_rule(n)
+        flops = rule.flops(n) if rule is not None else output_elements(n)
+        read, written = rule.bytes_accessed(n) if rule is not None else (0, 0)
+        dtype = next((v.dtype for v in n.outputs if v.dtype is not None), None)
+        out[pos] = compute_time(flops, read + written, slowest, dtype or "float32")
+    return out
 
 
 def assign_stages(graph: Graph, cluster: Cluster, count: int, tolerance: float = DEFAULT_TOLERANCE,
@@ -94,31 +97,30 @@ def assign_stages(graph: Graph, cluster: Cluster, count: int, tolerance: float =
         raise UsageError(f"--pipeline {count}: the graph has {len(fwd)} forward nodes, fewer than the stages")
     index = {id(nodes[pos]): k for k, pos in enumerate(fwd)}
     by_name = {nodes[pos].name: k for k, pos in enumerate(fwd)}
-    cost = np.array([node_cost(nodes[pos], cluster) for pos in fwd])
-    bwd_of = np.zeros(len(fwd))
-    for n in nodes:
+    costs = node_costs(graph, cluster)
+    weight = costs[fwd].copy()
+    for pos, n in enumerate(nodes):
         if phase(n) == BACKWARD and n.meta.get(FORWARD_OF) in by_name:
-            bwd_of[by_name[n.meta[FORWARD_OF]]] += node_cost(n, cluster)
-    weight = cost + bwd_of
+            weight[by_name[n.meta[FORWARD_OF]]] += costs[pos]
     edges, volume = _forward_edges(fwd, nodes, index)
+    anc = _ancestors(len(fwd), edges)
     pins = _pins(graph, fwd, nodes, by_name, fixed or {}, count)
-    _check_pins(pins, fwd, nodes, edges, fixed or {})
+    _check_pins(pins, fwd, nodes, anc, fixed or {})
     t0 = time.perf_counter()
-    x, status, eps = _solve(weight, edges, volume, count, tolerance, pins, time_limit)
-    return _assignment(graph, cluster, count, fwd, x, edges, volume, status, eps, time.perf_counter() - t0)
+    x, status, eps = _solve(weight, anc, edges, volume, count, tolerance, pins, time_limit)
+    return _assignment(graph, costs, count, fwd, x, edges, volume, status, eps, time.perf_counter() - t0)
 
 
-def _assignment(graph: Graph, cluster: Cluster, count: int, fwd: list[int], x, edges, volume, status: str,
+def _assignment(graph: Graph, costs: np.ndarray, count: int, fwd: list[int], x, edges, volume, status: str,
                 eps: float, seconds: float) -> StageAssignment:
-    """The assignment from the forward nodes' stages `x` (the other nodes follow)."""
+    """The assignment from the forward nodes' stages `x` (the other nodes follow); `costs` per node."""
     nodes = graph.nodes
     stage_f = {fwd[k]: int(x[k]) for k in range(len(fwd))}
     stages_of = _follow(graph, stage_f, count)
     fcost, bcost = np.zeros(count), np.zeros(count)
     for pos, ss in enumerate(stages_of):
-        c = node_cost(nodes[pos], cluster)
         for s in ss:
-            (fcost if phase(nodes[pos]) == FORWARD else bcost)[s] += c
+            (fcost if phase(nodes[pos]) == FORWARD else bcost)[s] += costs[pos]
     cut = float(sum(v for (i, j), v in zip(edges, volume) if x[i] != x[j]))
     a = StageAssignment(count, stages_of, fcost, bcost, cut, status, eps, seconds)
     a.owner = _owners(graph, stages_of)
@@ -139,7 +141,7 @@ def uniform_stages(graph: Graph, cluster: Cluster, count: int) -> StageAssignmen
     x = np.maximum.accumulate(x)  # graph order is topological: stages never go back
     index = {id(nodes[pos]): k for k, pos in enumerate(fwd)}
     edges, volume = _forward_edges(fwd, nodes, index)
-    return _assignment(graph, cluster, count, fwd, x, edges, volume, "uniform", 0.0, 0.0)
+    return _assignment(graph, node_costs(graph, cluster), count, fwd, x, edges, volume, "uniform", 0.0, 0.0)
 
 
 def _forward_edges(fwd: list[int], nodes: list[Node], index: dict[int, int]) -> tuple[list, list]:
@@ -173,12 +175,9 @@ def _pins(graph: Graph, fwd: list[int], nodes: list[Node], by_name: dict[str, in
     return pins
 
 
-def _check_pins(pins: dict[int, int], fwd: list[int], nodes: list[Node], edges: list,
+def _check_pins(pins: dict[int, int], fwd: list[int], nodes: list[Node], anc: np.ndarray,
                 fixed: dict[str, tuple[int, str]]) -> None:
     """A pinned node may not be on an earlier stage than a pinned node it depends on."""
-    if len(pins) < 2:
-        return
-    anc, _ = _closure(len(fwd), edges)
     for j, sj in pins.items():
         for i, si in pins.items():
             if si > sj and anc[j, i]:
@@ -188,15 +187,13 @@ def _check_pins(pins: dict[int, int], fwd: list[int], nodes: list[Node], edges: 
                                  f"node '{nodes[fwd[i]].name}' on the later stage {si}")
 
 
-def _solve(weight: np.ndarray, edges: list, volume: list, count: int, tolerance: float,
+def _solve(weight: np.ndarray, anc: np.ndarray, edges: list, volume: list, count: int, tolerance: float,
            pins: dict[int, int], time_limit: float) -> tuple[np.ndarray, str, float]:
     """The stage of each forward node, the solver status and the tolerance that was feasible."""
-    n = len(weight)
-    anc, desc = _closure(n, edges)
     total = float(weight.sum()) or 1.0
     per = total / count
-    a_cost = anc @ weight
-    d_cost = desc @ weight + weight
+    a_cost = anc @ weight  # ancestors' compute
+    d_cost = weight @ anc + weight  # its own and its descendants' compute
     eps = tolerance
     for _ in range(8):
         lo = np.maximum(np.floor(a_cost / per - eps), 0).astype(int)
@@ -212,8 +209,9 @@ def _solve(weight: np.ndarray, edges: list, volume: list, count: int, tolerance:
                               f"the pinned stages may contradict the graph's order")
 
 
-def _closure(n: int, edges: list) -> tuple[np.ndarray, np.ndarray]:
-    """Ancestor and descendant matrices (bool [n, n]) of a DAG whose nodes are in topological order."""
+def _ancestors(n: int, edges: list) -> np.ndarray:
+    """anc[j, i]: i is an ancestor of j (bool [n, n]), for a DAG whose nodes are in topological
+    order; its transpose is the descendant relation."""
     preds: list[list[int]] = [[] for _ in range(n)]
     for i, j in edges:
         preds[j].append(i)
@@ -222,7 +220,7 @@ def _closure(n: int, edges: list) -> tuple[np.ndarray, np.ndarray]:
         for i in preds[j]:
             anc[j] |= anc[i]
             anc[j, i] = True
-    return anc.astype(np.float64), anc.T.astype(np.float64)
+    return anc
 
 
 def _stage_ilp(weight, edges, volume, count, lo, hi, cap, time_limit) -> tuple[np.ndarray, str] | None:
@@ -261,17 +259,7 @@ def _stage_ilp(weight, edges, volume, count, lo, hi, cap, time_limit) -> tuple[n
         rlo.append(np.array([-highspy.kHighsInf]))
         rhi.append(np.array([cap]))
         r += 1
-    rows_a, cols_a, vals_a = np.concatenate(rows), np.concatenate(cols), np.concatenate(vals)
-    order = np.argsort(rows_a, kind="stable")
-    lp = highspy.HighsLp()
-    lp.num_col_, lp.num_row_ = X + m, r
-    lp.col_cost_, lp.col_lower_, lp.col_upper_ = cost, lower, upper
-    lp.row_lower_, lp.row_upper_ = np.concatenate(rlo), np.concatenate(rhi)
-    lp.a_matrix_.format_ = highspy.MatrixFormat.kRowwise
-    lp.a_matrix_.num_col_, lp.a_matrix_.num_row_ = X + m, r
-    lp.a_matrix_.start_ = np.concatenate([[0], np.cumsum(np.bincount(rows_a, minlength=r))]).astype(np.int32)
-    lp.a_matrix_.index_ = cols_a[order].astype(np.int32)
-    lp.a_matrix_.value_ = vals_a[order]
+    lp = rowwise_lp(cost, lower, upper, rows, cols, vals, rlo, rhi, r)
     lp.integrality_ = [highspy.HighsVarType.kInteger] * (X + m)
     h = new_highs()
     h.setOptionValue("output_flag", False)
