@@ -139,12 +139,12 @@ def _axis_link(cluster: Cluster, node_of: np.ndarray, shape: tuple[int, ...], ax
     streams = np.bincount(pairs % num_nodes, minlength=num_nodes)  # groups touching each node
     crowded = np.unique(pairs[members > 1] % num_nodes)  # nodes where a group has several members
     shares = sorted({(int(k), node.nics) for k, node in zip(streams, cluster.nodes) if k})
-    candidates = [_shared(cluster.inter_link, k, nics) for k, nics in shares]
+    candidates = [shared_link(cluster.inter_link, k, nics) for k, nics in shares]
     candidates += [cluster.nodes[int(i)].intra_link for i in crowded]
     return _bottleneck(candidates), True
 
 
-def _shared(link: LinkSpec, streams: int, nics: int) -> LinkSpec:
+def shared_link(link: LinkSpec, streams: int, nics: int) -> LinkSpec:
     """`link` as seen by one of `streams` concurrent streams over `nics` ports."""
     share = Fraction(min(streams, nics), streams)
     if share == 1:

@@ -32,7 +32,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from parc.errors import ParcError, PlanFormatError
-from parc.exec.taskgraph import MB_END, MB_FIRST, MB_START, load_taskgraph
+from parc.exec.taskgraph import MB_END, MB_FIRST, MB_START, WHOLE, load_taskgraph
 from parc.sharding.layout import shard_index
 from parc.sharding.reshard import Collective
 from parc.sharding.simulator import run_step
@@ -335,9 +335,12 @@ class Rank:
         return before if before.shape == after.shape else after
 
     def _receive(self, t: dict) -> Any:
-        """A value another stage sends whole on its devices: this rank keeps its shard."""
+        """A value another stage sends: this rank's shard as it is, or the whole value, of which
+        this rank keeps its shard."""
         whole = self.comm.recv(tuple(t["shape"]), helper.tensor_dtype_to_np_dtype(t["dtype"]), t["peer"], t["tag"])
         shape = tuple(t["global"])
+        if t.get("layout", WHOLE) != WHOLE:
+            return self.xp.asarray(whole)
         if not shape:
             return self.xp.asarray(whole)
         if t["tensor"] not in self._recv_index:  # the same for every microbatch

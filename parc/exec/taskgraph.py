@@ -13,6 +13,9 @@ Kinds and their fields (all tasks may carry `stage`, `micro_batch`, `phase`):
 - collective: `group` (ranks), `op` (all_reduce, all_gather, reduce_scatter, all_to_all,
   broadcast), `tensor`;
 - send / recv: `rank`, `peer`, `tensor` (a send pairs with the recv on `peer` of the same tensor);
+  a recv also says what arrives: `shape`, `dtype`, `global` (the value's shape), `spec` (the
+  receiver's layout) and `layout`: `whole` (the value whole; the receiver keeps its shard) or the
+  device layout both stages hold it in (the receiver's shard itself);
 - source / sink: `rank`, `tensor` (data read in, results handed out).
 
 `load_taskgraph` validates everything an executor relies on: ids, kinds and fields, ranks in
@@ -43,6 +46,7 @@ COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broa
 # the piece's size or the dtype): bounds of t's slice of a value whole along time, and a flag
 # that is 1 for microbatch 0 only.
 MB_START, MB_END, MB_FIRST = "parc.mb.start", "parc.mb.end", "parc.mb.first"
+WHOLE = "whole"  # a recv's `layout` when the value arrives whole
 
 
 @dataclass(frozen=True)

@@ -72,7 +72,7 @@ def build_modules(p: RankProgram, graph: Graph) -> tuple[list[dict], dict[str, o
     read_later: set[str] = set(p.outputs.values())
     read_later |= {c.src for c in p.comms}
     read_later |= {src for src, *_ in p.accumulate.values()}
-    read_later |= {local for local, _ in p.sends.values()}
+    read_later |= {local for _, by_layout in p.sends.values() for local in by_layout.values()}
     readers: dict[str, set[int]] = defaultdict(set)
     for k, (_, _, _, nodes) in enumerate(groups):
         for n in nodes:

@@ -39,7 +39,7 @@ from onnx import helper, numpy_helper
 from parc.autodiff.context import PHASE
 from parc.autodiff.step import STATE_KEY
 from parc.errors import ParcError
-from parc.exec.taskgraph import MB_END, MB_FIRST, MB_START
+from parc.exec.taskgraph import MB_END, MB_FIRST, MB_START, WHOLE
 from parc.ir.graph import Graph, Node, Value
 from parc.ops import sharding_rule
 from parc.sharding import ShardSpec
@@ -104,9 +104,10 @@ class RankProgram:
     depth: dict[str, int] = field(default_factory=dict)
     part: dict[str, str] = field(default_factory=dict)  # local name -> part that produced it
     # pipelined programs: the pass of each entry of `nodes` (F forward, B backward, A optimizer;
-    # "" otherwise), and the values sent to other stages: name -> (local name, pass)
+    # "" otherwise), and the values sent to other stages: name -> (pass, {layout: local name}),
+    # layout the device-axes spec it travels in (`WHOLE`: replicated, the whole value)
     phases: list[str] = field(default_factory=list)
-    sends: dict[str, tuple[str, str]] = field(default_factory=dict)
+    sends: dict[str, tuple[str, dict[str, str]]] = field(default_factory=dict)
 
 
 def index_limit(v: Value) -> int:
@@ -255,6 +256,12 @@ class _Lowerer:
         if self.micro > 1 and part == APPLY and self.p.part.get(name) == MICRO:
             name, spec = self._cross(v, name, spec, want)
         steps = reshard(spec, want, shape, v.dtype.itemsize, self.mesh)
+        if name in self.p.embedded and not all(step.is_local for step in steps):
+            # a collective reads values that modules compute: an embedded piece is copied out first
+            out = self.fresh(v.name)
+            self.emit(helper.make_node("Identity", [name], [out], name=self.aux("embedded_out")), part)
+            self.define(out, v.dtype.onnx_type, self.p.info[name][1], 0, part)
+            name = out
         for step in steps:
             if self.micro > 1 and step.axis == 0 and part == MICRO and step.kind == "local_slice" \
                     and step.dst.is_even:  # type: ignore[union-attr]
@@ -448,6 +455,11 @@ class _Lowerer:
         return scales
 
 
+def layout_key(layout: ShardSpec | None) -> str:
+    """The name of a send layout (RankProgram.sends, the task graph's send/recv tasks)."""
+    return WHOLE if layout is None else str(layout)
+
+
 def rules_of(graph: Graph) -> list:
     """Each node's sharding rule (the same for every rank: compute once, pass to lower_rank)."""
     return [sharding_rule(n, graph.opset.get("", None)) for n in graph.nodes]
@@ -455,16 +467,18 @@ def rules_of(graph: Graph) -> list:
 
 def lower_rank(graph: Graph, mesh: tuple[int, ...], rank: int, strategies: list,
                source_specs: dict[str, ShardSpec], micro: int = 1, rules: list | None = None,
-               sends: dict[str, str] | None = None, received: frozenset[str] = frozenset(),
+               sends: dict[str, tuple[str, list[ShardSpec | None]]] | None = None,
+               received: frozenset[str] = frozenset(),
                not_outputs: frozenset[str] = frozenset()) -> RankProgram:
     """Rank `rank`'s local program. `mesh` is the model's mesh (time axis first when `micro` > 1,
     where the rank's coordinates are taken at time 0); `strategies[pos]` is node pos's chosen
     Strategy and `source_specs` each source's layout.
 
-    A pipeline stage's program (`sends` given: value -> its producer's phase) tags every node
-    and collective with its pass (F, B, A) and ends each sent value whole on the stage's devices
-    (split along time as computed: one microbatch's piece); `received` graph inputs come from
-    other stages; `not_outputs` are graph outputs that only exist to be sent."""
+    A pipeline stage's program (`sends` given: value -> (its producer's phase, the device-axes
+    layouts it is sent in, None for whole)) tags every node and collective with its pass (F, B,
+    A) and ends each sent value in each of those layouts on the stage's devices (split along
+    time as computed: one microbatch's piece); `received` graph inputs come from other stages;
+    `not_outputs` are graph outputs that only exist to be sent."""
     device_mesh = mesh[1:] if micro > 1 else mesh
     coords = tuple(int(c) for c in np.unravel_index(rank, device_mesh))
     if micro > 1:
@@ -482,13 +496,16 @@ def lower_rank(graph: Graph, mesh: tuple[int, ...], rank: int, strategies: list,
         if o.name not in low.where:
             raise LoweringError(f"graph output '{o.name}' is not computed by any node")
         if sends and o.name in sends:
-            phase = sends[o.name]
+            phase, layouts = sends[o.name]
             low.phase = PASSES[phase]
             part = APPLY if micro > 1 and phase == "optimizer" else MICRO
             spec = low.where[o.name][0][0]
             time = (spec[0],) if micro > 1 and part == MICRO else (Replicated(),) if micro > 1 else ()
-            whole = ShardSpec(time + (Replicated(),) * (len(mesh) - len(time)))
-            low.p.sends[o.name] = (low.get(o, whole, part), low.phase)
+            locals_ = {}
+            for layout in layouts:
+                axes = tuple(layout) if layout is not None else (Replicated(),) * (len(mesh) - len(time))
+                locals_[layout_key(layout)] = low.get(o, ShardSpec(time + axes), part)
+            low.p.sends[o.name] = (low.phase, locals_)
         if o.name in not_outputs:
             continue
         if sends is not None:

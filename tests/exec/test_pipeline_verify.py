@@ -4,6 +4,7 @@ stages' task graphs, checkpoints and resume, and a plan whose transfers are brok
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -20,7 +21,8 @@ def work(tmp_path_factory) -> Path:
 
 
 @pytest.mark.parametrize("model, args", [
-    ("gpt-tiny", ["--pipeline", "2"]),  # 2 stages x 2 data parallel, 4 microbatches
+    ("gpt-tiny", ["--pipeline", "2"]),  # 2 stages x 2 devices, 4 microbatches of one sample
+    ("gpt-tiny", ["--pipeline", "2", "--micro-batches", "2", "--hints", "dp"]),  # 2 stages x 2 data parallel
     ("gpt-tiny", ["--pipeline", "4", "--micro-batches", "2"]),
     ("unet-tiny", ["--pipeline", "2"]),  # skip connections cross stages
     ("t5-tiny", ["--pipeline", "2"]),  # its loss cannot be microbatched: one microbatch
@@ -28,6 +30,9 @@ def work(tmp_path_factory) -> Path:
 ])
 def test_pipelined_sgd_steps_verify(work, model, args):
     plan_dir = work / f"{model}-{'-'.join(args)}"
+    if "dp" in args:
+        (work / "dp.yaml").write_text("default: replicate\n")
+        args = [str(work / "dp.yaml") if a == "dp" else a for a in args]
     doc = _plan(_step(work, model), plan_dir, *args)
     stages = int(args[1])
     assert doc["format_version"] == 2 and len(doc["stages"]) == stages
@@ -35,6 +40,11 @@ def test_pipelined_sgd_steps_verify(work, model, args):
     assert len(tg["stages"]) == stages
     kinds = {t["kind"] for t in tg["tasks"]}
     assert {"send", "recv"} <= kinds
+    if "--hints" in args:  # both stages data parallel on 2 devices:
+        recvs = [t for t in tg["tasks"] if t["kind"] == "recv" and t["pass"] == "F"]  # shards travel
+        assert any(t["layout"] == "S(0)" for t in recvs) and all(t["layout"] in ("S(0)", "R") for t in recvs)
+        assert all(math.prod(t["shape"]) * 2 * (2 if t["layout"] == "S(0)" else 1) == math.prod(t["global"])
+                   for t in recvs)
     _verify(plan_dir, *TIGHT)
 
 

@@ -10,10 +10,12 @@ backward step the same for the backward pass; after the last backward the gradie
 over the microbatches, are applied once; last, a weight read by another stage (a tied
 embedding) goes there in its new value.
 
-A value crossing stages travels whole on the sending stage's devices (split along time as the
-microbatch layout says: one microbatch's piece): receiver i of the reading stage gets it from
-rank i mod |sender group| of the producing stage, and keeps its own shard (the executor slices
-it with the receiving layout). Sends do not wait for their receiver (the executor completes
+A value crossing stages travels in the layout `transfer_layouts` gives it (split along time as
+the microbatch layout says: one microbatch's piece). When the two stages' device meshes have the
+same shape that is the reading stage's own layout: rank j of the producing stage sends rank j
+of the reading stage its shard, nothing more. Otherwise it travels whole: receiver i gets it
+from rank i mod |sender group| and keeps its own shard (the executor slices it with the
+receiving layout). Sends do not wait for their receiver (the executor completes
 them by the end of the step), so the orders cannot deadlock through them; `check_taskgraph`
 runs the orders to make sure.
 """
@@ -34,8 +36,8 @@ from parc.passes.emit import (
     write_rank_files,
     write_taskgraph,
 )
-from parc.passes.lower import APPLY, MICRO, PASSES, bindings, loss_name, lower_rank, rules_of
-from parc.passes.pipeline.plan import PipelinePlan
+from parc.passes.lower import APPLY, MICRO, PASSES, bindings, layout_key, loss_name, lower_rank, rules_of
+from parc.passes.pipeline.plan import PipelinePlan, transfer_layouts
 from parc.passes.pipeline.stages import phase, stage_outputs
 
 TAG_LIMIT = 32767  # the largest MPI tag every implementation accepts
@@ -49,9 +51,11 @@ def write_pipeline_programs(pp: PipelinePlan, out: Path) -> dict:
     stats = _param_stats(pp.graph)
     owned = {s.index: stage_outputs(pp.graph, pp.assignment, s.index) for s in pp.stages}
     progs: dict[int, tuple] = {}  # global rank -> (stage plan, program, module tasks)
+    layouts = transfer_layouts(pp)
     for st in pp.stages:
         graph, mesh, strategies, specs, micro = plan_inputs(st.plan)
-        sends = {b.name: b.phase for b in pp.crossing if b.src == st.index}
+        sends = {b.name: (b.phase, list(dict.fromkeys(layouts[b.name, d] for d in b.dst)))
+                 for b in pp.crossing if b.src == st.index}
         received = frozenset(b.name for b in pp.crossing if st.index in b.dst and b.name not in binds)
         not_outputs = frozenset(o.name for o in graph.outputs) - owned[st.index]
         rules = rules_of(graph)
@@ -62,7 +66,7 @@ def write_pipeline_programs(pp: PipelinePlan, out: Path) -> dict:
     edges: list[list[str]] = []
     collectives: dict[str, dict] = {}
     order: dict[str, list[str]] = {}
-    links = _links(pp, progs)
+    links = _links(pp, progs, layouts)
     bound_in = {(lk["dst_rank"], lk["tensor"]) for lk in links if lk["bound"]}  # new weights received
     data: dict[str, dict] = {}
     for _, p, _ in progs.values():
@@ -94,20 +98,23 @@ def write_pipeline_programs(pp: PipelinePlan, out: Path) -> dict:
     return write_taskgraph(doc, out)
 
 
-def _links(pp: PipelinePlan, progs: dict[int, tuple]) -> list[dict]:
+def _links(pp: PipelinePlan, progs: dict[int, tuple], layouts: dict) -> list[dict]:
     """Every (value, sending rank, receiving rank) of the plan, with the pass each side runs it
-    in, the array that travels and the receiver's layout."""
+    in, the array that travels (its layout: `whole`, or the shard rank j sends rank j) and the
+    receiver's layout."""
     binds = bindings(pp.graph)
     out = []
     for i, b in enumerate(pp.crossing):
         src = pp.stages[b.src]
         for d in b.dst:
             dst = pp.stages[d]
+            key = layout_key(layouts[b.name, d])
             for j, rank in enumerate(dst.ranks):
-                sender = src.ranks[j % len(src.ranks)]
+                sender = src.ranks[j % len(src.ranks)]  # the same j when the layouts are shared
                 _, sp, _ = progs[sender]
                 _, rp, _ = progs[rank]
-                local, send_pass = sp.sends[b.name]
+                send_pass, by_layout = sp.sends[b.name]
+                local = by_layout[key]
                 shape = sp.info[local][1]
                 if b.name in binds:  # a new weight for a stage that reads it: after the update
                     recv_pass, spec = "A", rp.residents[binds[b.name]].spec
@@ -117,7 +124,7 @@ def _links(pp: PipelinePlan, progs: dict[int, tuple]) -> list[dict]:
                 out.append({"index": i, "tensor": b.name, "src_rank": sender, "dst_rank": rank,
                             "src_local": local, "send_pass": send_pass, "recv_pass": recv_pass,
                             "shape": list(shape), "global": list(b.shape), "dtype": b.dtype, "spec": str(spec),
-                            "bound": b.name in binds})
+                            "layout": key, "bound": b.name in binds})
     return out
 
 
@@ -170,7 +177,7 @@ def _rank_order(rank: int, st, p, mod_tasks: list[dict], steps, m: int, links: l
                 tasks.append({"id": tid, "kind": "recv", "rank": rank, "peer": lk["src_rank"],
                               "tensor": lk["tensor"], "local": lk["tensor"], "tag": _tag(lk["index"], mb, m),
                               "shape": lk["shape"], "global": lk["global"], "dtype": lk["dtype"],
-                              "spec": lk["spec"], "pass": ph, **extra})
+                              "spec": lk["spec"], "layout": lk["layout"], "pass": ph, **extra})
                 edges.append([f"r{lk['src_rank']}.send.{lk['tensor']}.to{rank}{suffix}", tid])
                 made[lk["tensor"]] = tid
                 ids.append(tid)

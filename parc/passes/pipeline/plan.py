@@ -29,6 +29,7 @@ import numpy as np
 from parc.cluster import Cluster
 from parc.cluster.cluster import Node as ClusterNode
 from parc.cluster.links import LinkSpec
+from parc.cluster.mesh import shared_link
 from parc.errors import InfeasiblePlanError, UsageError
 from parc.hints import Hints
 from parc.hints.apply import stage_pins
@@ -47,6 +48,8 @@ from parc.passes.pipeline.stages import (
 )
 from parc.passes.spmd.costs import Micro, micro_layout
 from parc.passes.spmd.search import Plan, plan_graph
+from parc.sharding import ShardSpec
+from parc.sharding.layout import local_shape
 
 log = logging.getLogger("parc.plan")
 FORMAT_VERSION = 2  # plan.json of a pipelined plan (stages, schedule, predicted.bubble_s)
@@ -137,7 +140,7 @@ class PipelinePlan:
                 "forward_s": float(self.assignment.fwd_cost[st.index]),
                 "backward_s": float(self.assignment.bwd_cost[st.index]),
                 "per_micro_batch_s": st.per_micro_s, "optimizer_s": st.apply_s, "send_s": st.send_s,
-                "step_time_s": st.plan.best.solution.cost,
+                "step_time_s": st.plan.best.solution.cost - _arrival_s(st.plan),
                 "memory_bytes_per_device": st.memory_bytes, "parameters": st.params,
                 "solver": {"status": st.plan.best.solution.status, "gap": st.plan.best.solution.gap},
             } for st in self.stages],
@@ -157,7 +160,7 @@ class PipelinePlan:
             "micro_batches": {"count": self.micro_batches} if self.micro_batches > 1 else None,
             "solver": {"level": self.level, "time_s": self.time_s, "pipelines": self.tried,
                        "meshes": [{"shape": [len(self.stages), *st.plan.best.mesh.shape], "stage": st.index,
-                                   "feasible": True, "step_time_s": st.plan.best.solution.cost}
+                                   "feasible": True, "step_time_s": st.plan.best.solution.cost - _arrival_s(st.plan)}
                                   for st in self.stages]},
             "baselines": self.baselines,
             "spmd_only": self.spmd,
@@ -226,6 +229,7 @@ def plan_pipeline(graph: Graph, cluster: Cluster, stages: int, *, micro_batches:
             log.warning("%s; the pipeline runs the batch whole (1 microbatch)", e)
             m = 1
     group = n // stages
+    ranks = [tuple(range(s * group, (s + 1) * group)) for s in range(stages)]
     plans = []
     for s in range(stages):
         g = stage_graph(graph, a, s, crossing)
@@ -235,10 +239,10 @@ def plan_pipeline(graph: Graph, cluster: Cluster, stages: int, *, micro_batches:
         try:
             p = plan_graph(g, sub, level=level, memory_budget=budget, time_limit=time_limit, jobs=jobs,
                            micro_batches=m, micro=stage_micro, with_baselines=False, max_mesh_dims=max_mesh_dims,
-                           hints=_stage_hints(hints, g))
+                           hints=_stage_hints(hints, g), arrivals=_arrivals(cluster, crossing, ranks, s))
         except InfeasiblePlanError as e:
             raise InfeasiblePlanError(f"pipeline stage {s} of {stages} ({len(positions)} nodes): {e}") from None
-        plans.append(StagePlan(s, tuple(range(s * group, (s + 1) * group)), g, positions, p))
+        plans.append(StagePlan(s, ranks[s], g, positions, p))
     out = PipelinePlan(graph, cluster, a, crossing, plans, m, level, budget, micro=micro)
     _predict(out)
     out.time_s = time.perf_counter() - t0
@@ -259,6 +263,7 @@ def _stage_hints(hints: Hints | None, g: Graph) -> Hints | None:
 def _predict(pp: PipelinePlan) -> None:
     """Per-stage times and memory, the 1F1B step and its bubble (module docstring)."""
     m, count = pp.micro_batches, len(pp.stages)
+    layouts, meshes = transfer_layouts(pp), [tuple(st.plan.best.mesh.shape) for st in pp.stages]
     for st in pp.stages:
         best = st.plan.best
         prob, x = best.model.problem, best.solution.choice
@@ -267,8 +272,8 @@ def _predict(pp: PipelinePlan) -> None:
             if phase(node) == OPTIMIZER:
                 apply_s += float(prob.comp[best.model.node_index(pos)][x[best.model.node_index(pos)]])
         st.apply_s = apply_s
-        st.per_micro_s = max(best.solution.cost - apply_s, 0.0) / m
-        st.send_s = _send_time(pp.cluster, pp.crossing, [s.ranks for s in pp.stages], st.index, m)
+        st.per_micro_s = max(best.solution.cost - _arrival_s(st.plan) - apply_s, 0.0) / m
+        st.send_s = _send_time(pp.cluster, pp.crossing, [s.ranks for s in pp.stages], st.index, m, layouts, meshes)
         source_bytes = sum(float(prob.mem[k][x[k]]) for k in range(len(best.model.sources))) if prob.mem else 0.0
         activations = max(best.memory_bytes - source_bytes, 0.0)
         st.memory_bytes = source_bytes + min(count - st.index, m) * activations
@@ -290,18 +295,83 @@ def one_f_one_b_time(per_micro: list[float], apply_s: list[float], m: int) -> tu
     return step, step - m * slowest - max(apply_s)
 
 
-def _send_time(cluster: Cluster, crossing: list[Boundary], ranks: list[tuple[int, ...]], stage: int,
-               m: int) -> float:
-    """Seconds stage `stage` spends sending one microbatch's crossing values."""
+def transfer_layouts(pp: PipelinePlan) -> dict[tuple[str, int], ShardSpec | None]:
+    """(crossing value, reading stage) -> the device-axes layout it travels in (`_layouts`)."""
+    from parc.passes.emit import plan_inputs
+
+    return _layouts(pp.graph, pp.crossing, [tuple(st.plan.best.mesh.shape) for st in pp.stages],
+                    [plan_inputs(st.plan)[3] for st in pp.stages], pp.micro_batches > 1)
+
+
+def _layouts(graph: Graph, crossing: list[Boundary], meshes: list[tuple[int, ...]], specs: list[dict],
+             timed: bool) -> dict[tuple[str, int], ShardSpec | None]:
+    """When two stages' device meshes have the same shape a crossing value travels in the reading
+    stage's own layout of it (`specs[stage]`: source name -> spec, time axis first when `timed`;
+    for a tied weight's new value, the layout of the weight it replaces): the sending stage
+    reshards to it over its own links if it must, and rank j sends rank j its shard. Otherwise
+    None: each receiver gets the value whole and keeps its shard."""
+    from parc.passes.lower import bindings
+
+    binds = bindings(graph)
+    out: dict[tuple[str, int], ShardSpec | None] = {}
+    for b in crossing:
+        for d in b.dst:
+            spec = specs[d].get(binds.get(b.name, b.name))
+            same = meshes[d] == meshes[b.src] and spec is not None
+            out[b.name, d] = ShardSpec(tuple(spec)[1 if timed else 0:]) if same else None
+    return out
+
+
+def _send_time(cluster: Cluster, crossing: list[Boundary], ranks: list[tuple[int, ...]], stage: int, m: int,
+               layouts: dict[tuple[str, int], ShardSpec | None], meshes: list[tuple[int, ...]]) -> float:
+    """Seconds stage `stage` spends sending one microbatch's crossing values (`transfer_layouts`):
+    in a shared layout every sender sends its shard to its peer, all at once; whole, each
+    receiver gets all of it from sender j mod |group|. Streams that leave a node share its NICs."""
     total = 0.0
+    src = ranks[stage]
     for b in crossing:
         if b.src != stage or b.phase == OPTIMIZER:
             continue
-        nbytes = int(np.prod(b.shape)) * _itemsize(b.dtype) / m
+        whole = int(np.prod(b.shape)) * _itemsize(b.dtype) / m
         for d in b.dst:
-            link = stage_link(cluster, ranks[stage][0], ranks[d][0])
-            total += link.latency + nbytes / link.bandwidth
+            layout, dst = layouts.get((b.name, d)), ranks[d]
+            if layout is not None:
+                per, rounds, streams = int(np.prod(local_shape(b.shape, layout, meshes[stage], (0,) * len(layout)))) \
+                    * _itemsize(b.dtype) / m, 1, len(src)
+            else:
+                per, rounds, streams = whole, -(-len(dst) // len(src)), min(len(src), len(dst))
+            link = _p2p_link(cluster, src, dst, streams)
+            total += rounds * (link.latency + per / link.bandwidth)
     return total
+
+
+def _p2p_link(cluster: Cluster, src: tuple[int, ...], dst: tuple[int, ...], streams: int) -> LinkSpec:
+    """The link one of `streams` concurrent sends from group `src` to group `dst` sees: inside a
+    node its link; between nodes the inter-node link, the node's NICs shared by its streams."""
+    link = stage_link(cluster, src[0], dst[0])
+    if cluster.node_of(src[0]) == cluster.node_of(dst[0]):
+        return link
+    node = cluster.nodes[cluster.node_of(src[0])]
+    return shared_link(link, min(streams, len(node.devices)), node.nics)
+
+
+def _arrivals(cluster: Cluster, crossing: list[Boundary], ranks: list[tuple[int, ...]], stage: int
+              ) -> dict[str, float]:
+    """Seconds per byte of receiving each value stage `stage` reads from another stage, every
+    device of the sending group sending its peer at once (the SPMD search's `arrivals`: it then
+    prefers layouts cheap to send; the prediction charges the transfer to the sender)."""
+    return {b.name: 1.0 / _p2p_link(cluster, ranks[b.src], ranks[stage], len(ranks[b.src])).bandwidth
+            for b in crossing if stage in b.dst}
+
+
+def _arrival_s(plan: Plan) -> float:
+    """What the search's `arrivals` added to a stage plan's cost."""
+    return _received_s(plan.best.model, plan.best.solution.choice)
+
+
+def _received_s(model, choice) -> float:
+    """The `arrivals` part of a solution's cost: its sources' (received values') costs."""
+    return float(sum(model.problem.comp[k][choice[k]] for k in range(len(model.sources))))
 
 
 def pipeline_uniform(pp: PipelinePlan, time_limit: float = 60.0, max_mesh_dims: int = 2) -> dict:
@@ -319,7 +389,7 @@ def pipeline_uniform(pp: PipelinePlan, time_limit: float = 60.0, max_mesh_dims: 
     crossing = boundaries(graph, a)
     group = cluster.num_devices // stages
     ranks = [tuple(range(s * group, (s + 1) * group)) for s in range(stages)]
-    per, apply_s, meshes = [], [], []
+    per, apply_s, meshes, best_meshes = [], [], [], []
     for s in range(stages):
         g = stage_graph(graph, a, s, crossing)
         sub = sub_cluster(cluster, s * group, group)
@@ -328,17 +398,24 @@ def pipeline_uniform(pp: PipelinePlan, time_limit: float = 60.0, max_mesh_dims: 
         for mesh in enumerate_meshes(sub, max_dims=max_mesh_dims):
             if mesh.ndim == 2 and mesh.shape[1] not in (2, 4, 8) or mesh.ndim > 2:
                 continue
-            model = build(g, mesh, sub, stage_micro)
-            r = (flat_baseline("data-parallel", model, budget, options) if mesh.ndim == 1
-                 else megatron_baseline(model, budget, options))
+            model = build(g, mesh, sub, stage_micro, arrivals=_arrivals(cluster, crossing, ranks, s))
+            r = (flat_baseline("data-parallel", model, budget, options, keep_choice=True) if mesh.ndim == 1
+                 else megatron_baseline(model, budget, options, keep_choice=True))
             if r.get("feasible") and (best is None or r["step_time_s"] < best[0]["step_time_s"]):
-                best = (r, list(mesh.shape))
+                best = (r, model)
         if best is None:
             return {"step_time_s": None, "memory_bytes_per_device": None, "feasible": False, "stages": stages}
-        r, shape = best
-        per.append(max(r["step_time_s"] - r["optimizer_s"], 0.0) / m + _send_time(cluster, crossing, ranks, s, m))
+        best_meshes.append(best)
+    models = [model for _, model in best_meshes]
+    meshes = [tuple(model.mesh.shape[1 if model.micro is not None else 0:]) for model in models]
+    specs = [{v.name: model.source_specs[k][r["choice"][k]] for k, v in enumerate(model.sources)}
+             for r, model in best_meshes]
+    layouts = _layouts(graph, crossing, meshes, specs, m > 1)
+    for s, (r, model) in enumerate(best_meshes):
+        per.append(max(r["step_time_s"] - _received_s(model, r["choice"]) - r["optimizer_s"], 0.0) / m
+                   + _send_time(cluster, crossing, ranks, s, m, layouts, meshes))
         apply_s.append(r["optimizer_s"])
-        meshes.append(shape)
+    meshes = [list(x) for x in meshes]
     step, bubble = one_f_one_b_time(per, apply_s, m)
     return {"step_time_s": step, "feasible": True, "stages": stages, "micro_batches": m, "bubble_s": bubble,
             "stage_meshes": meshes, "memory_bytes_per_device": None}

@@ -12,6 +12,7 @@ at the graph's peak (`peak_live`: saved activations and gradients in a training 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -139,14 +140,17 @@ def _reshard_time(src: ShardSpec, dst: ShardSpec, shape: tuple[int, ...], itemsi
 
 
 def build(graph: Graph, mesh: Mesh | None, cluster: Cluster, micro: Micro | None = None,
-          layouts: dict[str, list[ShardSpec]] | None = None) -> CostModel:
+          layouts: dict[str, list[ShardSpec]] | None = None,
+          arrivals: Mapping[str, float] | None = None) -> CostModel:
     """Strategies and cost arrays for `graph` on `mesh` (devices of `cluster`).
 
     With `micro`, the model's mesh is `time_axis(mesh, micro.count)` (mesh None: the time axis
     alone). Repeated structure (a transformer's layers) is priced once: nodes with the same
     signature (op, attributes, input and output shapes, small constant inputs) share one strategy
     list, and edges between shared lists share one cost matrix. `layouts` adds layouts a source
-    may take beyond the usual ones (a hint's pin, uneven splits included)."""
+    may take beyond the usual ones (a hint's pin, uneven splits included). `arrivals` prices
+    sources another pipeline stage sends: seconds per byte of the shard a device receives, per
+    microbatch it arrives in (the sender sends the layout the receiver holds)."""
     slowest = min(cluster.devices, key=lambda d: d.peak("float32"))
     if micro is not None:
         mesh = time_axis(mesh, micro.count, slowest)
@@ -201,8 +205,13 @@ def build(graph: Graph, mesh: Mesh | None, cluster: Cluster, micro: Micro | None
     index = {id(v): k for k, v in enumerate(sources)}
     comp: list[np.ndarray] = []
     mem: list[np.ndarray] = []
-    for v, specs in zip(sources, source_specs):
-        comp.append(np.zeros(len(specs)))
+    for k, (v, specs) in enumerate(zip(sources, source_specs)):
+        per_byte = (arrivals or {}).get(v.name)
+        if per_byte is None:
+            comp.append(np.zeros(len(specs)))
+        else:
+            runs = micro.count if micro is not None and isinstance(_time_spec(v, micro, k)[0], S) else 1
+            comp.append(np.array([runs * per_byte * _local_bytes(v, s, shape) for s in specs]))
         mem.append(np.array([_local_bytes(v, s, shape) if v.is_const else 0.0 for s in specs]))
     producer: dict[int, tuple[int, int]] = {}  # value id -> (problem node, output index)
     live = peak_live(graph)

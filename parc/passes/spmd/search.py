@@ -203,6 +203,7 @@ class _Search:
     options: SearchOptions
     hints: Hints | None
     micro: Micro | None = None
+    arrivals: dict[str, float] | None = None  # a pipeline stage's received values (costs.build)
 
 
 @dataclass(frozen=True)
@@ -242,7 +243,8 @@ def _run(search: _Search, graph: Graph, job: _Job) -> _Built | Solution | str | 
         try:
             if search.hints is not None:
                 check_mesh(graph, search.hints, mesh.shape)  # before the (slow) cost model
-            model = build(graph, mesh, search.cluster, search.micro, _pinned_layouts(search.hints, mesh.shape))
+            model = build(graph, mesh, search.cluster, search.micro, _pinned_layouts(search.hints, mesh.shape),
+                          search.arrivals)
             if search.hints is None:
                 return _Built(model)
             pins, warnings = hint_pins(model, search.hints)
@@ -250,7 +252,7 @@ def _run(search: _Search, graph: Graph, job: _Job) -> _Built | Solution | str | 
         except IneligibleMeshError as e:
             return _Built(model, skipped=str(e))
     model = model if model is not None else build(graph, mesh, search.cluster, search.micro,
-                                                  _pinned_layouts(search.hints, mesh.shape))
+                                                  _pinned_layouts(search.hints, mesh.shape), search.arrivals)
     if job.what == "plan":
         problem = model.problem.restricted(job.pins) if job.pins else model.problem
         try:
@@ -275,7 +277,8 @@ def _baseline_names(mesh: Mesh) -> list[str]:
 def plan_graph(graph: Graph, cluster: Cluster, *, level: str = "O3", memory_budget: float | None = None,
                max_mesh_dims: int = 2, progress: Callable[[str, int, int], None] | None = None,
                time_limit: float = 60.0, hints: Hints | None = None, jobs: int | None = None,
-               micro_batches: int = 1, micro: Micro | None = None, with_baselines: bool = True) -> Plan:
+               micro_batches: int = 1, micro: Micro | None = None, with_baselines: bool = True,
+               arrivals: dict[str, float] | None = None) -> Plan:
     """The cheapest plan over the cluster's meshes; raises InfeasiblePlanError if none fits.
 
     Jobs run in up to `jobs` processes (default: one per CPU, at most one per job; 1: in this
@@ -285,7 +288,8 @@ def plan_graph(graph: Graph, cluster: Cluster, *, level: str = "O3", memory_budg
     `micro_batches` M > 1 plans the step as M microbatches with gradient accumulation: the
     layout along time is decided once (`costs.micro_layout`), then every mesh is searched with
     it as a leading mesh axis (`costs.Micro`); `micro` gives that layout instead (a pipeline
-    stage's part of the whole graph's). `with_baselines=False` solves no baselines."""
+    stage's part of the whole graph's). `with_baselines=False` solves no baselines. `arrivals`:
+    a pipeline stage's received values and what receiving a byte of each costs (costs.build)."""
     t0 = time.perf_counter()
     budget = float(memory_budget if memory_budget is not None else min(d.memory_bytes for d in cluster.devices))
     if micro_batches < 1:
@@ -293,7 +297,8 @@ def plan_graph(graph: Graph, cluster: Cluster, *, level: str = "O3", memory_budg
     if micro is None and micro_batches > 1:
         micro = micro_layout(graph, cluster, micro_batches)
     names = _baseline_names if with_baselines else (lambda mesh: [])
-    search = _Search(cluster, level, budget, SearchOptions(ilp=IlpOptions(time_limit=time_limit)), hints, micro)
+    search = _Search(cluster, level, budget, SearchOptions(ilp=IlpOptions(time_limit=time_limit)), hints, micro,
+                     arrivals)
     meshes = enumerate_meshes(cluster, max_dims=max_mesh_dims)
     total = sum(2 + len(names(m)) for m in meshes)  # jobs: build, plan, baselines
     if jobs is None:
@@ -354,9 +359,11 @@ def baselines(graph: Graph, cluster: Cluster, budget: float, model: CostModel,
     return {name: flat_baseline(name, model, budget, options) for name in ("data-parallel", "zero-3")}
 
 
-def flat_baseline(name: str, model: CostModel, budget: float, options: SearchOptions | None = None) -> dict:
+def flat_baseline(name: str, model: CostModel, budget: float, options: SearchOptions | None = None,
+                  keep_choice: bool = False) -> dict:
     """`data-parallel` (data split on dim 0, parameters and state replicated) or `zero-3` (the
-    same with parameters and state split on their largest divisible dim) on the flat mesh."""
+    same with parameters and state split on their largest divisible dim) on the flat mesh.
+    `keep_choice`: the record also holds the solution's `choice` (not for plan.json)."""
     param_spec = {"data-parallel": _replicate, "zero-3": _largest_split}[name]
     micro = model.micro
     devices = model.mesh if micro is None else _device_mesh(model.mesh)
@@ -381,7 +388,7 @@ def flat_baseline(name: str, model: CostModel, budget: float, options: SearchOpt
         return {"step_time_s": None, "memory_bytes_per_device": None, "feasible": False}
     mem = float(sum(p.mem[i][sol.choice[i]] for i in range(p.n))) if p.mem else 0.0
     return {"step_time_s": sol.cost, "memory_bytes_per_device": mem, "feasible": mem <= budget,
-            "optimizer_s": optimizer_time(model, sol.choice)}
+            "optimizer_s": optimizer_time(model, sol.choice), **({"choice": sol.choice} if keep_choice else {})}
 
 
 def optimizer_time(model: CostModel, choice) -> float:
@@ -391,10 +398,10 @@ def optimizer_time(model: CostModel, choice) -> float:
                      for pos, n in enumerate(model.graph.nodes) if n.meta.get("parc.phase") == "optimizer"))
 
 
-def megatron_baseline(model: CostModel, budget: float, options: SearchOptions) -> dict:
+def megatron_baseline(model: CostModel, budget: float, options: SearchOptions, keep_choice: bool = False) -> dict:
     """Megatron TP x DP on a (dp, tp) mesh: every node that reads a parameter splits one over the
     tp axis (the solver then picks column- or row-parallel, as Megatron's recipe does), the
-    rest is chosen freely (data parallel on the dp axis)."""
+    rest is chosen freely (data parallel on the dp axis). `keep_choice` as in flat_baseline."""
     from parc.hints import Request, Scope
 
     tp = model.mesh.shape[-1]
@@ -409,7 +416,7 @@ def megatron_baseline(model: CostModel, budget: float, options: SearchOptions) -
     mem = float(sum(p.mem[i][sol.choice[i]] for i in range(p.n))) if p.mem else 0.0
     return {"step_time_s": sol.cost, "memory_bytes_per_device": mem, "feasible": mem <= budget,
             "mesh": list(model.mesh.shape[1 if model.micro is not None else 0:]), "gap": sol.gap,
-            "optimizer_s": optimizer_time(model, sol.choice)}
+            "optimizer_s": optimizer_time(model, sol.choice), **({"choice": sol.choice} if keep_choice else {})}
 
 
 def _replicate(v, mesh: Mesh) -> ShardSpec:
