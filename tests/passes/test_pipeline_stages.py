@@ -167,3 +167,36 @@ def test_uniform_stages_cut_by_forward_flops(zoo):
     fwd = [s for n, s in zip(zoo["gpt-tiny"].nodes, a.stages_of) if n.meta.get("parc.phase") == "forward"]
     assert [x[0] for x in fwd] == sorted(x[0] for x in fwd)  # graph order, never back
     assert {x[0] for x in fwd} == {0, 1}
+
+
+def test_stages_of_the_same_structure_are_searched_once(tmp_path, monkeypatch):
+    """Stages of the same structure (a deep GPT cut every two layers) are searched once: the
+    second is the first's plan under its own names, and the pipelined plan equals the one
+    searched stage by stage."""
+    from parc.hints.apply import stage_pins
+    from parc.hints.file import load_hints
+    from parc.passes.pipeline import plan as pipeline_plan
+    from parc.passes.spmd import costs
+
+    path = tmp_path / "gpt8.onnx"
+    assert parc("models", "build", "gpt-tiny", "--set", "layers=8", "--train", "adamw", "-o", str(path)).returncode == 0
+    g = importer.load(str(path), {})
+    hints = tmp_path / "stages.yaml"  # pins the cuts at block boundaries (hints themselves turn reuse off)
+    hints.write_text("scopes:\n" + "".join(f"  - match: '^h\\.{i}\\.'\n    stage: {i // 2}\n" for i in range(8)))
+    pins = stage_pins(g, load_hints(hints), 4)
+    real_assign = pipeline_plan.assign_stages
+    monkeypatch.setattr(pipeline_plan, "assign_stages", lambda graph, c, k, tol, fixed, tl: real_assign(graph, c, k, tol, pins, tl))
+    searches = []
+    real = pipeline_plan.plan_graph
+    monkeypatch.setattr(pipeline_plan, "plan_graph", lambda *a, **k: searches.append(1) or real(*a, **k))
+    cluster = resolve_cluster("8xa100-80g", None)
+    reused = plan_pipeline(g, cluster, 4, jobs=1)
+    assert costs.structure_key(reused.stages[1].graph) == costs.structure_key(reused.stages[2].graph)
+    assert len(searches) == 3  # stage 2 is stage 1's plan
+    assert [n.name for n in reused.stages[2].plan.best.model.graph.nodes] == [n.name for n in reused.stages[2].graph.nodes]
+    monkeypatch.setattr(pipeline_plan, "structure_key", lambda *a, **k: object())  # every stage searched
+    fresh = plan_pipeline(g, cluster, 4, jobs=1)
+    assert len(searches) == 3 + 4
+    assert reused.step_s == pytest.approx(fresh.step_s, rel=1e-12)
+    a, b = reused.to_json(), fresh.to_json()
+    assert a["specs"] == b["specs"] and a["strategies"] == b["strategies"]

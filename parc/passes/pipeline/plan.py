@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -46,7 +46,7 @@ from parc.passes.pipeline.stages import (
     stage_graph,
     uniform_stages,
 )
-from parc.passes.spmd.costs import Micro, micro_layout
+from parc.passes.spmd.costs import Micro, micro_layout, renamed, structure_key
 from parc.passes.spmd.search import Plan, plan_graph
 from parc.sharding import ShardSpec
 from parc.sharding.layout import local_shape
@@ -231,22 +231,36 @@ def plan_pipeline(graph: Graph, cluster: Cluster, stages: int, *, micro_batches:
     group = n // stages
     ranks = [tuple(range(s * group, (s + 1) * group)) for s in range(stages)]
     plans = []
+    searched: dict[tuple, Plan] = {}  # structure_key -> a stage's plan (equal stages are searched once)
     for s in range(stages):
         g = stage_graph(graph, a, s, crossing)
         positions = a.nodes_of(s)
         sub = sub_cluster(cluster, s * group, group)
         stage_micro = micro.restricted(g, positions) if micro is not None else None
-        try:
-            p = plan_graph(g, sub, level=level, memory_budget=budget, time_limit=time_limit, jobs=jobs,
-                           micro_batches=m, micro=stage_micro, with_baselines=False, max_mesh_dims=max_mesh_dims,
-                           hints=_stage_hints(hints, g), arrivals=_arrivals(cluster, crossing, ranks, s))
-        except InfeasiblePlanError as e:
-            raise InfeasiblePlanError(f"pipeline stage {s} of {stages} ({len(positions)} nodes): {e}") from None
+        arrivals = _arrivals(cluster, crossing, ranks, s)
+        key = (structure_key(g, stage_micro, arrivals), repr(sub.to_json())) if hints is None else None
+        if key is not None and key in searched:
+            p = _reused(searched[key], g, stage_micro)
+        else:
+            try:
+                p = plan_graph(g, sub, level=level, memory_budget=budget, time_limit=time_limit, jobs=jobs,
+                               micro_batches=m, micro=stage_micro, with_baselines=False,
+                               max_mesh_dims=max_mesh_dims, hints=_stage_hints(hints, g), arrivals=arrivals)
+            except InfeasiblePlanError as e:
+                raise InfeasiblePlanError(f"pipeline stage {s} of {stages} ({len(positions)} nodes): {e}") from None
+            if key is not None:
+                searched[key] = p
         plans.append(StagePlan(s, ranks[s], g, positions, p))
     out = PipelinePlan(graph, cluster, a, crossing, plans, m, level, budget, micro=micro)
     _predict(out)
     out.time_s = time.perf_counter() - t0
     return out
+
+
+def _reused(p: Plan, g: Graph, micro: Micro | None) -> Plan:
+    """Plan `p` of a stage for `g`, a stage of the same structure (`costs.structure_key`)."""
+    best = replace(p.best, model=renamed(p.best.model, g, micro))
+    return replace(p, best=best, time_s=0.0)
 
 
 def _stage_hints(hints: Hints | None, g: Graph) -> Hints | None:

@@ -258,6 +258,59 @@ def build(graph: Graph, mesh: Mesh | None, cluster: Cluster, micro: Micro | None
     return CostModel(graph, mesh, sources, source_specs, strategies, problem, micro)
 
 
+def structure_key(graph: Graph, micro: Micro | None = None, arrivals: Mapping[str, float] | None = None) -> tuple:
+    """What `build` depends on, with the names left out: two graphs with equal keys (a deep
+    model's middle pipeline stages) get the same strategies, costs and Problem on a mesh, up
+    to names, so one's plan is the other's (`renamed`). Per node its signature, phase and
+    time-axis label and where each input comes from (a node's output, or the k-th source with
+    its shape, dtype, kind and small constant value, and its arrival price); then the graph
+    outputs and the state bindings among them."""
+    import json
+
+    where: dict[int, tuple] = {}
+    sources: dict[int, int] = {}
+    source_of: dict[str, int] = {}
+    nodes = []
+    for pos, n in enumerate(graph.nodes):
+        ins = []
+        for v in n.inputs:
+            if v is None:
+                ins.append(None)
+            elif id(v) in where:
+                ins.append(where[id(v)])
+            else:
+                k = sources.setdefault(id(v), len(sources))
+                source_of[v.name] = k
+                ins.append(("s", k, v.shape, v.dtype, v.is_const, v.is_param, _const_key(v),
+                            (arrivals or {}).get(v.name)))
+        label = micro.labels[pos] if micro is not None and micro.labels is not None else None
+        nodes.append((_signature(n), _phase(n), label, tuple(ins)))
+        for k, v in enumerate(n.outputs):
+            where[id(v)] = ("n", pos, k)
+    outputs = tuple(where.get(id(v)) for v in graph.outputs)
+    state = graph.metadata.get("parc.state")
+    index = {v.name: where.get(id(v)) for v in graph.outputs}
+    binds = tuple(sorted((index[o], source_of[i]) for o, i in json.loads(state)["bindings"].items()
+                         if o in index and i in source_of)) if state else ()
+    timed = (micro.count, micro.sources) if micro is not None else None
+    return (tuple(nodes), outputs, binds, timed)
+
+
+def renamed(model: CostModel, graph: Graph, micro: Micro | None = None) -> CostModel:
+    """`model` for `graph`, whose `structure_key` equals that of `model.graph`."""
+    from dataclasses import replace
+
+    sources, seen = [], set()
+    for n in graph.nodes:
+        for v in n.inputs:
+            if v is not None and v.producer is None and id(v) not in seen:
+                seen.add(id(v))
+                sources.append(v)
+    names = tuple([f"source:{v.name}" for v in sources] + [n.name for n in graph.nodes])
+    return CostModel(graph, model.mesh, sources, model.source_specs, model.strategies,
+                     replace(model.problem, names=names), micro)
+
+
 def _fits(spec: ShardSpec, v: Value, mesh_shape: tuple[int, ...]) -> bool:
     try:
         spec.check(tuple(v.shape), mesh_shape)  # type: ignore[arg-type]
