@@ -50,7 +50,7 @@ def _progress() -> Iterator[Callable[[str, int, int], None] | None]:
               help="Search the meshes in N processes (default: one per CPU; 1: in-process).")
 @click.option("--micro-batches", type=int, metavar="M",
               help="Plan the step as M microbatches with gradient accumulation and one optimizer step "
-                   "(default 1; a pipeline of S stages: the smallest divisor of the batch >= 2S).")
+                   "(default 1; a pipeline of S stages searches it among divisors of the batch).")
 @click.option("--pipeline", default="auto", show_default=True, metavar="off|auto|S",
               help="Pipeline the step over S stages of equal device groups (1F1B), each stage an SPMD "
                    "plan of its own; off: one mesh; auto: on 2 or more nodes also try one stage per node "

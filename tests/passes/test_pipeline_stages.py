@@ -12,7 +12,7 @@ import pytest
 from parc.cluster import resolve_cluster
 from parc.ir import importer
 from parc.passes.pipeline import stages as st
-from parc.passes.pipeline.plan import default_micro_batches, plan_pipeline, sub_cluster
+from parc.passes.pipeline.plan import micro_batch_candidates, plan_pipeline, sub_cluster
 from tests.helpers import parc
 
 
@@ -115,7 +115,7 @@ def test_pipelined_plan_figures(zoo):
     pp = plan_pipeline(zoo["gpt-tiny"], CLUSTER, 2, jobs=1)
     doc = pp.to_json()
     assert doc["format_version"] == 2 and len(doc["stages"]) == 2
-    assert doc["schedule"] == {"kind": "1f1b", "micro_batches": 2}
+    assert doc["schedule"]["kind"] == "1f1b" and doc["schedule"]["micro_batches"] == 2
     per = [s["per_micro_batch_s"] + s["send_s"] for s in doc["stages"]]
     apply = max(s["optimizer_s"] for s in doc["stages"])
     assert doc["predicted"]["step_time_s"] == pytest.approx(sum(per) + (2 - 1) * max(per) + apply)
@@ -124,13 +124,35 @@ def test_pipelined_plan_figures(zoo):
     assert len(doc["predicted"]["memory_bytes_per_device"]) == 4
 
 
-def test_sub_cluster_and_default_micro_batches(zoo):
+def test_sub_cluster_and_micro_batch_candidates(zoo, tmp_path):
     c = resolve_cluster("2x4xa100-80g", None)
     half = sub_cluster(c, 4, 4)
     assert half.num_devices == 4 and len(half.nodes) == 1
     mixed = sub_cluster(c, 2, 4)
     assert [len(n.devices) for n in mixed.nodes] == [2, 2]
-    assert default_micro_batches(zoo["gpt-tiny"], 2) == 2  # batch 2: its largest divisor
+    assert micro_batch_candidates(zoo["gpt-tiny"], 2) == [2]  # batch 2: its largest divisor
+    path = tmp_path / "gpt24.onnx"
+    assert parc("models", "build", "gpt-tiny", "--set", "batch=24", "-o", str(path)).returncode == 0
+    assert micro_batch_candidates(importer.load(str(path), {}), 2) == [2, 4, 8]
+    assert micro_batch_candidates(importer.load(str(path), {}), 4) == [4, 8, 24]
+
+
+def test_the_microbatch_count_is_searched(tmp_path):
+    """Without --micro-batches the counts are tried from the fewest up until one is no faster;
+    the plan keeps the fastest and plan.json lists what was tried."""
+    path = tmp_path / "gpt8.onnx"
+    assert parc("models", "build", "gpt-tiny", "--set", "batch=8", "--train", "adamw", "-o", str(path)).returncode == 0
+    g = importer.load(str(path), {})
+    pp = plan_pipeline(g, CLUSTER, 2, jobs=1)
+    tried = pp.to_json()["schedule"]["searched"]
+    counts = [t["micro_batches"] for t in tried]
+    assert counts == [2, 4, 8][:len(counts)] and len(counts) >= 2
+    steps = [t["step_time_s"] for t in tried]
+    assert pp.step_s == min(steps) and pp.micro_batches == counts[steps.index(min(steps))]
+    assert len(counts) == 3 or steps[-1] >= steps[-2]  # stopped: the last one was no faster
+    for m in counts:  # what was tried is what --micro-batches M gives
+        assert plan_pipeline(g, CLUSTER, 2, micro_batches=m, jobs=1).step_s == pytest.approx(
+            steps[counts.index(m)], rel=1e-9)
 
 
 @pytest.mark.parametrize("args, needle", [

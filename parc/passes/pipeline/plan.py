@@ -108,6 +108,7 @@ class PipelinePlan:
     micro: Micro | None = None  # the whole graph's microbatch layout (None: one microbatch)
     spmd: dict | None = None  # the best SPMD-only plan's figures, when it was searched
     tried: list[dict] = field(default_factory=list)  # the stage counts searched
+    micro_searched: list[dict] = field(default_factory=list)  # the microbatch counts searched
 
     @property
     def ranks(self) -> int:
@@ -144,7 +145,7 @@ class PipelinePlan:
                 "memory_bytes_per_device": st.memory_bytes, "parameters": st.params,
                 "solver": {"status": st.plan.best.solution.status, "gap": st.plan.best.solution.gap},
             } for st in self.stages],
-            "schedule": {"kind": "1f1b", "micro_batches": self.micro_batches},
+            "schedule": {"kind": "1f1b", "micro_batches": self.micro_batches, "searched": self.micro_searched},
             "transfers": [{"value": b.name, "from_stage": b.src, "to_stages": list(b.dst), "pass": b.phase,
                            "bytes": int(np.prod(b.shape)) * _itemsize(b.dtype)} for b in self.crossing],
             "stage_search": {"status": self.assignment.status, "tolerance": self.assignment.tolerance,
@@ -190,41 +191,82 @@ def batch_size(graph: Graph) -> int | None:
     return dims.pop() if len(dims) == 1 else None
 
 
-def default_micro_batches(graph: Graph, stages: int) -> int:
-    """M for a pipeline of `stages` when the user names none: the smallest divisor of the batch
-    that is at least 2 * stages (a bubble of (S - 1) / (M + S - 1) at most a third), else the
-    largest divisor."""
-    batch = batch_size(graph) or 1
-    divisors = [d for d in range(1, batch + 1) if batch % d == 0]
-    return next((d for d in divisors if d >= 2 * stages), divisors[-1])
-
-
 def plan_pipeline(graph: Graph, cluster: Cluster, stages: int, *, micro_batches: int | None = None,
                   level: str = "O3", memory_budget: float | None = None, time_limit: float = 60.0,
                   tolerance: float = DEFAULT_TOLERANCE, jobs: int | None = None, max_mesh_dims: int = 2,
                   hints: Hints | None = None) -> PipelinePlan:
     """The pipelined plan of `graph` in `stages` stages over the cluster (module docstring).
     `hints`: `stage:` scopes pin forward nodes to stages; the rest of the hints apply to every
-    stage's SPMD search (pins to the tensors the stage holds)."""
+    stage's SPMD search (pins to the tensors the stage holds). Without `micro_batches` the
+    microbatch count is searched (`micro_batch_candidates`): the stages are found once (the
+    stage ILP does not depend on it), then each count's stage plans, from the fewest
+    microbatches up, until one predicts no faster than the one before."""
     t0 = time.perf_counter()
     n = cluster.num_devices
     if stages < 2 or n % stages:
         raise UsageError(f"--pipeline {stages}: expected a stage count >= 2 that divides the "
                          f"{n} devices")
-    m = micro_batches if micro_batches is not None else default_micro_batches(graph, stages)
     batch = batch_size(graph)
-    if m < 1 or (batch is not None and batch % m):
-        raise UsageError(f"--micro-batches {m}: expected a count that divides the batch ({batch})")
+    if micro_batches is not None and (micro_batches < 1 or (batch is not None and batch % micro_batches)):
+        raise UsageError(f"--micro-batches {micro_batches}: expected a count that divides the batch ({batch})")
     budget = float(memory_budget if memory_budget is not None else min(d.memory_bytes for d in cluster.devices))
     fixed = stage_pins(graph, hints, stages) if hints is not None else None
     a = assign_stages(graph, cluster, stages, tolerance, fixed, time_limit)
     crossing = boundaries(graph, a)
+    counts = [micro_batches] if micro_batches is not None else micro_batch_candidates(graph, stages)
+    best: PipelinePlan | None = None
+    searched: list[dict] = []
+    error: Exception | None = None
+    for m in counts:
+        try:
+            pp = _plan_at(graph, cluster, stages, m, a, crossing, level, budget, time_limit, jobs,
+                          max_mesh_dims, hints, given=micro_batches is not None)
+        except (InfeasiblePlanError, UsageError) as e:
+            if micro_batches is not None:
+                raise
+            searched.append({"micro_batches": m, "feasible": False, "error": str(e)})
+            error = e
+            continue
+        searched.append({"micro_batches": pp.micro_batches, "feasible": True, "step_time_s": pp.step_s})
+        if best is not None and pp.step_s >= best.step_s:
+            break
+        best = pp
+        if pp.micro_batches != m:  # the graph cannot be microbatched: one microbatch it is
+            break
+    if best is None:
+        raise error  # type: ignore[misc]
+    best.micro_searched = searched
+    best.time_s = time.perf_counter() - t0
+    return best
+
+
+def micro_batch_candidates(graph: Graph, stages: int) -> list[int]:
+    """The microbatch counts searched for a pipeline of `stages` stages: the smallest divisor of
+    the batch >= S, >= 2S and >= 4S (a 1F1B bubble of (S - 1) / (M + S - 1): about a half, a
+    third, a fifth), fewer when the batch has fewer such divisors; the batch itself when it is
+    smaller than S."""
+    batch = batch_size(graph) or 1
+    divisors = [d for d in range(1, batch + 1) if batch % d == 0]
+    out = []
+    for want in (stages, 2 * stages, 4 * stages):
+        d = next((d for d in divisors if d >= want), divisors[-1])
+        if d not in out:
+            out.append(d)
+    return out
+
+
+def _plan_at(graph: Graph, cluster: Cluster, stages: int, m: int, a: StageAssignment, crossing: list[Boundary],
+             level: str, budget: float, time_limit: float, jobs: int | None, max_mesh_dims: int,
+             hints: Hints | None, given: bool) -> PipelinePlan:
+    """The pipelined plan with the stages `a` and `m` microbatches (`given`: the user's count,
+    which must microbatch the graph; otherwise a graph that cannot be is planned whole)."""
+    n = cluster.num_devices
     micro: Micro | None = None
     if m > 1:
         try:
             micro = micro_layout(graph, cluster, m)
         except UsageError as e:
-            if micro_batches is not None:
+            if given:
                 raise
             log.warning("%s; the pipeline runs the batch whole (1 microbatch)", e)
             m = 1
@@ -253,7 +295,6 @@ def plan_pipeline(graph: Graph, cluster: Cluster, stages: int, *, micro_batches:
         plans.append(StagePlan(s, ranks[s], g, positions, p))
     out = PipelinePlan(graph, cluster, a, crossing, plans, m, level, budget, micro=micro)
     _predict(out)
-    out.time_s = time.perf_counter() - t0
     return out
 
 
