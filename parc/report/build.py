@@ -82,8 +82,9 @@ def _summary(plan: Mapping[str, Any]) -> Summary:
                      spans[k] if k < len(spans) else None) for k, n in enumerate(shape)]
     solver = plan.get("solver") or {}
     tried = [MeshTried([int(n) for n in m.get("shape", [])], bool(m.get("feasible", False)),
-                       m.get("step_time_s"), m.get("gap"), [int(n) for n in m.get("shape", [])] == shape,
-                       m.get("skipped"))
+                       m.get("step_time_s"), m.get("gap"),
+                       bool(m.get("chosen", [int(n) for n in m.get("shape", [])] == shape)),
+                       m.get("skipped"), m.get("stage"))
              for m in solver.get("meshes") or []]
     devices = sum(types.values()) or len(mesh.get("devices") or []) or math.prod(shape)
     return Summary(devices, len(nodes), dict(sorted(types.items())), _cluster_words(cluster, devices),

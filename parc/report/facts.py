@@ -33,6 +33,7 @@ class MeshTried:
     gap: float | None
     chosen: bool
     skipped: str | None = None  # why the hints rule the mesh out (not tried)
+    stage: int | None = None  # a pipelined plan: the stage whose group it is a mesh of
 
 
 @dataclass(frozen=True)

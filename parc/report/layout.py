@@ -82,7 +82,8 @@ def _pipeline(r: Report) -> Section:
 
 def _summary(r: Report) -> Section:
     s = r.summary
-    axes = "; ".join(f"axis {k}: {a.size} devices over {a.link or '?'}"
+    piped = r.pipeline is not None
+    axes = "; ".join(f"axis {k}: {a.size} {'stages (pipeline)' if piped and k == 0 else 'devices'} over {a.link or '?'}"
                      + (f" ({a.bandwidth / 1e9:g} GB/s, {a.latency * 1e6:g} us)" if a.bandwidth and a.latency else "")
                      + (", across nodes" if a.spans_nodes else "")
                      for k, a in enumerate(s.mesh_axes))
@@ -94,10 +95,12 @@ def _summary(r: Report) -> Section:
                         f"{fmt_time(s.solver_time_s)} planning")]
     if r.model:
         pairs.insert(0, ("model", r.model))
-    rows = [[fmt_shape(m.shape), "yes" if m.feasible else "no (hints)" if m.skipped else "no (memory)",
-             fmt_time(m.step_time_s), fmt_gap(m.gap),
-             "chosen" if m.chosen else ""] for m in s.meshes]
-    tables = [Table(["mesh", "feasible", "step time", "gap", ""], rows, frozenset({2, 3}))] if rows else []
+    staged = any(m.stage is not None for m in s.meshes)  # a pipeline: each stage's meshes
+    rows = [[*([str(m.stage)] if staged else []), fmt_shape(m.shape),
+             "yes" if m.feasible else "no (hints)" if m.skipped else "no (memory)",
+             fmt_time(m.step_time_s), fmt_gap(m.gap), "chosen" if m.chosen else ""] for m in s.meshes]
+    head = [*(["stage"] if staged else []), "mesh", "feasible", "step time", "gap", ""]
+    tables = [Table(head, rows, frozenset({2 + staged, 3 + staged}))] if rows else []
     return Section("Summary", pairs, tables)
 
 

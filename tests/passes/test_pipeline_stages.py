@@ -222,3 +222,23 @@ def test_stages_of_the_same_structure_are_searched_once(tmp_path, monkeypatch):
     assert reused.step_s == pytest.approx(fresh.step_s, rel=1e-12)
     a, b = reused.to_json(), fresh.to_json()
     assert a["specs"] == b["specs"] and a["strategies"] == b["strategies"]
+
+
+def test_explain_shows_the_stages(tmp_path):
+    """`parc explain` on a pipelined plan: the pipeline axis named in the summary, each stage's
+    meshes, the schedule, the stage table; the JSON report carries the same facts."""
+    model, plan_dir = tmp_path / "g.onnx", tmp_path / "plan"
+    assert parc("models", "build", "gpt-tiny", "--set", "batch=8", "--train", "adamw", "-o", str(model)).returncode == 0
+    res = parc("plan", str(model), "--devices", "2x2xa100-80g", "--pipeline", "2", "--no-programs", "--jobs", "1",
+               "-o", str(plan_dir))
+    assert res.returncode == 0, res.stderr
+    plan = json.loads((plan_dir / "plan.json").read_text())
+    text = parc("explain", str(plan_dir)).stdout
+    assert "axis 0: 2 stages (pipeline) over net-100g" in text
+    assert f"1f1b, 2 stages x {plan['schedule']['micro_batches']} microbatches" in text
+    assert "?" not in text.split("Pipeline")[0]  # the solver line is complete
+    doc = json.loads(parc("explain", str(plan_dir), "--format", "json").stdout)
+    meshes = doc["summary"]["meshes"]
+    assert sorted({m["stage"] for m in meshes}) == [0, 1]
+    assert [m["shape"] for m in meshes if m["chosen"]] == [s["mesh"] for s in plan["stages"]]
+    assert [s["devices"] for s in doc["pipeline"]["stages"]] == [[0, 1], [2, 3]]

@@ -160,9 +160,12 @@ class PipelinePlan:
             "communication": communication,
             "micro_batches": {"count": self.micro_batches} if self.micro_batches > 1 else None,
             "solver": {"level": self.level, "time_s": self.time_s, "pipelines": self.tried,
-                       "meshes": [{"shape": [len(self.stages), *st.plan.best.mesh.shape], "stage": st.index,
-                                   "feasible": True, "step_time_s": st.plan.best.solution.cost - _arrival_s(st.plan)}
-                                  for st in self.stages]},
+                       "status": next((st.plan.best.solution.status for st in self.stages
+                                       if st.plan.best.solution.status != "optimal"), "optimal"),
+                       "gap": max((st.plan.best.solution.gap or 0.0 for st in self.stages), default=0.0),
+                       "nodes": sum(st.plan.best.model.problem.n for st in self.stages),
+                       "meshes": [dict(m, stage=st.index, chosen=list(m.get("shape", [])) == list(st.plan.best.mesh.shape))
+                                  for st in self.stages for m in st.plan.tried]},
             "baselines": self.baselines,
             "spmd_only": self.spmd,
             "hints": None,
