@@ -87,6 +87,7 @@ def plan(model: str, devices: str | None, cluster_file: str | None, level: str, 
     if jobs is not None and jobs < 1:
         raise UsageError(f"--jobs {jobs}: expected a number of processes >= 1")
     from parc.hints import Hints, load_hints, read_annotations, write_sharded_model
+    from parc.plandir import write_plan
     from parc.report.manifest import sha256_file, write_manifest
 
     _check_output(Path(output))
@@ -154,7 +155,7 @@ def plan(model: str, devices: str | None, cluster_file: str | None, level: str, 
         if not stages:
             doc["solver"]["pipelines"] = tried  # what --pipeline auto tried, and why it lost
         doc["model"] = {"path": str(Path(model).resolve()), "sha256": sha256_file(Path(model))}
-        (stage / "plan.json").write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
+        write_plan(stage, doc)
         if programs and stages:
             from parc.passes.pipeline.emit import write_pipeline_programs
 

@@ -18,7 +18,7 @@ def precheck(plan_dir: str, force: bool) -> tuple[dict, int]:
     """Refuse a plan directory that was changed, is incomplete, of an unknown format, or whose
     predicted memory exceeds its devices (unless `force`); (plan.json, rank count)."""
     from parc.exec.taskgraph import load_taskgraph
-    from parc.report import load_plan
+    from parc.plandir import TASKGRAPH_FILE, load_plan, load_program
     from parc.report.manifest import check_manifest
 
     root = Path(plan_dir)
@@ -26,12 +26,11 @@ def precheck(plan_dir: str, force: bool) -> tuple[dict, int]:
         raise UsageError(f"{plan_dir}: no such plan directory")
     check_manifest(root, extra_ok=True)
     plan = load_plan(root)
-    if not (root / "taskgraph.json").is_file():
-        raise PlanFormatError(f"{root}: no taskgraph.json (planned with --no-programs? plan again without it)")
-    graph = load_taskgraph(root / "taskgraph.json")
+    if not (root / TASKGRAPH_FILE).is_file():
+        raise PlanFormatError(f"{root}: no {TASKGRAPH_FILE} (planned with --no-programs? plan again without it)")
+    graph = load_taskgraph(root / TASKGRAPH_FILE)
     for r in range(graph.ranks):
-        if not (root / f"rank_{r}" / "program.json").is_file():
-            raise PlanFormatError(f"{root}: rank_{r}/program.json is missing")
+        load_program(root, r)
     cap = min(t["memory_bytes"] for t in plan["cluster"]["device_types"].values())
     need = max(plan["predicted"]["memory_bytes_per_device"])
     if need > cap and not force:
@@ -86,11 +85,11 @@ def run(plan_dir: str, steps: int, data: str | None, checkpoint: str | None, che
         precheck(plan_dir, force)
     if not in_job:
         _, ranks = precheck(plan_dir, force)
-        program = json.loads((Path(plan_dir) / "rank_0" / "program.json").read_text())
         if data:
             from parc.exec.data import NpzData, step_inputs
+            from parc.plandir import load_program
 
-            NpzData(data, step_inputs(program))
+            NpzData(data, step_inputs(load_program(plan_dir, 0)))
         if resume:
             from parc.exec.checkpoint import check_checkpoint
 
@@ -135,7 +134,7 @@ def verify(plan_dir: str, steps: int, rtol: float, atol: float, as_json: bool, d
     if steps < 1:
         raise UsageError(f"--steps {steps}: expected a count >= 1")
     plan, ranks = precheck(plan_dir, force)
-    want = reference_run(plan_dir, plan, steps, seed, init, data)
+    want = reference_run(plan_dir, plan, ranks, steps, seed, init, data)
     with tempfile.TemporaryDirectory(prefix="parc-verify-") as tmp:
         got = plan_run(plan_dir, ranks, steps, seed, engine, timeout, Path(tmp), init, data)
     rows, ok = compare(want, got, rtol, atol)

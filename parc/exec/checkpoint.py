@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from parc.errors import UsageError
+from parc.plandir import Program, load_plan, load_program
 from parc.report.manifest import sha256_file
 from parc.sharding.layout import assemble, devices, shard_index
 from parc.sharding.spec import ShardSpec, ShardSpecError
@@ -28,14 +29,13 @@ FORMAT = "parc.checkpoint/1"
 MANIFEST = "checkpoint.json"
 
 
-def _device_spec(program: dict, spec: str) -> ShardSpec:
+def _device_spec(program: Program, spec: str) -> ShardSpec:
     s = ShardSpec.parse(spec)
-    return ShardSpec(tuple(s)[1:]) if program["micro_batches"] > 1 else s
+    return ShardSpec(tuple(s)[1:]) if program.micro_batches > 1 else s
 
 
-def _device_mesh(program: dict) -> tuple[int, ...]:
-    mesh = program["mesh"]
-    return tuple(mesh[1:] if program["micro_batches"] > 1 else mesh)
+def _device_mesh(program: Program) -> tuple[int, ...]:
+    return program.mesh[1:] if program.micro_batches > 1 else program.mesh
 
 
 def save_checkpoint(directory: str | Path, runner, step: int) -> None:
@@ -52,16 +52,16 @@ def save_checkpoint(directory: str | Path, runner, step: int) -> None:
     runner.comm.barrier()
     if r == 0:
         program = runner.program
-        plan = json.loads((runner.dir / "plan.json").read_text())
+        plan = load_plan(runner.dir)
         tensors: dict[str, dict] = {}
         for prog in _stage_programs(runner):
-            for x in prog["residents"]:
+            for x in prog.residents:
                 if x["kind"] != "state" or x["name"] in tensors:
                     continue  # a tied weight held by two stages: the first stage's copy
                 tensors[x["name"]] = {"shape": x["shape"], "dtype": x["dtype"],
                                       "spec": str(_device_spec(prog, x["spec"])),
-                                      **({"ranks": prog["stage_ranks"], "mesh": list(_device_mesh(prog))}
-                                         if "stage_ranks" in prog else {})}
+                                      **({"ranks": list(prog.stage_ranks), "mesh": list(_device_mesh(prog))}
+                                         if prog.stage_ranks is not None else {})}
         ranks = runner.graph.ranks
         doc = {"format": FORMAT, "step": step, "ranks": ranks, "mesh": list(_device_mesh(program)),
                "model": plan.get("model"), "tensors": tensors,
@@ -72,12 +72,11 @@ def save_checkpoint(directory: str | Path, runner, step: int) -> None:
     runner.comm.barrier()
 
 
-def _stage_programs(runner) -> list[dict]:
+def _stage_programs(runner) -> list[Program]:
     """The program of each pipeline stage's first rank (a plan of one mesh: this rank's)."""
-    if "stage_ranks" not in runner.program:
+    if runner.program.stage_ranks is None:
         return [runner.program]
-    return [json.loads((runner.dir / f"rank_{s['ranks'][0]}" / "program.json").read_text())
-            for s in runner.graph.stages]
+    return [load_program(runner.dir, s["ranks"][0]) for s in runner.graph.stages]
 
 
 def _holders(doc: dict, t: dict) -> tuple[list[int], tuple[int, ...]]:
@@ -143,12 +142,12 @@ def load_checkpoint(directory: str | Path, runner) -> int:
     root = Path(directory)
     doc = check_checkpoint(root)
     program = runner.program
-    mine = {x["name"]: x for x in program["residents"] if x["kind"] == "state"}
+    mine = {x["name"]: x for x in program.residents if x["kind"] == "state"}
     missing = sorted(set(mine) - set(doc["tensors"]))
     if missing:
         raise UsageError(f"--checkpoint {root}: no tensor '{missing[0]}' (a checkpoint of another model?)")
     mesh = _device_mesh(program)
-    holders = (list(program.get("stage_ranks", range(runner.graph.ranks))), mesh)
+    holders = (list(program.stage_ranks if program.stage_ranks is not None else range(runner.graph.ranks)), mesh)
     same = (doc["ranks"] == runner.graph.ranks and
             all(doc["tensors"][n]["spec"] == str(_device_spec(program, x["spec"])) and
                 _holders(doc, doc["tensors"][n]) == holders for n, x in mine.items()))
@@ -157,7 +156,7 @@ def load_checkpoint(directory: str | Path, runner) -> int:
             state = {n: f[n] for n in mine}
     else:  # reshard on load: this rank's shard of each whole tensor
         whole = full_tensors(root, doc, set(mine))
-        coords = tuple(int(c) for c in program["coords"][1 if program["micro_batches"] > 1 else 0:])
+        coords = program.coords[1 if program.micro_batches > 1 else 0:]
         state = {}
         for n, x in mine.items():
             spec = _device_spec(program, x["spec"])

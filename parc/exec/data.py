@@ -19,17 +19,18 @@ import numpy as np
 from onnx import helper
 
 from parc.errors import UsageError
+from parc.plandir import Program
 
 
-def data_inputs(program: Mapping) -> list[dict]:
+def data_inputs(program: Program) -> list[dict]:
     """The data residents of a rank program (name, shape, dtype, high), in graph order."""
-    return [r for r in program["residents"] if r["kind"] == "data"]
+    return [r for r in program.residents if r["kind"] == "data"]
 
 
-def step_inputs(program: Mapping) -> list[dict]:
+def step_inputs(program: Program) -> list[dict]:
     """The data inputs of the whole step, in graph order: every rank draws the same whole batch
     from them (a pipeline stage's program lists the whole step's, though it reads only some)."""
-    return list(program.get("data_inputs") or data_inputs(program))
+    return list(program.data_inputs or data_inputs(program))
 
 
 POOL = 4  # synthetic batches, cycled

@@ -158,14 +158,14 @@ def train(plan_dir: Path, *, steps: int, seed: int, engine: str, data: str | Non
         if comm.size != runner.graph.ranks:
             raise UsageError(f"{plan_dir}: the plan has {runner.graph.ranks} ranks, this job {comm.size}")
         inputs = step_inputs(runner.program)
-        reporter = int(runner.program.get("reporter", 0))  # the rank holding the loss
+        reporter = runner.program.reporter or 0  # the rank holding the loss
         source = NpzData(data, inputs) if data else None
         start = 0
         if resume:
             from parc.exec.checkpoint import load_checkpoint
 
             start = load_checkpoint(checkpoint, runner)  # type: ignore[arg-type]
-        loss_name = runner.program.get("loss")
+        loss_name = runner.program.loss
         batch_size = inputs[0]["shape"][0] if inputs and inputs[0]["shape"] else 1
         dumped = []
         for step in range(start, steps):
@@ -186,7 +186,7 @@ def train(plan_dir: Path, *, steps: int, seed: int, engine: str, data: str | Non
                     echo(f"step {step + 1:>4}/{steps}  {shown}{dt * 1e3:8.2f} ms  {batch_size / dt:9.1f} samples/s")
             if dump is not None:
                 dumped.append({k: to_host(v) for k, v in outs.items()
-                               if k not in runner.program["bindings"]})
+                               if k not in runner.program.bindings})
             if checkpoint and checkpoint_every and (step + 1) % checkpoint_every == 0:
                 from parc.exec.checkpoint import save_checkpoint
 
@@ -195,7 +195,7 @@ def train(plan_dir: Path, *, steps: int, seed: int, engine: str, data: str | Non
             from parc.exec.checkpoint import save_checkpoint
 
             save_checkpoint(checkpoint, runner, max(steps, start))
-        first = rank == runner.program.get("stage_ranks", [0])[0]
+        first = rank == (runner.program.stage_ranks or (0,))[0]
         if dump is not None and (rank == 0 or (first and dumped and dumped[0])):
             name = "outputs.npz" if rank == 0 else f"outputs.{rank}.npz"  # one per pipeline stage
             np.savez(Path(dump) / name, **{f"{k}@{i}": v for i, d in enumerate(dumped) for k, v in d.items()})

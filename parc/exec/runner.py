@@ -20,7 +20,6 @@ optimizer state replace their inputs (the `parc.state` bindings), in the same la
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from collections.abc import Mapping
@@ -33,6 +32,7 @@ from onnx import helper, numpy_helper
 
 from parc.errors import ParcError, PlanFormatError
 from parc.exec.taskgraph import MB_END, MB_FIRST, MB_START, WHOLE, load_taskgraph
+from parc.plandir import TASKGRAPH_FILE, load_program, rank_dir
 from parc.sharding.layout import shard_index
 from parc.sharding.reshard import Collective
 from parc.sharding.simulator import run_step
@@ -130,11 +130,11 @@ class Rank:
         self.dir = Path(plan_dir)
         self.rank = rank
         self.comm = comm
-        self.graph = load_taskgraph(self.dir / "taskgraph.json")
-        self.program = json.loads((self.dir / f"rank_{rank}" / "program.json").read_text())
-        self.model_mesh = tuple(self.program["mesh"])
-        self.coords = tuple(int(c) for c in self.program["coords"])
-        self.micro = int(self.program["micro_batches"])
+        self.graph = load_taskgraph(self.dir / TASKGRAPH_FILE)
+        self.program = load_program(self.dir, rank)
+        self.model_mesh = self.program.mesh
+        self.coords = self.program.coords
+        self.micro = self.program.micro_batches
         self.order = [self.graph.tasks[t] for t in self.graph.order[rank]]
         kind, self.device = pick_engine(engine)
         self.xp = np
@@ -148,7 +148,7 @@ class Rank:
             if t["kind"] == "compute" and t["module"] not in self.engines:
                 path = self.dir / t["module"]
                 self.engines[t["module"]] = _Ort(path, threads) if kind == "ort" else _Array(path, self.device)
-        self.residents = {r["name"]: r for r in self.program["residents"]}
+        self.residents = {r["name"]: r for r in self.program.residents}
         state = self._load_init()
         if init == "seeded":
             state.update(self._seeded(seed))
@@ -170,8 +170,8 @@ class Rank:
     def _last_uses(self) -> list[list[str]]:
         """Per task of the order, the values of its microbatch that no later task reads (freed
         after it runs). State, and what the microbatch accumulation reads, stay."""
-        keep = {r["name"] for r in self.program["residents"] if r["kind"] != "recv"} | set(self.program["accumulate"])
-        keep |= {src for src, *_ in self.program["accumulate"].values()}
+        keep = {r["name"] for r in self.program.residents if r["kind"] != "recv"} | set(self.program.accumulate)
+        keep |= {src for src, *_ in self.program.accumulate.values()}
         last: dict[tuple[str, Any], int] = {}
         once: set[str] = set()  # read by a task outside the microbatches (the apply part)
         for pos, t in enumerate(self.order):
@@ -192,7 +192,7 @@ class Rank:
         from parc.exec.init import seeded_shard
 
         out = {}
-        for r in self.program["residents"]:
+        for r in self.program.residents:
             stats = r.get("init")
             if not stats or not stats["std"]:
                 continue
@@ -203,9 +203,9 @@ class Rank:
         return out
 
     def _load_init(self) -> dict[str, np.ndarray]:
-        model = onnx.load(str(self.dir / f"rank_{self.rank}" / "init.onnx"),
-                          load_external_data=False)
-        onnx.external_data_helper.load_external_data_for_model(model, str(self.dir / f"rank_{self.rank}"))
+        here = rank_dir(self.dir, self.rank)
+        model = onnx.load(str(here / "init.onnx"), load_external_data=False)
+        onnx.external_data_helper.load_external_data_for_model(model, str(here))
         out = {}
         for t in model.graph.initializer:
             out[t.name.removesuffix(".init")] = numpy_helper.to_array(t).copy()
@@ -246,7 +246,7 @@ class Rank:
         folded into the accumulations and dropped. Sends complete by the end of the step."""
         shared: dict[str, Any] = dict(self.state)
         envs: dict[int, dict[str, Any]] = {}
-        acc = self.program["accumulate"]
+        acc = self.program.accumulate
         sums: dict[str, Any] = {}
         folded = 0
         outputs: dict[str, np.ndarray] = {}
@@ -321,7 +321,7 @@ class Rank:
                 raise RunError(f"rank {self.rank}, task {t['id']}: {first}") from None
         if pending:
             self.comm.wait_sends(pending)
-        for out, inp in self.program["bindings"].items():
+        for out, inp in self.program.bindings.items():
             if out in outputs and inp in self.state:
                 self.state[inp] = outputs[out]
         return outputs

@@ -38,6 +38,7 @@ import numpy as np
 from parc.errors import PlanFormatError
 
 FORMAT = "parc.taskgraph/1"
+TASKGRAPH_FILE = "taskgraph.json"  # in the plan directory (parc.plandir)
 KINDS = {"compute": ("rank", "module"), "collective": ("group", "op", "tensor"),
          "send": ("rank", "peer", "tensor"), "recv": ("rank", "peer", "tensor"),
          "source": ("rank", "tensor"), "sink": ("rank", "tensor")}
@@ -85,7 +86,7 @@ def load_taskgraph(path: str | Path) -> TaskGraph:
     return check_taskgraph(doc, str(p))
 
 
-def check_taskgraph(doc: Any, where: str = "taskgraph.json") -> TaskGraph:
+def check_taskgraph(doc: Any, where: str = TASKGRAPH_FILE) -> TaskGraph:
     """The TaskGraph of `doc`, or PlanFormatError saying the first thing wrong with it."""
 
     def fail(msg: str) -> PlanFormatError:

@@ -91,9 +91,9 @@ def run_threads(plan_dir: str | Path, batches: Sequence[dict], engine: str = "or
     """Run every rank of the plan as a thread for len(batches) steps: (rank 0's outputs per
     step, each rank's final resident state)."""
     from parc.exec.runner import Rank
-    from parc.exec.taskgraph import load_taskgraph
+    from parc.exec.taskgraph import TASKGRAPH_FILE, load_taskgraph
 
-    ranks = load_taskgraph(Path(plan_dir) / "taskgraph.json").ranks
+    ranks = load_taskgraph(Path(plan_dir) / TASKGRAPH_FILE).ranks
     world = _World(ranks, timeout)
     outputs: list[list[dict]] = [[] for _ in range(ranks)]
     states: list[dict] = [{} for _ in range(ranks)]

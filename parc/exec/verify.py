@@ -20,6 +20,7 @@ from onnx import numpy_helper
 
 from parc.errors import UsageError
 from parc.exec.data import NpzData, step_inputs, synthetic
+from parc.plandir import load_program
 
 
 def _source(plan_dir: str, plan: dict) -> Path:
@@ -33,21 +34,20 @@ def _source(plan_dir: str, plan: dict) -> Path:
     return path
 
 
-def reference_run(plan_dir: str, plan: dict, steps: int, seed: int, init: str = "source",
+def reference_run(plan_dir: str, plan: dict, ranks: int, steps: int, seed: int, init: str = "source",
                   data_file: str | None = None) -> dict:
     """{"outputs": [per step {name: array}], "state": {name: array}} of the source model."""
     import onnxruntime as ort
 
     path = _source(plan_dir, plan)
-    program = json.loads((Path(plan_dir) / "rank_0" / "program.json").read_text())
+    programs = [load_program(plan_dir, r) for r in range(ranks)]
     model = onnx.load(str(path))
     inputs = {i.name for i in model.graph.input}
     state = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer if t.name in inputs}
     binds, residents = {}, {}
-    for f in sorted(Path(plan_dir).glob("rank_*/program.json")):  # a pipeline's stages hold parts
-        prog = json.loads(f.read_text())
-        binds.update(prog["bindings"])
-        residents.update({r["name"]: r for r in prog["residents"]})
+    for prog in programs:  # a pipeline's stages hold parts
+        binds.update(prog.bindings)
+        residents.update({r["name"]: r for r in prog.residents})
     if init == "seeded":  # the same whole tensors the ranks draw shards of
         from onnx import helper
 
@@ -63,7 +63,7 @@ def reference_run(plan_dir: str, plan: dict, steps: int, seed: int, init: str = 
     opts.log_severity_level = 3
     sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
     names = [o.name for o in sess.get_outputs()]
-    data = step_inputs(program)
+    data = step_inputs(programs[0])
     source = NpzData(data_file, data) if data_file else None
     outputs = []
     for step in range(steps):

@@ -9,7 +9,7 @@ For every rank, `lower_rank`'s program is cut into ONNX modules at communication
   reading more of it than the shard; running init.onnx yields them;
 - ``rank_<r>/program.json``: what the executor holds (residents: data, state, weights, with
   global shape, layout and local shape), which local value each graph output is, the
-  microbatch accumulations, and the step bindings;
+  microbatch accumulations, and the step bindings (`parc.plandir.Program`);
 - ``taskgraph.json``: compute, collective, source and sink tasks, data edges, each rank's order.
 """
 
@@ -23,6 +23,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
+from parc import plandir
 from parc.autodiff.step import STATE_KEY
 from parc.exec.taskgraph import FORMAT, check_taskgraph
 from parc.ir.graph import Graph
@@ -30,7 +31,6 @@ from parc.passes.lower import APPLY, MICRO, Comm, RankProgram, bindings, loss_na
 from parc.sharding.layout import shard_index
 from parc.sharding.spec import ShardSpec
 
-PROGRAM_FORMAT = "parc.program/1"
 ALIGN = 64
 
 
@@ -204,14 +204,10 @@ def write_programs_for(graph: Graph, mesh: tuple[int, ...], strategies: list, sp
     stats = _param_stats(graph)
     for r in range(ranks):
         p = lower_rank(graph, mesh, r, strategies, specs, micro, rules)
-        rank_dir = out / f"rank_{r}"
-        mod_tasks = write_rank_files(p, graph, rank_dir)
-        program = {
-            "format": PROGRAM_FORMAT, "rank": r, "coords": list(p.coords), "mesh": list(mesh),
-            "micro_batches": micro, "residents": residents_json(p, stats),
-            "outputs": p.outputs, "accumulate": p.accumulate, "bindings": binds, "loss": loss_name(graph),
-        }
-        (rank_dir / "program.json").write_text(json.dumps(program, indent=1, sort_keys=True) + "\n")
+        mod_tasks = write_rank_files(p, graph, plandir.rank_dir(out, r))
+        plandir.write_program(out, plandir.Program(
+            rank=r, coords=p.coords, mesh=mesh, micro_batches=micro, residents=residents_json(p, stats),
+            outputs=p.outputs, accumulate=p.accumulate, bindings=binds, loss=loss_name(graph)))
         ids = _rank_tasks(r, p, mod_tasks, device_mesh, micro, tasks, edges, collectives)
         order[str(r)] = ids
     tasks.extend(collectives.values())
@@ -224,9 +220,9 @@ def write_programs_for(graph: Graph, mesh: tuple[int, ...], strategies: list, sp
 def write_taskgraph(doc: dict, out: Path) -> dict:
     """Check a task graph (the orders must run) and write it as out/taskgraph.json, atomically."""
     check_taskgraph(doc)
-    tmp = out / "taskgraph.json.tmp"
+    tmp = out / f"{plandir.TASKGRAPH_FILE}.tmp"
     tmp.write_text(json.dumps(doc, indent=0) + "\n")
-    tmp.replace(out / "taskgraph.json")
+    tmp.replace(out / plandir.TASKGRAPH_FILE)
     return doc
 
 

@@ -95,12 +95,12 @@ def test_threads_match_onnxruntime_on_one_device(step):
     """The in-process runner (threads, shared-memory collectives) gives the source's result."""
     from parc.exec.data import data_inputs, synthetic
     from parc.exec.threads import run_threads
+    from parc.plandir import load_program
 
     plan = step / "tp"
     if not plan.exists():
         plan = _plan(step, "tp", "--hints", str(step / "tp.yaml"))
-    program = json.loads((plan / "rank_0" / "program.json").read_text())
-    batch = synthetic(data_inputs(program), 0, 0)
+    batch = synthetic(data_inputs(load_program(plan, 0)), 0, 0)
     got, _ = run_threads(plan, [batch])
     model = onnx.load(str(step / "t.onnx"))
     sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])

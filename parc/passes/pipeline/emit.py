@@ -22,12 +22,11 @@ runs the orders to make sure.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
+from parc import plandir
 from parc.exec.taskgraph import FORMAT, one_f_one_b
 from parc.passes.emit import (
-    PROGRAM_FORMAT,
     _param_stats,
     _part_tasks,
     comms_by_place,
@@ -61,7 +60,7 @@ def write_pipeline_programs(pp: PipelinePlan, out: Path) -> dict:
         rules = rules_of(graph)
         for local, rank in enumerate(st.ranks):
             p = lower_rank(graph, mesh, local, strategies, specs, micro, rules, sends, received, not_outputs)
-            progs[rank] = (st, p, write_rank_files(p, graph, out / f"rank_{rank}"))
+            progs[rank] = (st, p, write_rank_files(p, graph, plandir.rank_dir(out, rank)))
     tasks: list[dict] = []
     edges: list[list[str]] = []
     collectives: dict[str, dict] = {}
@@ -78,16 +77,12 @@ def write_pipeline_programs(pp: PipelinePlan, out: Path) -> dict:
     loss = loss_name(pp.graph)
     reporter = min((r for r, (_, p, _) in progs.items() if loss in p.outputs), default=0)
     for rank, (st, p, mod_tasks) in sorted(progs.items()):
-        graph = st.graph
         mine_bound = {new: old for new, old in binds.items() if new in p.outputs or (rank, new) in bound_in}
-        program = {
-            "format": PROGRAM_FORMAT, "rank": rank, "coords": list(p.coords), "mesh": list(p.mesh),
-            "micro_batches": m, "stage": st.index, "stages": count, "stage_ranks": list(st.ranks),
-            "residents": residents_json(p, stats),
-            "outputs": p.outputs, "accumulate": p.accumulate, "bindings": mine_bound,
-            "loss": loss if loss in p.outputs else None, "data_inputs": data_inputs, "reporter": reporter,
-        }
-        (out / f"rank_{rank}" / "program.json").write_text(json.dumps(program, indent=1, sort_keys=True) + "\n")
+        plandir.write_program(out, plandir.Program(
+            rank=rank, coords=p.coords, mesh=p.mesh, micro_batches=m, residents=residents_json(p, stats),
+            outputs=p.outputs, accumulate=p.accumulate, bindings=mine_bound,
+            loss=loss if loss in p.outputs else None, stage=st.index, stages=count, stage_ranks=st.ranks,
+            data_inputs=data_inputs, reporter=reporter))
         order[str(rank)] = _rank_order(rank, st, p, mod_tasks, schedule[st.index], m, links, tasks, edges,
                                        collectives)
     tasks.extend(collectives.values())

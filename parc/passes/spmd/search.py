@@ -28,11 +28,11 @@ from parc.hints import Hints, IneligibleMeshError, check_mesh, hint_pins, warn_o
 from parc.ir.graph import Graph
 from parc.passes.spmd.costs import CostModel, Micro, build, micro_layout
 from parc.passes.spmd.pool import run_jobs
+from parc.plandir import PLAN_FORMAT_ONE_MESH as FORMAT_VERSION
 from parc.sharding import R, S, ShardSpec
 from parc.solver import IlpOptions, Problem, SearchOptions, Solution, solve
 
 log = logging.getLogger("parc.plan")
-FORMAT_VERSION = 1
 
 
 @dataclass
