@@ -26,7 +26,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from parc.cluster import Cluster
+from parc.cluster import Cluster, enumerate_meshes
 from parc.cluster.cluster import Node as ClusterNode
 from parc.cluster.links import LinkSpec
 from parc.cluster.mesh import shared_link
@@ -46,13 +46,13 @@ from parc.passes.pipeline.stages import (
     stage_graph,
     uniform_stages,
 )
-from parc.passes.spmd.costs import Micro, micro_layout, renamed, structure_key
+from parc.passes.spmd.costs import CostModel, Micro, micro_layout, renamed, structure_key, warm_strategies
 from parc.passes.spmd.search import Plan, plan_graph
+from parc.plandir import PLAN_FORMAT_PIPELINE as FORMAT_VERSION
 from parc.sharding import ShardSpec
 from parc.sharding.layout import local_shape
 
 log = logging.getLogger("parc.plan")
-FORMAT_VERSION = 2  # plan.json of a pipelined plan (stages, schedule, predicted.bubble_s)
 
 
 def sub_cluster(cluster: Cluster, start: int, count: int) -> Cluster:
@@ -287,6 +287,8 @@ def _plan_at(graph: Graph, cluster: Cluster, stages: int, m: int, a: StageAssign
         if key is not None and key in searched:
             p = _reused(searched[key], g, stage_micro)
         else:
+            for mesh in enumerate_meshes(sub, max_dims=max_mesh_dims):  # the searches' workers inherit them
+                warm_strategies(g, mesh, sub, stage_micro)
             try:
                 p = plan_graph(g, sub, level=level, memory_budget=budget, time_limit=time_limit, jobs=jobs,
                                micro_batches=m, micro=stage_micro, with_baselines=False,
@@ -436,7 +438,6 @@ def pipeline_uniform(pp: PipelinePlan, time_limit: float = 60.0, max_mesh_dims: 
     """The `pipeline-uniform` baseline of a pipelined plan, in the same cost model and with its
     stage count, microbatches and microbatch layout: `uniform_stages`, and on each stage's group
     the best of data parallel and Megatron TP x DP over its (dp, tp) grids."""
-    from parc.cluster import enumerate_meshes
     from parc.passes.spmd.costs import build
     from parc.passes.spmd.search import flat_baseline, megatron_baseline
     from parc.solver import IlpOptions, SearchOptions
@@ -448,22 +449,29 @@ def pipeline_uniform(pp: PipelinePlan, time_limit: float = 60.0, max_mesh_dims: 
     group = cluster.num_devices // stages
     ranks = [tuple(range(s * group, (s + 1) * group)) for s in range(stages)]
     per, apply_s, meshes, best_meshes = [], [], [], []
+    solved: dict[tuple, tuple[dict, CostModel] | None] = {}  # structure_key -> the recipe's best (as plan_pipeline)
     for s in range(stages):
         g = stage_graph(graph, a, s, crossing)
         sub = sub_cluster(cluster, s * group, group)
         stage_micro = pp.micro.restricted(g, a.nodes_of(s)) if pp.micro is not None else None
-        best = None
-        for mesh in enumerate_meshes(sub, max_dims=max_mesh_dims):
-            if mesh.ndim == 2 and mesh.shape[1] not in (2, 4, 8) or mesh.ndim > 2:
-                continue
-            model = build(g, mesh, sub, stage_micro, arrivals=_arrivals(cluster, crossing, ranks, s))
-            r = (flat_baseline("data-parallel", model, budget, options, keep_choice=True) if mesh.ndim == 1
-                 else megatron_baseline(model, budget, options, keep_choice=True))
-            if r.get("feasible") and (best is None or r["step_time_s"] < best[0]["step_time_s"]):
-                best = (r, model)
+        arrivals = _arrivals(cluster, crossing, ranks, s)
+        key = (structure_key(g, stage_micro, arrivals), repr(sub.to_json()))
+        if key not in solved:
+            best = None
+            for mesh in enumerate_meshes(sub, max_dims=max_mesh_dims):
+                if mesh.ndim == 2 and mesh.shape[1] not in (2, 4, 8) or mesh.ndim > 2:
+                    continue
+                model = build(g, mesh, sub, stage_micro, arrivals=arrivals)
+                r = (flat_baseline("data-parallel", model, budget, options, keep_choice=True) if mesh.ndim == 1
+                     else megatron_baseline(model, budget, options, keep_choice=True))
+                if r.get("feasible") and (best is None or r["step_time_s"] < best[0]["step_time_s"]):
+                    best = (r, model)
+            solved[key] = best
+        best = solved[key]
         if best is None:
             return {"step_time_s": None, "memory_bytes_per_device": None, "feasible": False, "stages": stages}
-        best_meshes.append(best)
+        r, model = best
+        best_meshes.append((r, model if model.graph is g else renamed(model, g, stage_micro)))
     models = [model for _, model in best_meshes]
     meshes = [tuple(model.mesh.shape[1 if model.micro is not None else 0:]) for model in models]
     specs = [{v.name: model.source_specs[k][r["choice"][k]] for k, v in enumerate(model.sources)}

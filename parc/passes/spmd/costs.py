@@ -139,6 +139,44 @@ def _reshard_time(src: ShardSpec, dst: ShardSpec, shape: tuple[int, ...], itemsi
     return total
 
 
+# Strategy lists by (node signature, time-axis label, mesh shape), kept across builds in this
+# process: the stages of a pipeline and the meshes of a search share most signatures (a deep
+# model's layers), and a list depends on nothing else (`build` shares them the same way).
+_STRATEGIES: dict[tuple, list[Strategy]] = {}
+_STRATEGIES_MAX = 200_000
+
+
+def warm_strategies(graph: Graph, mesh: Mesh, cluster: Cluster, micro: Micro | None = None) -> None:
+    """Fill this process's strategy lists for `graph` on `mesh` (as `build` would), so that
+    builds in worker processes forked after it find them: a pipeline's stages share most."""
+    if micro is not None:
+        mesh = time_axis(mesh, micro.count, min(cluster.devices, key=lambda d: d.peak("float32")))
+    _strategies(graph, mesh.shape, micro)
+
+
+def _strategies(graph: Graph, shape: tuple[int, ...], micro: Micro | None) -> list[list[Strategy]]:
+    """Each node's strategy list; nodes of the same signature share one list (`_STRATEGIES`)."""
+    by_signature: dict[tuple, list[Strategy]] = {}
+    strategies = []
+    if len(_STRATEGIES) > _STRATEGIES_MAX:
+        _STRATEGIES.clear()
+    for pos, n in enumerate(graph.nodes):
+        first = None
+        if micro is not None:
+            first = ((None,) if _phase(n) == OPTIMIZER else
+                     (micro.labels[pos],) if micro.labels is not None else None)
+        key = (_signature(n), first)
+        if key not in by_signature:
+            known = _STRATEGIES.get((key, shape))
+            by_signature[key] = known if known is not None else node_strategies(n, shape, first)
+            _STRATEGIES[key, shape] = by_signature[key]
+            if not by_signature[key]:
+                raise UsageError(f"--micro-batches {micro.count}: node '{n.label}' cannot keep its "  # type: ignore[union-attr]
+                                 f"microbatch split {first[0]} on this mesh")  # type: ignore[index]
+        strategies.append(by_signature[key])
+    return strategies
+
+
 def build(graph: Graph, mesh: Mesh | None, cluster: Cluster, micro: Micro | None = None,
           layouts: dict[str, list[ShardSpec]] | None = None,
           arrivals: Mapping[str, float] | None = None) -> CostModel:
@@ -156,20 +194,7 @@ def build(graph: Graph, mesh: Mesh | None, cluster: Cluster, micro: Micro | None
         mesh = time_axis(mesh, micro.count, slowest)
     assert mesh is not None
     shape = mesh.shape
-    by_signature: dict[tuple, list[Strategy]] = {}
-    strategies = []
-    for pos, n in enumerate(graph.nodes):
-        first = None
-        if micro is not None:
-            first = ((None,) if _phase(n) == OPTIMIZER else
-                     (micro.labels[pos],) if micro.labels is not None else None)
-        key = (_signature(n), first)
-        if key not in by_signature:
-            by_signature[key] = node_strategies(n, shape, first)
-            if not by_signature[key]:
-                raise UsageError(f"--micro-batches {micro.count}: node '{n.label}' cannot keep its "  # type: ignore[union-attr]
-                                 f"microbatch split {first[0]} on this mesh")  # type: ignore[index]
-        strategies.append(by_signature[key])
+    strategies = _strategies(graph, shape, micro)
 
     # Sources: anything a node reads that no node produces.
     sources: list[Value] = []
