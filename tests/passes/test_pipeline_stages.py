@@ -242,3 +242,19 @@ def test_explain_shows_the_stages(tmp_path):
     assert sorted({m["stage"] for m in meshes}) == [0, 1]
     assert [m["shape"] for m in meshes if m["chosen"]] == [s["mesh"] for s in plan["stages"]]
     assert [s["devices"] for s in doc["pipeline"]["stages"]] == [[0, 1], [2, 3]]
+
+
+def test_stage_memory_is_budgeted_inside_the_search(tmp_path):
+    """A stage's search counts the microbatches of activations 1F1B keeps on it: under a budget
+    just below what the unconstrained plan's first stage needs, the search picks layouts that
+    fit instead of failing after."""
+    path = tmp_path / "g.onnx"
+    assert parc("models", "build", "gpt-tiny", "--set", "batch=8", "--train", "adamw", "-o", str(path)).returncode == 0
+    g = importer.load(str(path), {})
+    free = plan_pipeline(g, CLUSTER, 2, micro_batches=2, jobs=1)
+    first = free.stages[0]
+    assert first.memory_bytes == pytest.approx(first.plan.best.memory_bytes)
+    budget = 0.95 * max(st.memory_bytes for st in free.stages)
+    tight = plan_pipeline(g, CLUSTER, 2, micro_batches=2, jobs=1, memory_budget=budget)
+    assert all(st.memory_bytes <= budget for st in tight.stages)
+    assert tight.step_s >= free.step_s

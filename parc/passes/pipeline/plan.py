@@ -15,7 +15,8 @@ sends per microbatch, and a_s its optimizer,
 
 and the bubble is step - M * max_s (t_s + p_s) - max_s a_s: the fill and drain. Stage s keeps
 the activations of min(S - s, M) microbatches alive (Whale 3.3.2); its memory is its sources
-plus that many times one microbatch's activations, checked against the budget per stage.
+plus that many times one microbatch's activations, and its SPMD search budgets exactly that
+(`kept`), so it picks layouts that fit rather than failing after.
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ from parc.passes.spmd.search import Plan, plan_graph
 from parc.plandir import PLAN_FORMAT_PIPELINE as FORMAT_VERSION
 from parc.sharding import ShardSpec
 from parc.sharding.layout import local_shape
+from parc.sharding.spec import Split
 
 log = logging.getLogger("parc.plan")
 
@@ -283,7 +285,8 @@ def _plan_at(graph: Graph, cluster: Cluster, stages: int, m: int, a: StageAssign
         sub = sub_cluster(cluster, s * group, group)
         stage_micro = micro.restricted(g, positions) if micro is not None else None
         arrivals = _arrivals(cluster, crossing, ranks, s)
-        key = (structure_key(g, stage_micro, arrivals), repr(sub.to_json())) if hints is None else None
+        kept = min(stages - s, m)  # microbatches of activations 1F1B keeps alive on stage s
+        key = (structure_key(g, stage_micro, arrivals), repr(sub.to_json()), kept) if hints is None else None
         if key is not None and key in searched:
             p = _reused(searched[key], g, stage_micro)
         else:
@@ -292,9 +295,11 @@ def _plan_at(graph: Graph, cluster: Cluster, stages: int, m: int, a: StageAssign
             try:
                 p = plan_graph(g, sub, level=level, memory_budget=budget, time_limit=time_limit, jobs=jobs,
                                micro_batches=m, micro=stage_micro, with_baselines=False,
-                               max_mesh_dims=max_mesh_dims, hints=_stage_hints(hints, g), arrivals=arrivals)
+                               max_mesh_dims=max_mesh_dims, hints=_stage_hints(hints, g), arrivals=arrivals,
+                               kept=kept)
             except InfeasiblePlanError as e:
-                raise InfeasiblePlanError(f"pipeline stage {s} of {stages} ({len(positions)} nodes): {e}") from None
+                raise InfeasiblePlanError(f"pipeline stage {s} of {stages} ({len(positions)} nodes, {kept} "
+                                          f"microbatches of activations kept by 1F1B): {e}") from None
             if key is not None:
                 searched[key] = p
         plans.append(StagePlan(s, ranks[s], g, positions, p))
@@ -333,10 +338,9 @@ def _predict(pp: PipelinePlan) -> None:
                 apply_s += float(prob.comp[best.model.node_index(pos)][x[best.model.node_index(pos)]])
         st.apply_s = apply_s
         st.per_micro_s = max(best.solution.cost - _arrival_s(st.plan) - apply_s, 0.0) / m
-        st.send_s = _send_time(pp.cluster, pp.crossing, [s.ranks for s in pp.stages], st.index, m, layouts, meshes)
-        source_bytes = sum(float(prob.mem[k][x[k]]) for k in range(len(best.model.sources))) if prob.mem else 0.0
-        activations = max(best.memory_bytes - source_bytes, 0.0)
-        st.memory_bytes = source_bytes + min(count - st.index, m) * activations
+        st.send_s = _send_time(pp.cluster, pp.crossing, [s.ranks for s in pp.stages], st.index, m, layouts, meshes,
+                               pp.micro)
+        st.memory_bytes = best.memory_bytes  # its search counted the microbatches 1F1B keeps (`kept`)
         st.params = int(sum(v.size for v in st.graph.input_constants if v.is_param))
         if st.memory_bytes > pp.budget:
             raise InfeasiblePlanError(
@@ -383,21 +387,26 @@ def _layouts(graph: Graph, crossing: list[Boundary], meshes: list[tuple[int, ...
 
 
 def _send_time(cluster: Cluster, crossing: list[Boundary], ranks: list[tuple[int, ...]], stage: int, m: int,
-               layouts: dict[tuple[str, int], ShardSpec | None], meshes: list[tuple[int, ...]]) -> float:
+               layouts: dict[tuple[str, int], ShardSpec | None], meshes: list[tuple[int, ...]],
+               micro: Micro | None) -> float:
     """Seconds stage `stage` spends sending one microbatch's crossing values (`transfer_layouts`):
     in a shared layout every sender sends its shard to its peer, all at once; whole, each
     receiver gets all of it from sender j mod |group|. Streams that leave a node share its NICs."""
     total = 0.0
     src = ranks[stage]
+    in_time = dict(micro.values) if micro is not None else {}
     for b in crossing:
         if b.src != stage or b.phase == OPTIMIZER:
             continue
-        whole = int(np.prod(b.shape)) * _itemsize(b.dtype) / m
+        # one microbatch's piece of a value split along time; all of a partial sum (a gradient
+        # accumulated over the microbatches) or a replicated value in every microbatch
+        piece = m if b.name in in_time and isinstance(in_time[b.name][0], Split) else 1
+        whole = int(np.prod(b.shape)) * _itemsize(b.dtype) / piece
         for d in b.dst:
             layout, dst = layouts.get((b.name, d)), ranks[d]
             if layout is not None:
                 per, rounds, streams = int(np.prod(local_shape(b.shape, layout, meshes[stage], (0,) * len(layout)))) \
-                    * _itemsize(b.dtype) / m, 1, len(src)
+                    * _itemsize(b.dtype) / piece, 1, len(src)
             else:
                 per, rounds, streams = whole, -(-len(dst) // len(src)), min(len(src), len(dst))
             link = _p2p_link(cluster, src, dst, streams)
@@ -455,13 +464,13 @@ def pipeline_uniform(pp: PipelinePlan, time_limit: float = 60.0, max_mesh_dims: 
         sub = sub_cluster(cluster, s * group, group)
         stage_micro = pp.micro.restricted(g, a.nodes_of(s)) if pp.micro is not None else None
         arrivals = _arrivals(cluster, crossing, ranks, s)
-        key = (structure_key(g, stage_micro, arrivals), repr(sub.to_json()))
+        key = (structure_key(g, stage_micro, arrivals), repr(sub.to_json()), min(stages - s, m))
         if key not in solved:
             best = None
             for mesh in enumerate_meshes(sub, max_dims=max_mesh_dims):
                 if mesh.ndim == 2 and mesh.shape[1] not in (2, 4, 8) or mesh.ndim > 2:
                     continue
-                model = build(g, mesh, sub, stage_micro, arrivals=arrivals)
+                model = build(g, mesh, sub, stage_micro, arrivals=arrivals, kept=min(stages - s, m))
                 r = (flat_baseline("data-parallel", model, budget, options, keep_choice=True) if mesh.ndim == 1
                      else megatron_baseline(model, budget, options, keep_choice=True))
                 if r.get("feasible") and (best is None or r["step_time_s"] < best[0]["step_time_s"]):
@@ -479,7 +488,7 @@ def pipeline_uniform(pp: PipelinePlan, time_limit: float = 60.0, max_mesh_dims: 
     layouts = _layouts(graph, crossing, meshes, specs, m > 1)
     for s, (r, model) in enumerate(best_meshes):
         per.append(max(r["step_time_s"] - _received_s(model, r["choice"]) - r["optimizer_s"], 0.0) / m
-                   + _send_time(cluster, crossing, ranks, s, m, layouts, meshes))
+                   + _send_time(cluster, crossing, ranks, s, m, layouts, meshes, pp.micro))
         apply_s.append(r["optimizer_s"])
     meshes = [list(x) for x in meshes]
     step, bubble = one_f_one_b_time(per, apply_s, m)

@@ -24,8 +24,9 @@ from parc.errors import UsageError
 from parc.ir.graph import Graph, Node, Value
 from parc.ops import get_rule
 from parc.ops.base import output_elements
-from parc.passes.spmd.strategies import Strategy, node_strategies, replicated, tensor_specs
+from parc.passes.spmd.strategies import MAX_STRATEGIES, Strategy, node_strategies, replicated, tensor_specs
 from parc.sharding import R, S, ShardSpec, ShardSpecError, local_shape, reshard
+from parc.sharding.spec import Partial
 from parc.solver import Problem
 
 # Latency steps of a ring collective over n devices (matches parc.cluster.cost).
@@ -179,7 +180,7 @@ def _strategies(graph: Graph, shape: tuple[int, ...], micro: Micro | None) -> li
 
 def build(graph: Graph, mesh: Mesh | None, cluster: Cluster, micro: Micro | None = None,
           layouts: dict[str, list[ShardSpec]] | None = None,
-          arrivals: Mapping[str, float] | None = None) -> CostModel:
+          arrivals: Mapping[str, float] | None = None, kept: int = 1) -> CostModel:
     """Strategies and cost arrays for `graph` on `mesh` (devices of `cluster`).
 
     With `micro`, the model's mesh is `time_axis(mesh, micro.count)` (mesh None: the time axis
@@ -187,8 +188,11 @@ def build(graph: Graph, mesh: Mesh | None, cluster: Cluster, micro: Micro | None
     signature (op, attributes, input and output shapes, small constant inputs) share one strategy
     list, and edges between shared lists share one cost matrix. `layouts` adds layouts a source
     may take beyond the usual ones (a hint's pin, uneven splits included). `arrivals` prices
-    sources another pipeline stage sends: seconds per byte of the shard a device receives, per
-    microbatch it arrives in (the sender sends the layout the receiver holds)."""
+    sources another pipeline stage sends: seconds per byte of the shard a device receives (one
+    microbatch's piece when split along time, all of it otherwise), in every microbatch (the
+    sender sends the layout the receiver holds). `kept`: how many
+    microbatches' activations are alive at once (a pipeline stage under 1F1B keeps several), so
+    the memory of every node's outputs counts that many times."""
     slowest = min(cluster.devices, key=lambda d: d.peak("float32"))
     if micro is not None:
         mesh = time_axis(mesh, micro.count, slowest)
@@ -223,19 +227,19 @@ def build(graph: Graph, mesh: Mesh | None, cluster: Cluster, micro: Micro | None
                      else [replicated(shape)])
             specs = specs + [s for s in extra if s not in specs]
             if fixed is not None:
-                specs = _on_time_axis(v, fixed, specs, shape)
+                specs = _on_time_axis(v, fixed, specs, shape, wanted_specs.get(id(v), []))
             spec_lists[key] = specs
         source_specs.append(spec_lists[key])
 
     index = {id(v): k for k, v in enumerate(sources)}
     comp: list[np.ndarray] = []
     mem: list[np.ndarray] = []
-    for k, (v, specs) in enumerate(zip(sources, source_specs)):
+    for v, specs in zip(sources, source_specs):
         per_byte = (arrivals or {}).get(v.name)
         if per_byte is None:
             comp.append(np.zeros(len(specs)))
         else:
-            runs = micro.count if micro is not None and isinstance(_time_spec(v, micro, k)[0], S) else 1
+            runs = micro.count if micro is not None else 1  # it arrives in every microbatch
             comp.append(np.array([runs * per_byte * _local_bytes(v, s, shape) for s in specs]))
         mem.append(np.array([_local_bytes(v, s, shape) if v.is_const else 0.0 for s in specs]))
     producer: dict[int, tuple[int, int]] = {}  # value id -> (problem node, output index)
@@ -250,7 +254,7 @@ def build(graph: Graph, mesh: Mesh | None, cluster: Cluster, micro: Micro | None
             node_costs[key] = (c * runs, m)
         c, m = node_costs[key]
         comp.append(c)
-        mem.append(m)
+        mem.append(m * kept if kept != 1 else m)
         for k, v in enumerate(n.outputs):
             producer[id(v)] = (len(sources) + pos, k)
 
@@ -356,13 +360,23 @@ def _time_spec(v: Value, micro: Micro, k: int) -> ShardSpec:
     return ShardSpec((S(0),))
 
 
-def _on_time_axis(v: Value, fixed: ShardSpec, specs: list[ShardSpec], shape: tuple[int, ...]) -> list[ShardSpec]:
-    """The specs whose time axis is `fixed`, plus `fixed` alone (replicated on device axes)."""
+def _on_time_axis(v: Value, fixed: ShardSpec, specs: list[ShardSpec], shape: tuple[int, ...],
+                  wanted: list[ShardSpec] = ()) -> list[ShardSpec]:
+    """The specs whose time axis is `fixed`, plus `fixed` alone (replicated on device axes). A
+    partial sum along time (a gradient another pipeline stage sends every microbatch) may take
+    every device layout its consumers ask for, and each offered one with `fixed`'s time axis
+    (`specs` has none partial)."""
     out = {ShardSpec((fixed[0],) + (R,) * (len(shape) - 1)): None}
     for spec in specs:
         if spec[0] == fixed[0]:
             out[spec] = None
-    return list(out)
+        elif isinstance(fixed[0], Partial) and not any(isinstance(ax, Partial) for ax in spec):
+            out[ShardSpec((fixed[0],) + tuple(spec)[1:])] = None
+    if isinstance(fixed[0], Partial):
+        for spec in wanted:
+            if spec is not None and spec[0] == fixed[0] and not any(isinstance(ax, Partial) for ax in tuple(spec)[1:]):
+                out[spec] = None
+    return list(out)[:MAX_STRATEGIES]
 
 
 def _signature(n: Node) -> tuple:

@@ -204,6 +204,7 @@ class _Search:
     hints: Hints | None
     micro: Micro | None = None
     arrivals: dict[str, float] | None = None  # a pipeline stage's received values (costs.build)
+    kept: int = 1  # microbatches of activations alive at once (costs.build)
 
 
 @dataclass(frozen=True)
@@ -244,7 +245,7 @@ def _run(search: _Search, graph: Graph, job: _Job) -> _Built | Solution | str | 
             if search.hints is not None:
                 check_mesh(graph, search.hints, mesh.shape)  # before the (slow) cost model
             model = build(graph, mesh, search.cluster, search.micro, _pinned_layouts(search.hints, mesh.shape),
-                          search.arrivals)
+                          search.arrivals, search.kept)
             if search.hints is None:
                 return _Built(model)
             pins, warnings = hint_pins(model, search.hints)
@@ -252,7 +253,8 @@ def _run(search: _Search, graph: Graph, job: _Job) -> _Built | Solution | str | 
         except IneligibleMeshError as e:
             return _Built(model, skipped=str(e))
     model = model if model is not None else build(graph, mesh, search.cluster, search.micro,
-                                                  _pinned_layouts(search.hints, mesh.shape), search.arrivals)
+                                                  _pinned_layouts(search.hints, mesh.shape), search.arrivals,
+                                                  search.kept)
     if job.what == "plan":
         problem = model.problem.restricted(job.pins) if job.pins else model.problem
         try:
@@ -278,7 +280,7 @@ def plan_graph(graph: Graph, cluster: Cluster, *, level: str = "O3", memory_budg
                max_mesh_dims: int = 2, progress: Callable[[str, int, int], None] | None = None,
                time_limit: float = 60.0, hints: Hints | None = None, jobs: int | None = None,
                micro_batches: int = 1, micro: Micro | None = None, with_baselines: bool = True,
-               arrivals: dict[str, float] | None = None) -> Plan:
+               arrivals: dict[str, float] | None = None, kept: int = 1) -> Plan:
     """The cheapest plan over the cluster's meshes; raises InfeasiblePlanError if none fits.
 
     Jobs run in up to `jobs` processes (default: one per CPU, at most one per job; 1: in this
@@ -289,7 +291,8 @@ def plan_graph(graph: Graph, cluster: Cluster, *, level: str = "O3", memory_budg
     layout along time is decided once (`costs.micro_layout`), then every mesh is searched with
     it as a leading mesh axis (`costs.Micro`); `micro` gives that layout instead (a pipeline
     stage's part of the whole graph's). `with_baselines=False` solves no baselines. `arrivals`:
-    a pipeline stage's received values and what receiving a byte of each costs (costs.build)."""
+    a pipeline stage's received values and what receiving a byte of each costs; `kept`: the
+    microbatches of activations it keeps alive at once (costs.build)."""
     t0 = time.perf_counter()
     budget = float(memory_budget if memory_budget is not None else min(d.memory_bytes for d in cluster.devices))
     if micro_batches < 1:
@@ -298,7 +301,7 @@ def plan_graph(graph: Graph, cluster: Cluster, *, level: str = "O3", memory_budg
         micro = micro_layout(graph, cluster, micro_batches)
     names = _baseline_names if with_baselines else (lambda mesh: [])
     search = _Search(cluster, level, budget, SearchOptions(ilp=IlpOptions(time_limit=time_limit)), hints, micro,
-                     arrivals)
+                     arrivals, kept)
     meshes = enumerate_meshes(cluster, max_dims=max_mesh_dims)
     total = sum(2 + len(names(m)) for m in meshes)  # jobs: build, plan, baselines
     if jobs is None:
