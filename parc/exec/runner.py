@@ -163,6 +163,7 @@ class Rank:
         self.last_of_mb = {t.get("micro_batch"): pos for pos, t in enumerate(self.order)
                            if t.get("micro_batch") is not None}
         self._recv_index: dict[str, tuple] = {}  # tensor -> this rank's shard of what arrives
+        self._send_index: dict[tuple, tuple] = {}  # (tensor, peer) -> the shard a sliced send cuts
         self._fault = _test_fault()
         self.steps = {t["id"]: Collective.from_json(t["step"]) for t in self.order if t["kind"] == "collective"}
         self._pieces: dict[tuple[str, int | None], tuple[np.ndarray, ...]] = {}  # data slices, made once
@@ -294,7 +295,10 @@ class Rank:
                     self.timings["comm"] += time.perf_counter() - t0
                 elif kind == "send":
                     t0 = time.perf_counter()
-                    pending.append(self.comm.isend(to_host(lookup(env, t["local"], mb)), t["peer"], t["tag"]))
+                    x = to_host(lookup(env, t["local"], mb))
+                    if "slice" in t:  # the receiver's shard of a value this rank holds whole
+                        x = np.ascontiguousarray(x[self._slice_index(t)])
+                    pending.append(self.comm.isend(x, t["peer"], t["tag"]))
                     self.timings["comm"] += time.perf_counter() - t0
                 elif kind == "recv":
                     t0 = time.perf_counter()
@@ -348,6 +352,15 @@ class Rank:
             self._recv_index[t["tensor"]] = np.ix_(*shard_index(shape, ShardSpec.parse(t["spec"]), self.model_mesh,
                                                                 coords))
         return self.xp.asarray(np.ascontiguousarray(whole[self._recv_index[t["tensor"]]]))
+
+    def _slice_index(self, t: dict) -> tuple:
+        """A send's `slice`: the receiver's shard (the same for every microbatch)."""
+        key = (t["tensor"], t["peer"])
+        if key not in self._send_index:
+            sl = t["slice"]
+            self._send_index[key] = np.ix_(*shard_index(tuple(sl["global"]), ShardSpec.parse(sl["spec"]),
+                                                        tuple(sl["mesh"]), tuple(sl["coords"])))
+        return self._send_index[key]
 
     @staticmethod
     def _per_micro(name: str, mb: int | None) -> np.ndarray:

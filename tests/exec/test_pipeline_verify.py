@@ -190,3 +190,35 @@ def test_adamw_verify_still_catches_injected_bugs(work, fault):
         del os.environ["PARC_TEST_FAULT"]
     assert res.returncode == 1, res.stdout + res.stderr
     assert "MISMATCH" in res.stdout
+
+
+def test_stages_on_different_meshes_send_each_receiver_its_shard(work, tmp_path):
+    """Stage 0 on a flat mesh of 4, stage 1 on 2 x 2 (pins force the meshes): the sender holds a
+    crossing value whole and cuts each receiver's shard out of it (`slice`); the plan verifies
+    on 8 ranks, and cutting the wrong shard makes verify fail."""
+    import shutil
+
+    from parc.report.manifest import write_manifest
+
+    hints = tmp_path / "meshes.yaml"
+    hints.write_text("pins:\n  h.0.mlp.fc.weight: R\n  h.1.mlp.fc.weight: RR\n")
+    plan_dir = tmp_path / "mixed"
+    res = parc("plan", str(_step(work, "gpt-tiny")), "--devices", "8xa100-80g", "--jobs", "1", "--pipeline", "2",
+               "--hints", str(hints), "-o", str(plan_dir))
+    assert res.returncode == 0, res.stderr
+    doc = json.loads((plan_dir / "plan.json").read_text())
+    assert [s["mesh"] for s in doc["stages"]] == [[4], [2, 2]]
+    tg = json.loads((plan_dir / "taskgraph.json").read_text())
+    sliced = [t for t in tg["tasks"] if t["kind"] == "send" and "slice" in t]
+    assert sliced and all(t["kind"] != "recv" or t["layout"] != "whole" for t in tg["tasks"])
+    _verify(plan_dir, *TIGHT)
+    bad = tmp_path / "bad"
+    shutil.copytree(plan_dir, bad)
+    tg = json.loads((bad / "taskgraph.json").read_text())
+    for t in tg["tasks"]:  # every forward activation of stage 1's rank 4 cut as rank 7's
+        if t["kind"] == "send" and t["peer"] == 4 and t.get("pass") == "F" and "slice" in t:
+            t["slice"]["coords"] = [t["slice"]["coords"][0], 1, 1][-len(t["slice"]["coords"]):]
+    (bad / "taskgraph.json").write_text(json.dumps(tg))
+    write_manifest(bad)
+    res = parc("verify", str(bad), "--steps", "2", timeout=300)
+    assert res.returncode == 1, res.stdout + res.stderr

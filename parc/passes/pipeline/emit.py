@@ -10,12 +10,11 @@ backward step the same for the backward pass; after the last backward the gradie
 over the microbatches, are applied once; last, a weight read by another stage (a tied
 embedding) goes there in its new value.
 
-A value crossing stages travels in the layout `transfer_layouts` gives it (split along time as
-the microbatch layout says: one microbatch's piece). When the two stages' device meshes have the
-same shape that is the reading stage's own layout: rank j of the producing stage sends rank j
-of the reading stage its shard, nothing more. Otherwise it travels whole: receiver i gets it
-from rank i mod |sender group| and keeps its own shard (the executor slices it with the
-receiving layout). Sends do not wait for their receiver (the executor completes
+A value crossing stages goes where `transfer_routes` says (split along time as the microbatch
+layout says: one microbatch's piece), and each receiver gets only its shard. When the two
+stages' device meshes have the same shape, rank j of the producing stage holds the value in the
+reading stage's layout and sends rank j its shard; otherwise the producing stage holds it whole
+and rank i mod |sender group| cuts receiver i's shard out of it (the send task's `slice`). Sends do not wait for their receiver (the executor completes
 them by the end of the step), so the orders cannot deadlock through them; `check_taskgraph`
 runs the orders to make sure.
 """
@@ -36,7 +35,7 @@ from parc.passes.emit import (
     write_taskgraph,
 )
 from parc.passes.lower import APPLY, MICRO, PASSES, bindings, layout_key, loss_name, lower_rank, rules_of
-from parc.passes.pipeline.plan import PipelinePlan, transfer_layouts
+from parc.passes.pipeline.plan import PipelinePlan, transfer_routes
 from parc.passes.pipeline.stages import phase, stage_outputs
 
 TAG_LIMIT = 32767  # the largest MPI tag every implementation accepts
@@ -50,10 +49,10 @@ def write_pipeline_programs(pp: PipelinePlan, out: Path) -> dict:
     stats = _param_stats(pp.graph)
     owned = {s.index: stage_outputs(pp.graph, pp.assignment, s.index) for s in pp.stages}
     progs: dict[int, tuple] = {}  # global rank -> (stage plan, program, module tasks)
-    layouts = transfer_layouts(pp)
+    layouts = transfer_routes(pp)
     for st in pp.stages:
         graph, mesh, strategies, specs, micro = plan_inputs(st.plan)
-        sends = {b.name: (b.phase, list(dict.fromkeys(layouts[b.name, d] for d in b.dst)))
+        sends = {b.name: (b.phase, list(dict.fromkeys(_sent_layout(layouts[b.name, d]) for d in b.dst)))
                  for b in pp.crossing if b.src == st.index}
         received = frozenset(b.name for b in pp.crossing if st.index in b.dst and b.name not in binds)
         not_outputs = frozenset(o.name for o in graph.outputs) - owned[st.index]
@@ -93,33 +92,43 @@ def write_pipeline_programs(pp: PipelinePlan, out: Path) -> dict:
     return write_taskgraph(doc, out)
 
 
+def _sent_layout(route):
+    """The device layout the sending stage holds a value in to send it (None: whole)."""
+    return route.layout if route.shared else None
+
+
 def _links(pp: PipelinePlan, progs: dict[int, tuple], layouts: dict) -> list[dict]:
     """Every (value, sending rank, receiving rank) of the plan, with the pass each side runs it
-    in, the array that travels (its layout: `whole`, or the shard rank j sends rank j) and the
-    receiver's layout."""
+    in, the array that travels and the receiver's layout. The array is the receiver's shard
+    (`layout` its device layout): the sender's own when the meshes are shared, else cut out of
+    the value the sender holds whole (`slice`: the receiver's layout, model mesh and
+    coordinates); or, when the receiver's layout is unknown, the whole value (`layout` whole)."""
     binds = bindings(pp.graph)
     out = []
     for i, b in enumerate(pp.crossing):
         src = pp.stages[b.src]
         for d in b.dst:
             dst = pp.stages[d]
-            key = layout_key(layouts[b.name, d])
+            route = layouts[b.name, d]
             for j, rank in enumerate(dst.ranks):
-                sender = src.ranks[j % len(src.ranks)]  # the same j when the layouts are shared
+                sender = src.ranks[j % len(src.ranks)]  # the same j when the meshes are shared
                 _, sp, _ = progs[sender]
                 _, rp, _ = progs[rank]
                 send_pass, by_layout = sp.sends[b.name]
-                local = by_layout[key]
+                local = by_layout[layout_key(_sent_layout(route))]
                 shape = sp.info[local][1]
-                if b.name in binds:  # a new weight for a stage that reads it: after the update
-                    recv_pass, spec = "A", rp.residents[binds[b.name]].spec
-                else:
-                    recv_pass = _first_pass(dst.graph, b.name)
-                    spec = rp.residents[b.name].spec
-                out.append({"index": i, "tensor": b.name, "src_rank": sender, "dst_rank": rank,
-                            "src_local": local, "send_pass": send_pass, "recv_pass": recv_pass,
-                            "shape": list(shape), "global": list(b.shape), "dtype": b.dtype, "spec": str(spec),
-                            "layout": key, "bound": b.name in binds})
+                held = rp.residents[binds[b.name]] if b.name in binds else rp.residents[b.name]
+                # a new weight for a stage that reads it arrives after the update
+                recv_pass = "A" if b.name in binds else _first_pass(dst.graph, b.name)
+                link = {"index": i, "tensor": b.name, "src_rank": sender, "dst_rank": rank, "src_local": local,
+                        "send_pass": send_pass, "recv_pass": recv_pass, "shape": list(shape), "global": list(b.shape),
+                        "dtype": b.dtype, "spec": str(held.spec), "layout": layout_key(route.layout),
+                        "bound": b.name in binds}
+                if not route.shared and route.layout is not None:
+                    link["slice"] = {"spec": str(held.spec), "mesh": list(rp.mesh), "global": list(b.shape),
+                                     "coords": [0, *rp.coords[1:]] if pp.micro_batches > 1 else list(rp.coords)}
+                    link["shape"] = list(held.local)
+                out.append(link)
     return out
 
 
@@ -163,7 +172,7 @@ def _rank_order(rank: int, st, p, mod_tasks: list[dict], steps, m: int, links: l
                 tid = f"r{rank}.send.{lk['tensor']}.to{lk['dst_rank']}{suffix}"
                 tasks.append({"id": tid, "kind": "send", "rank": rank, "peer": lk["dst_rank"],
                               "tensor": lk["tensor"], "local": lk["src_local"], "tag": _tag(lk["index"], mb, m),
-                              "pass": ph, **extra})
+                              "pass": ph, **({"slice": lk["slice"]} if "slice" in lk else {}), **extra})
                 if lk["src_local"] in made:
                     edges.append([made[lk["src_local"]], tid])
                 ids.append(tid)

@@ -328,7 +328,7 @@ def _stage_hints(hints: Hints | None, g: Graph) -> Hints | None:
 def _predict(pp: PipelinePlan) -> None:
     """Per-stage times and memory, the 1F1B step and its bubble (module docstring)."""
     m, count = pp.micro_batches, len(pp.stages)
-    layouts, meshes = transfer_layouts(pp), [tuple(st.plan.best.mesh.shape) for st in pp.stages]
+    layouts, meshes = transfer_routes(pp), [tuple(st.plan.best.mesh.shape) for st in pp.stages]
     for st in pp.stages:
         best = st.plan.best
         prob, x = best.model.problem, best.solution.choice
@@ -359,39 +359,49 @@ def one_f_one_b_time(per_micro: list[float], apply_s: list[float], m: int) -> tu
     return step, step - m * slowest - max(apply_s)
 
 
-def transfer_layouts(pp: PipelinePlan) -> dict[tuple[str, int], ShardSpec | None]:
-    """(crossing value, reading stage) -> the device-axes layout it travels in (`_layouts`)."""
+@dataclass(frozen=True)
+class Route:
+    """How a crossing value reaches one reading stage. `layout`: the reading stage's layout of
+    it on its device axes (None: unknown, it travels whole). `shared`: the two stages' device
+    meshes have the same shape, so the sending stage reshards to `layout` over its own links if
+    it must and rank j sends rank j its shard; otherwise the sending stage holds the value whole
+    and rank j mod |sender group| cuts receiver j's shard out of it and sends that."""
+
+    layout: ShardSpec | None
+    shared: bool
+
+
+def transfer_routes(pp: PipelinePlan) -> dict[tuple[str, int], Route]:
+    """(crossing value, reading stage) -> its Route (`_routes`)."""
     from parc.passes.emit import plan_inputs
 
-    return _layouts(pp.graph, pp.crossing, [tuple(st.plan.best.mesh.shape) for st in pp.stages],
-                    [plan_inputs(st.plan)[3] for st in pp.stages], pp.micro_batches > 1)
+    return _routes(pp.graph, pp.crossing, [tuple(st.plan.best.mesh.shape) for st in pp.stages],
+                   [plan_inputs(st.plan)[3] for st in pp.stages], pp.micro_batches > 1)
 
 
-def _layouts(graph: Graph, crossing: list[Boundary], meshes: list[tuple[int, ...]], specs: list[dict],
-             timed: bool) -> dict[tuple[str, int], ShardSpec | None]:
-    """When two stages' device meshes have the same shape a crossing value travels in the reading
-    stage's own layout of it (`specs[stage]`: source name -> spec, time axis first when `timed`;
-    for a tied weight's new value, the layout of the weight it replaces): the sending stage
-    reshards to it over its own links if it must, and rank j sends rank j its shard. Otherwise
-    None: each receiver gets the value whole and keeps its shard."""
+def _routes(graph: Graph, crossing: list[Boundary], meshes: list[tuple[int, ...]], specs: list[dict],
+            timed: bool) -> dict[tuple[str, int], Route]:
+    """Each crossing value's Route to each reading stage, from the reading stage's layout of it
+    (`specs[stage]`: source name -> spec, time axis first when `timed`; for a tied weight's new
+    value, the layout of the weight it replaces)."""
     from parc.passes.lower import bindings
 
     binds = bindings(graph)
-    out: dict[tuple[str, int], ShardSpec | None] = {}
+    out: dict[tuple[str, int], Route] = {}
     for b in crossing:
         for d in b.dst:
             spec = specs[d].get(binds.get(b.name, b.name))
-            same = meshes[d] == meshes[b.src] and spec is not None
-            out[b.name, d] = ShardSpec(tuple(spec)[1 if timed else 0:]) if same else None
+            layout = ShardSpec(tuple(spec)[1 if timed else 0:]) if spec is not None else None
+            out[b.name, d] = Route(layout, layout is not None and meshes[d] == meshes[b.src])
     return out
 
 
 def _send_time(cluster: Cluster, crossing: list[Boundary], ranks: list[tuple[int, ...]], stage: int, m: int,
-               layouts: dict[tuple[str, int], ShardSpec | None], meshes: list[tuple[int, ...]],
-               micro: Micro | None) -> float:
-    """Seconds stage `stage` spends sending one microbatch's crossing values (`transfer_layouts`):
-    in a shared layout every sender sends its shard to its peer, all at once; whole, each
-    receiver gets all of it from sender j mod |group|. Streams that leave a node share its NICs."""
+               layouts: dict[tuple[str, int], Route], meshes: list[tuple[int, ...]], micro: Micro | None) -> float:
+    """Seconds stage `stage` spends sending one microbatch's crossing values (their `Route`s):
+    every receiver gets its shard, all senders at once (shared meshes: from its peer; else from
+    sender j mod |group|, in ceil(|receivers| / |senders|) rounds). Streams that leave a node
+    share its NICs."""
     total = 0.0
     src = ranks[stage]
     in_time = dict(micro.values) if micro is not None else {}
@@ -403,12 +413,10 @@ def _send_time(cluster: Cluster, crossing: list[Boundary], ranks: list[tuple[int
         piece = m if b.name in in_time and isinstance(in_time[b.name][0], Split) else 1
         whole = int(np.prod(b.shape)) * _itemsize(b.dtype) / piece
         for d in b.dst:
-            layout, dst = layouts.get((b.name, d)), ranks[d]
-            if layout is not None:
-                per, rounds, streams = int(np.prod(local_shape(b.shape, layout, meshes[stage], (0,) * len(layout)))) \
-                    * _itemsize(b.dtype) / piece, 1, len(src)
-            else:
-                per, rounds, streams = whole, -(-len(dst) // len(src)), min(len(src), len(dst))
+            route, dst = layouts[b.name, d], ranks[d]
+            per = whole if route.layout is None else int(np.prod(local_shape(
+                b.shape, route.layout, meshes[d], (0,) * len(route.layout)))) * _itemsize(b.dtype) / piece
+            rounds, streams = (1, len(src)) if route.shared else (-(-len(dst) // len(src)), min(len(src), len(dst)))
             link = _p2p_link(cluster, src, dst, streams)
             total += rounds * (link.latency + per / link.bandwidth)
     return total
@@ -485,7 +493,7 @@ def pipeline_uniform(pp: PipelinePlan, time_limit: float = 60.0, max_mesh_dims: 
     meshes = [tuple(model.mesh.shape[1 if model.micro is not None else 0:]) for model in models]
     specs = [{v.name: model.source_specs[k][r["choice"][k]] for k, v in enumerate(model.sources)}
              for r, model in best_meshes]
-    layouts = _layouts(graph, crossing, meshes, specs, m > 1)
+    layouts = _routes(graph, crossing, meshes, specs, m > 1)
     for s, (r, model) in enumerate(best_meshes):
         per.append(max(r["step_time_s"] - _received_s(model, r["choice"]) - r["optimizer_s"], 0.0) / m
                    + _send_time(cluster, crossing, ranks, s, m, layouts, meshes, pp.micro))
