@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import subprocess
 import sys
 import tempfile
@@ -30,6 +29,9 @@ CASES = {
     "gpt-6.7b/2x8xv100-16g/batch64": ("gpt-6.7b", ["--set", "batch=64"], "2x8xv100-16g", []),
     # Alpa's GPT-39B on 8 nodes of 8 A100s, full search (one mesh and pipelines)
     "gpt-39b/8x8xa100-80g": ("gpt-6.7b", GPT_39B, "8x8xa100-80g", []),
+    # what --pipeline auto adds to the planning time on 8 devices in 2 nodes (bar: at most 2x)
+    "gpt-medium/2x4xa100-80g/off": ("gpt-medium", [], "2x4xa100-80g", ["--pipeline", "off"]),
+    "gpt-medium/2x4xa100-80g/auto": ("gpt-medium", [], "2x4xa100-80g", []),
 }
 
 
@@ -47,6 +49,12 @@ def main() -> None:
             print(_case(name, root), flush=True)
 
 
+# runs argv, then prints the peak RSS (KiB) of the largest process it waited for (the plan
+# command or one of the workers it forks) as the last line of stderr
+_MEASURE = ("import resource, subprocess, sys; r = subprocess.run(sys.argv[1:]); "
+            "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, file=sys.stderr); sys.exit(r.returncode)")
+
+
 def _case(name: str, root: Path) -> str:
     model, build, devices, extra = CASES[name]
     slug = name.replace("/", "_")
@@ -62,12 +70,13 @@ def _case(name: str, root: Path) -> str:
         where = ["--cluster", str(root / f"{slug}.yaml")]
     out = root / f"{slug}.plan"
     t0 = time.perf_counter()
-    res = subprocess.run([*parc, "plan", str(onnx), *where, "--no-programs", "-o", str(out), *extra],
-                         capture_output=True, text=True)
+    res = subprocess.run([sys.executable, "-c", _MEASURE, *parc, "plan", str(onnx), *where, "--no-programs",
+                          "-o", str(out), *extra], capture_output=True, text=True)
     wall = time.perf_counter() - t0
-    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2**20  # the largest child so far
+    peak = float(res.stderr.strip().splitlines()[-1]) / 2**20  # KiB -> GiB: the largest process of the command
     if res.returncode:
-        return f"| {name} | exit {res.returncode}: {res.stderr.strip().splitlines()[-1][:120]} | | | | | {wall:.0f} | |"
+        why = (res.stderr.strip().splitlines() or ["?"])[-2:][0][:120]
+        return f"| {name} | exit {res.returncode}: {why} | | | | | {wall:.0f} | {peak:.1f} |"
     plan = json.loads((out / "plan.json").read_text())
     step = plan["predicted"]["step_time_s"]
     if plan.get("stages"):
