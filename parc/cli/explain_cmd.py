@@ -18,9 +18,9 @@ from parc.errors import PlanFormatError, UsageError
 @click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write the report to FILE (atomically).")
 def explain(plan_dir: str, fmt: str, output: str | None) -> None:
     """Explain the plan in PLAN_DIR: mesh, strategies, communication, memory, baselines."""
+    from parc.plandir.manifest import MANIFEST, check_manifest
     from parc.report import PLAN_FILE, load_plan, plan_path, print_text, render
     from parc.report import explain as explain_plan
-    from parc.report.manifest import MANIFEST, check_manifest
 
     plan_file = plan_path(plan_dir)
     if output is not None:

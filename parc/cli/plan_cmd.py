@@ -88,7 +88,7 @@ def plan(model: str, devices: str | None, cluster_file: str | None, level: str, 
         raise UsageError(f"--jobs {jobs}: expected a number of processes >= 1")
     from parc.hints import Hints, load_hints, read_annotations, write_sharded_model
     from parc.plandir import write_plan
-    from parc.report.manifest import sha256_file, write_manifest
+    from parc.plandir.manifest import sha256_file, write_manifest
 
     _check_output(Path(output))
     hints = load_hints(hints_file) if hints_file else Hints()
@@ -210,7 +210,7 @@ def _stages(value: str) -> int:
 def _check_output(out: Path) -> None:
     """-o may name a new directory, an empty one, or a plan directory parc wrote (replaced whole,
     only once the new plan is complete); nothing else is overwritten."""
-    from parc.report.manifest import MANIFEST, plan_files
+    from parc.plandir.manifest import MANIFEST, plan_files
 
     if not out.exists():
         if not out.parent.resolve().is_dir():

@@ -19,7 +19,7 @@ def precheck(plan_dir: str, force: bool) -> tuple[dict, int]:
     predicted memory exceeds its devices (unless `force`); (plan.json, rank count)."""
     from parc.exec.taskgraph import load_taskgraph
     from parc.plandir import TASKGRAPH_FILE, load_plan, load_program
-    from parc.report.manifest import check_manifest
+    from parc.plandir.manifest import check_manifest
 
     root = Path(plan_dir)
     if not root.is_dir():

@@ -21,7 +21,7 @@ import numpy as np
 
 from parc.errors import UsageError
 from parc.plandir import Program, load_plan, load_program
-from parc.report.manifest import sha256_file
+from parc.plandir.manifest import sha256_file
 from parc.sharding.layout import assemble, devices, shard_index
 from parc.sharding.spec import ShardSpec, ShardSpecError
 

@@ -111,7 +111,7 @@ def test_verify_catches_a_stage_reading_a_stale_microbatch(work, tmp_path):
             swapped += 1
     assert swapped >= 2
     (bad / "taskgraph.json").write_text(json.dumps(tg))
-    from parc.report.manifest import write_manifest
+    from parc.plandir.manifest import write_manifest
 
     write_manifest(bad)  # a plan as parc would write it, but wrong
     res = parc("verify", str(bad), "--steps", "2", timeout=300)
@@ -198,7 +198,7 @@ def test_stages_on_different_meshes_send_each_receiver_its_shard(work, tmp_path)
     on 8 ranks, and cutting the wrong shard makes verify fail."""
     import shutil
 
-    from parc.report.manifest import write_manifest
+    from parc.plandir.manifest import write_manifest
 
     hints = tmp_path / "meshes.yaml"
     hints.write_text("pins:\n  h.0.mlp.fc.weight: R\n  h.1.mlp.fc.weight: RR\n")

@@ -13,7 +13,7 @@ import numpy as np
 import onnx
 import pytest
 
-from parc.report.manifest import write_manifest
+from parc.plandir.manifest import write_manifest
 from tests.helpers import assert_one_line_error, parc
 
 MPIEXEC = shutil.which("mpiexec", path=str(Path(sys.executable).parent)) or shutil.which("mpiexec")

@@ -167,7 +167,7 @@ def test_adamw_data_parallel(work):
 def test_verify_reports_a_mismatch(work):
     """A plan whose weights were changed after planning (manifest rewritten to hide it) fails
     verify with exit 1, naming the tensor."""
-    from parc.report.manifest import write_manifest
+    from parc.plandir.manifest import write_manifest
 
     step = _step(work, "gpt-tiny")
     out = work / "gpt-broken"

@@ -258,3 +258,32 @@ def test_stage_memory_is_budgeted_inside_the_search(tmp_path):
     tight = plan_pipeline(g, CLUSTER, 2, micro_batches=2, jobs=1, memory_budget=budget)
     assert all(st.memory_bytes <= budget for st in tight.stages)
     assert tight.step_s >= free.step_s
+
+
+def test_more_microbatches_are_tried_while_none_fits(tmp_path, monkeypatch):
+    """When every usual count is too big for memory the search goes on to larger divisors of
+    the batch (fewer activations alive) and stops at the first that fits."""
+    from types import SimpleNamespace
+
+    from parc.errors import InfeasiblePlanError
+    from parc.passes.pipeline import plan as pipeline_plan
+
+    path = tmp_path / "g.onnx"
+    assert parc("models", "build", "gpt-tiny", "--set", "batch=32", "--train", "sgd", "-o", str(path)).returncode == 0
+    g = importer.load(str(path), {})
+    tried = []
+
+    def fake(graph, cluster, stages, m, *args, **kwargs):
+        tried.append(m)
+        if m < 16:
+            raise InfeasiblePlanError(f"pipeline stage 0 of 2 needs more memory at {m} microbatches")
+        return SimpleNamespace(step_s=1.0 / m, micro_batches=m)
+
+    monkeypatch.setattr(pipeline_plan, "_plan_at", fake)
+    pp = plan_pipeline(g, CLUSTER, 2, jobs=1)
+    assert tried == [2, 4, 8, 16] and pp.micro_batches == 16
+    assert [t["feasible"] for t in pp.micro_searched] == [False, False, False, True]
+    tried.clear()
+    monkeypatch.setattr(pipeline_plan, "_plan_at", lambda *a, **k: (_ for _ in ()).throw(InfeasiblePlanError("no")))
+    with pytest.raises(InfeasiblePlanError):
+        plan_pipeline(g, CLUSTER, 2, jobs=1)

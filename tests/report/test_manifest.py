@@ -9,7 +9,7 @@ import pytest
 from helpers import assert_one_line_error, parc
 
 from parc.errors import PlanFormatError
-from parc.report.manifest import MANIFEST, check_manifest, sha256_file
+from parc.plandir.manifest import MANIFEST, check_manifest, sha256_file
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +74,7 @@ def test_external_data_outside_the_plan_directory_is_refused(plan_dir, tmp_path)
     import onnx
     from onnx import helper, numpy_helper
 
-    from parc.report.manifest import write_manifest
+    from parc.plandir.manifest import write_manifest
 
     d = copy(plan_dir, tmp_path)
     (tmp_path / "outside.bin").write_bytes(np.zeros(4, np.float32).tobytes())

@@ -205,7 +205,8 @@ def plan_pipeline(graph: Graph, cluster: Cluster, stages: int, *, micro_batches:
     stage's SPMD search (pins to the tensors the stage holds). Without `micro_batches` the
     microbatch count is searched (`micro_batch_candidates`): the stages are found once (the
     stage ILP does not depend on it), then each count's stage plans, from the fewest
-    microbatches up, until one predicts no faster than the one before."""
+    microbatches up, until one predicts no faster than the one before; when none fits in
+    memory, larger counts (about doubling, up to the batch) until one does."""
     t0 = time.perf_counter()
     n = cluster.num_devices
     if stages < 2 or n % stages:
@@ -222,7 +223,10 @@ def plan_pipeline(graph: Graph, cluster: Cluster, stages: int, *, micro_batches:
     best: PipelinePlan | None = None
     searched: list[dict] = []
     error: Exception | None = None
-    for m in counts:
+    larger = _larger_counts(graph, counts[-1]) if micro_batches is None else []
+    for m in counts + larger:
+        if m in larger and best is not None:
+            break  # larger counts only while none fits
         try:
             pp = _plan_at(graph, cluster, stages, m, a, crossing, level, budget, time_limit, jobs,
                           max_mesh_dims, hints, given=micro_batches is not None)
@@ -256,6 +260,17 @@ def micro_batch_candidates(graph: Graph, stages: int) -> list[int]:
     for want in (stages, 2 * stages, 4 * stages):
         d = next((d for d in divisors if d >= want), divisors[-1])
         if d not in out:
+            out.append(d)
+    return out
+
+
+def _larger_counts(graph: Graph, m: int) -> list[int]:
+    """Divisors of the batch above `m`, about doubling, the batch last: what the search tries
+    when no count fits in memory (more microbatches keep fewer activations alive)."""
+    batch = batch_size(graph) or 1
+    out = []
+    for d in range(m + 1, batch + 1):
+        if batch % d == 0 and (d >= 2 * (out[-1] if out else m) or d == batch):
             out.append(d)
     return out
 

@@ -1,4 +1,5 @@
-"""The plan directory: its layout, and the formats of plan.json and program.json.
+"""The plan directory: its layout, and the formats of plan.json, program.json and manifest.json
+(`parc.plandir.manifest`; taskgraph.json's format is `parc.exec.taskgraph`'s).
 
     PLAN_DIR/
       plan.json              the plan (docs/plan.md): format_version 1, one mesh
@@ -7,7 +8,7 @@
       model.sharded.onnx     the source annotated with ONNX's multi-device fields
       rank_<r>/program.json  what rank r's executor holds (`Program`, format parc.program/1)
       rank_<r>/*.onnx, weights.bin   its modules, and init.onnx with its shards
-      manifest.json          the sha256 of every file (parc.report.manifest)
+      manifest.json          the sha256 of every file (parc.plandir.manifest)
 
 The planner stamps the versions defined here and every reader accepts exactly these, so the two
 cannot disagree. Readers check what they rely on and raise a one-line PlanFormatError naming the
@@ -24,10 +25,12 @@ from typing import Any
 
 from parc.errors import PlanFormatError
 from parc.exec.taskgraph import TASKGRAPH_FILE
+from parc.plandir.manifest import MANIFEST, check_manifest, sha256_file, write_manifest
 
-__all__ = ["PLAN_FILE", "PLAN_FORMATS", "PLAN_FORMAT_ONE_MESH", "PLAN_FORMAT_PIPELINE", "PROGRAM_FILE",
-           "PROGRAM_FORMAT", "TASKGRAPH_FILE", "Program", "check_plan", "load_plan", "load_program", "plan_path",
-           "program_path", "rank_dir", "write_plan", "write_program"]
+__all__ = ["MANIFEST", "PLAN_FILE", "PLAN_FORMATS", "PLAN_FORMAT_ONE_MESH", "PLAN_FORMAT_PIPELINE",
+           "PROGRAM_FILE", "PROGRAM_FORMAT", "Program", "TASKGRAPH_FILE", "check_manifest", "check_plan",
+           "load_plan", "load_program", "plan_path", "program_path", "rank_dir", "sha256_file",
+           "write_manifest", "write_plan", "write_program"]
 
 PLAN_FILE = "plan.json"
 PROGRAM_FILE = "program.json"
