@@ -108,15 +108,13 @@ def test_load_program_names_a_missing_file(tmp_path):
     assert str(e.value).startswith(f"{tmp_path / 'rank_2' / 'program.json'}: missing")
 
 
-def test_both_plan_writers_stamp_a_version_the_readers_accept():
-    from parc.passes.pipeline.plan import FORMAT_VERSION as pipeline
-    from parc.passes.spmd.search import FORMAT_VERSION as one_mesh
-
-    assert one_mesh != pipeline and {one_mesh, pipeline} == set(PLAN_FORMATS)
+def test_check_plan_accepts_exactly_the_versions_parc_writes():
+    """What the planners write is tested where they plan (tests/exec, tests/report); here the
+    reader: each version in PLAN_FORMATS passes, the next one is refused with the file named."""
     plan = {"mesh": {"shape": [2]}, "predicted": {"step_time_s": 1.0, "compute_s": 1.0, "comm_s": 0.0,
                                                   "memory_bytes_per_device": [1, 1], "memory_budget_bytes": 2},
             "specs": {}, "strategies": {}}
-    for version in (one_mesh, pipeline):
+    for version in PLAN_FORMATS:
         check_plan({"format_version": version, **plan})
-    with pytest.raises(PlanFormatError, match="unknown format_version 3"):
-        check_plan({"format_version": max(PLAN_FORMATS) + 1, **plan})
+    with pytest.raises(PlanFormatError, match=r"^p/plan.json: unknown format_version 3"):
+        check_plan({"format_version": max(PLAN_FORMATS) + 1, **plan}, "p/plan.json")

@@ -162,8 +162,7 @@ class Rank:
         self.free_after = self._last_uses()
         self.last_of_mb = {t.get("micro_batch"): pos for pos, t in enumerate(self.order)
                            if t.get("micro_batch") is not None}
-        self._recv_index: dict[str, tuple] = {}  # tensor -> this rank's shard of what arrives
-        self._send_index: dict[tuple, tuple] = {}  # (tensor, peer) -> the shard a sliced send cuts
+        self._shards: dict[tuple, tuple] = {}  # the shard indexes transfers cut (`_shard`)
         self._fault = _test_fault()
         self.steps = {t["id"]: Collective.from_json(t["step"]) for t in self.order if t["kind"] == "collective"}
         self._pieces: dict[tuple[str, int | None], tuple[np.ndarray, ...]] = {}  # data slices, made once
@@ -297,7 +296,8 @@ class Rank:
                     t0 = time.perf_counter()
                     x = to_host(lookup(env, t["local"], mb))
                     if "slice" in t:  # the receiver's shard of a value this rank holds whole
-                        x = np.ascontiguousarray(x[self._slice_index(t)])
+                        sl = t["slice"]
+                        x = np.ascontiguousarray(x[self._shard(sl["global"], sl["spec"], sl["mesh"], sl["coords"])])
                     pending.append(self.comm.isend(x, t["peer"], t["tag"]))
                     self.timings["comm"] += time.perf_counter() - t0
                 elif kind == "recv":
@@ -342,25 +342,19 @@ class Rank:
         """A value another stage sends: this rank's shard as it is, or the whole value, of which
         this rank keeps its shard."""
         whole = self.comm.recv(tuple(t["shape"]), helper.tensor_dtype_to_np_dtype(t["dtype"]), t["peer"], t["tag"])
-        shape = tuple(t["global"])
-        if t.get("layout", WHOLE) != WHOLE:
+        if t.get("layout", WHOLE) != WHOLE or not t["global"]:
             return self.xp.asarray(whole)
-        if not shape:
-            return self.xp.asarray(whole)
-        if t["tensor"] not in self._recv_index:  # the same for every microbatch
-            coords = (0,) + self.coords[1:] if self.micro > 1 else self.coords
-            self._recv_index[t["tensor"]] = np.ix_(*shard_index(shape, ShardSpec.parse(t["spec"]), self.model_mesh,
-                                                                coords))
-        return self.xp.asarray(np.ascontiguousarray(whole[self._recv_index[t["tensor"]]]))
+        coords = (0,) + self.coords[1:] if self.micro > 1 else self.coords
+        index = self._shard(t["global"], t["spec"], self.model_mesh, coords)
+        return self.xp.asarray(np.ascontiguousarray(whole[index]))
 
-    def _slice_index(self, t: dict) -> tuple:
-        """A send's `slice`: the receiver's shard (the same for every microbatch)."""
-        key = (t["tensor"], t["peer"])
-        if key not in self._send_index:
-            sl = t["slice"]
-            self._send_index[key] = np.ix_(*shard_index(tuple(sl["global"]), ShardSpec.parse(sl["spec"]),
-                                                        tuple(sl["mesh"]), tuple(sl["coords"])))
-        return self._send_index[key]
+    def _shard(self, shape, spec: str, mesh, coords) -> tuple:
+        """The index of the shard at `coords` of a `shape` value laid out `spec` on `mesh` (at
+        microbatch 0: the same for every microbatch); made once per transfer."""
+        key = (tuple(shape), spec, tuple(mesh), tuple(coords))
+        if key not in self._shards:
+            self._shards[key] = np.ix_(*shard_index(key[0], ShardSpec.parse(spec), key[2], key[3]))
+        return self._shards[key]
 
     @staticmethod
     def _per_micro(name: str, mb: int | None) -> np.ndarray:

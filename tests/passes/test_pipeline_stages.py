@@ -245,15 +245,23 @@ def test_explain_shows_the_stages(tmp_path):
 
 
 def test_stage_memory_is_budgeted_inside_the_search(tmp_path):
-    """A stage's search counts the microbatches of activations 1F1B keeps on it: under a budget
-    just below what the unconstrained plan's first stage needs, the search picks layouts that
-    fit instead of failing after."""
+    """A stage's search counts the microbatches of activations 1F1B keeps on it (stage 0 of 2
+    with 2 microbatches: 2): its memory is its sources plus twice what the same layouts keep
+    for one microbatch; and under a budget just below what the unconstrained plan needs, the
+    search picks layouts that fit instead of failing after."""
+    from parc.passes.spmd.costs import build
+
     path = tmp_path / "g.onnx"
     assert parc("models", "build", "gpt-tiny", "--set", "batch=8", "--train", "adamw", "-o", str(path)).returncode == 0
     g = importer.load(str(path), {})
     free = plan_pipeline(g, CLUSTER, 2, micro_batches=2, jobs=1)
-    first = free.stages[0]
-    assert first.memory_bytes == pytest.approx(first.plan.best.memory_bytes)
+    first = free.stages[0].plan.best
+    once = build(first.model.graph, first.mesh, sub_cluster(CLUSTER, 0, 2), first.model.micro)  # kept = 1
+    x = first.solution.choice
+    sources = sum(float(once.problem.mem[k][x[k]]) for k in range(len(once.sources)))
+    one = sum(float(once.problem.mem[i][x[i]]) for i in range(once.problem.n))
+    assert one > sources
+    assert free.stages[0].memory_bytes == pytest.approx(sources + 2 * (one - sources))
     budget = 0.95 * max(st.memory_bytes for st in free.stages)
     tight = plan_pipeline(g, CLUSTER, 2, micro_batches=2, jobs=1, memory_budget=budget)
     assert all(st.memory_bytes <= budget for st in tight.stages)

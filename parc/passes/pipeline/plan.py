@@ -23,7 +23,9 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 
 import numpy as np
 
@@ -43,12 +45,11 @@ from parc.passes.pipeline.stages import (
     assign_stages,
     balance,
     boundaries,
-    phase,
     stage_graph,
     uniform_stages,
 )
 from parc.passes.spmd.costs import CostModel, Micro, micro_layout, renamed, structure_key, warm_strategies
-from parc.passes.spmd.search import Plan, plan_graph
+from parc.passes.spmd.search import Plan, optimizer_time, plan_graph
 from parc.plandir import PLAN_FORMAT_PIPELINE as FORMAT_VERSION
 from parc.sharding import ShardSpec
 from parc.sharding.layout import local_shape
@@ -143,7 +144,7 @@ class PipelinePlan:
                 "forward_s": float(self.assignment.fwd_cost[st.index]),
                 "backward_s": float(self.assignment.bwd_cost[st.index]),
                 "per_micro_batch_s": st.per_micro_s, "optimizer_s": st.apply_s, "send_s": st.send_s,
-                "step_time_s": st.plan.best.solution.cost - _arrival_s(st.plan),
+                "step_time_s": st.plan.best.solution.cost - _received_s(st.plan.best.model, st.plan.best.solution.choice),
                 "memory_bytes_per_device": st.memory_bytes, "parameters": st.params,
                 "solver": {"status": st.plan.best.solution.status, "gap": st.plan.best.solution.gap},
             } for st in self.stages],
@@ -280,7 +281,6 @@ def _plan_at(graph: Graph, cluster: Cluster, stages: int, m: int, a: StageAssign
              hints: Hints | None, given: bool) -> PipelinePlan:
     """The pipelined plan with the stages `a` and `m` microbatches (`given`: the user's count,
     which must microbatch the graph; otherwise a graph that cannot be is planned whole)."""
-    n = cluster.num_devices
     micro: Micro | None = None
     if m > 1:
         try:
@@ -290,37 +290,63 @@ def _plan_at(graph: Graph, cluster: Cluster, stages: int, m: int, a: StageAssign
                 raise
             log.warning("%s; the pipeline runs the batch whole (1 microbatch)", e)
             m = 1
-    group = n // stages
-    ranks = [tuple(range(s * group, (s + 1) * group)) for s in range(stages)]
     plans = []
-    searched: dict[tuple, Plan] = {}  # structure_key -> a stage's plan (equal stages are searched once)
-    for s in range(stages):
-        g = stage_graph(graph, a, s, crossing)
-        positions = a.nodes_of(s)
-        sub = sub_cluster(cluster, s * group, group)
-        stage_micro = micro.restricted(g, positions) if micro is not None else None
-        arrivals = _arrivals(cluster, crossing, ranks, s)
-        kept = min(stages - s, m)  # microbatches of activations 1F1B keeps alive on stage s
-        key = (structure_key(g, stage_micro, arrivals), repr(sub.to_json()), kept) if hints is None else None
+    searched: dict[tuple, Plan] = {}  # structure key -> a stage's plan (equal stages are searched once)
+    for st in _stage_inputs(graph, cluster, a, crossing, micro, m):
+        key = st.key if hints is None else None  # hints match names: no reuse
         if key is not None and key in searched:
-            p = _reused(searched[key], g, stage_micro)
+            p = _reused(searched[key], st.graph, st.micro)
         else:
-            for mesh in enumerate_meshes(sub, max_dims=max_mesh_dims):  # the searches' workers inherit them
-                warm_strategies(g, mesh, sub, stage_micro)
+            for mesh in enumerate_meshes(st.cluster, max_dims=max_mesh_dims):  # the searches' workers inherit them
+                warm_strategies(st.graph, mesh, st.cluster, st.micro)
             try:
-                p = plan_graph(g, sub, level=level, memory_budget=budget, time_limit=time_limit, jobs=jobs,
-                               micro_batches=m, micro=stage_micro, with_baselines=False,
-                               max_mesh_dims=max_mesh_dims, hints=_stage_hints(hints, g), arrivals=arrivals,
-                               kept=kept)
+                p = plan_graph(st.graph, st.cluster, level=level, memory_budget=budget, time_limit=time_limit,
+                               jobs=jobs, micro_batches=m, micro=st.micro, with_baselines=False,
+                               max_mesh_dims=max_mesh_dims, hints=_stage_hints(hints, st.graph),
+                               arrivals=st.arrivals, kept=st.kept)
             except InfeasiblePlanError as e:
-                raise InfeasiblePlanError(f"pipeline stage {s} of {stages} ({len(positions)} nodes, {kept} "
-                                          f"microbatches of activations kept by 1F1B): {e}") from None
+                raise InfeasiblePlanError(f"pipeline stage {st.index} of {a.count} ({len(st.positions)} "
+                                          f"nodes, {st.kept} microbatches of activations kept by 1F1B): {e}") from None
             if key is not None:
                 searched[key] = p
-        plans.append(StagePlan(s, ranks[s], g, positions, p))
+        plans.append(StagePlan(st.index, st.ranks, st.graph, st.positions, p))
     out = PipelinePlan(graph, cluster, a, crossing, plans, m, level, budget, micro=micro)
     _predict(out)
     return out
+
+
+@dataclass
+class _StageInput:
+    """What one stage's SPMD search (or the uniform baseline's) is given."""
+
+    index: int
+    ranks: tuple[int, ...]
+    graph: Graph
+    positions: list[int]
+    cluster: Cluster  # the stage's device group
+    micro: Micro | None  # its part of the microbatch layout
+    arrivals: dict[str, float]  # what receiving a byte of each value from another stage costs
+    kept: int  # microbatches of activations 1F1B keeps alive on it
+
+    @cached_property
+    def key(self) -> tuple:
+        """Equal keys, equal searches: the structure (names aside), the group and `kept`."""
+        return structure_key(self.graph, self.micro, self.arrivals), repr(self.cluster.to_json()), self.kept
+
+
+def _stage_inputs(graph: Graph, cluster: Cluster, a: StageAssignment, crossing: list[Boundary],
+                  micro: Micro | None, m: int) -> Iterator[_StageInput]:
+    """Each stage's subgraph, device group (stage s: devices s*N/S .. (s+1)*N/S - 1), microbatch
+    layout, arrival prices and kept microbatches."""
+    stages = a.count
+    group = cluster.num_devices // stages
+    ranks = [tuple(range(s * group, (s + 1) * group)) for s in range(stages)]
+    for s in range(stages):
+        g = stage_graph(graph, a, s, crossing)
+        positions = a.nodes_of(s)
+        yield _StageInput(s, ranks[s], g, positions, sub_cluster(cluster, s * group, group),
+                          micro.restricted(g, positions) if micro is not None else None,
+                          _arrivals(cluster, crossing, ranks, s), min(stages - s, m))
 
 
 def _reused(p: Plan, g: Graph, micro: Micro | None) -> Plan:
@@ -343,18 +369,14 @@ def _stage_hints(hints: Hints | None, g: Graph) -> Hints | None:
 def _predict(pp: PipelinePlan) -> None:
     """Per-stage times and memory, the 1F1B step and its bubble (module docstring)."""
     m, count = pp.micro_batches, len(pp.stages)
-    layouts, meshes = transfer_routes(pp), [tuple(st.plan.best.mesh.shape) for st in pp.stages]
+    routes, meshes = transfer_routes(pp), [tuple(st.plan.best.mesh.shape) for st in pp.stages]
+    pieces = _pieces(pp.micro)
     for st in pp.stages:
         best = st.plan.best
-        prob, x = best.model.problem, best.solution.choice
-        apply_s = 0.0
-        for pos, node in enumerate(st.graph.nodes):
-            if phase(node) == OPTIMIZER:
-                apply_s += float(prob.comp[best.model.node_index(pos)][x[best.model.node_index(pos)]])
-        st.apply_s = apply_s
-        st.per_micro_s = max(best.solution.cost - _arrival_s(st.plan) - apply_s, 0.0) / m
-        st.send_s = _send_time(pp.cluster, pp.crossing, [s.ranks for s in pp.stages], st.index, m, layouts, meshes,
-                               pp.micro)
+        st.apply_s = optimizer_time(best.model, best.solution.choice)
+        st.per_micro_s = max(best.solution.cost - _received_s(best.model, best.solution.choice) - st.apply_s, 0.0) / m
+        st.send_s = _send_time(pp.cluster, pp.crossing, [s.ranks for s in pp.stages], st.index, m, routes, meshes,
+                               pieces)
         st.memory_bytes = best.memory_bytes  # its search counted the microbatches 1F1B keeps (`kept`)
         st.params = int(sum(v.size for v in st.graph.input_constants if v.is_param))
         if st.memory_bytes > pp.budget:
@@ -411,21 +433,24 @@ def _routes(graph: Graph, crossing: list[Boundary], meshes: list[tuple[int, ...]
     return out
 
 
+def _pieces(micro: Micro | None) -> frozenset[str]:
+    """The values split along the microbatches (each microbatch carries its piece; any other value
+    is whole in every microbatch: a partial sum of an accumulated gradient, a replicated value)."""
+    return frozenset(name for name, spec in micro.values if isinstance(spec[0], Split)) if micro else frozenset()
+
+
 def _send_time(cluster: Cluster, crossing: list[Boundary], ranks: list[tuple[int, ...]], stage: int, m: int,
-               layouts: dict[tuple[str, int], Route], meshes: list[tuple[int, ...]], micro: Micro | None) -> float:
+               layouts: dict[tuple[str, int], Route], meshes: list[tuple[int, ...]], pieces: frozenset[str]) -> float:
     """Seconds stage `stage` spends sending one microbatch's crossing values (their `Route`s):
     every receiver gets its shard, all senders at once (shared meshes: from its peer; else from
     sender j mod |group|, in ceil(|receivers| / |senders|) rounds). Streams that leave a node
     share its NICs."""
     total = 0.0
     src = ranks[stage]
-    in_time = dict(micro.values) if micro is not None else {}
     for b in crossing:
         if b.src != stage or b.phase == OPTIMIZER:
             continue
-        # one microbatch's piece of a value split along time; all of a partial sum (a gradient
-        # accumulated over the microbatches) or a replicated value in every microbatch
-        piece = m if b.name in in_time and isinstance(in_time[b.name][0], Split) else 1
+        piece = m if b.name in pieces else 1  # `_pieces`
         whole = int(np.prod(b.shape)) * _itemsize(b.dtype) / piece
         for d in b.dst:
             route, dst = layouts[b.name, d], ranks[d]
@@ -456,12 +481,7 @@ def _arrivals(cluster: Cluster, crossing: list[Boundary], ranks: list[tuple[int,
             for b in crossing if stage in b.dst}
 
 
-def _arrival_s(plan: Plan) -> float:
-    """What the search's `arrivals` added to a stage plan's cost."""
-    return _received_s(plan.best.model, plan.best.solution.choice)
-
-
-def _received_s(model, choice) -> float:
+def _received_s(model: CostModel, choice) -> float:
     """The `arrivals` part of a solution's cost: its sources' (received values') costs."""
     return float(sum(model.problem.comp[k][choice[k]] for k in range(len(model.sources))))
 
@@ -478,42 +498,33 @@ def pipeline_uniform(pp: PipelinePlan, time_limit: float = 60.0, max_mesh_dims: 
     options = SearchOptions(ilp=IlpOptions(time_limit=time_limit))
     a = uniform_stages(graph, cluster, stages)
     crossing = boundaries(graph, a)
-    group = cluster.num_devices // stages
-    ranks = [tuple(range(s * group, (s + 1) * group)) for s in range(stages)]
-    per, apply_s, meshes, best_meshes = [], [], [], []
-    solved: dict[tuple, tuple[dict, CostModel] | None] = {}  # structure_key -> the recipe's best (as plan_pipeline)
-    for s in range(stages):
-        g = stage_graph(graph, a, s, crossing)
-        sub = sub_cluster(cluster, s * group, group)
-        stage_micro = pp.micro.restricted(g, a.nodes_of(s)) if pp.micro is not None else None
-        arrivals = _arrivals(cluster, crossing, ranks, s)
-        key = (structure_key(g, stage_micro, arrivals), repr(sub.to_json()), min(stages - s, m))
-        if key not in solved:
+    inputs = list(_stage_inputs(graph, cluster, a, crossing, pp.micro, m))
+    chosen: list[tuple[dict, CostModel]] = []  # per stage: the recipe's best record and its model
+    solved: dict[tuple, tuple[dict, CostModel] | None] = {}  # as plan_pipeline: equal stages once
+    for st in inputs:
+        if st.key not in solved:
             best = None
-            for mesh in enumerate_meshes(sub, max_dims=max_mesh_dims):
+            for mesh in enumerate_meshes(st.cluster, max_dims=max_mesh_dims):
                 if mesh.ndim == 2 and mesh.shape[1] not in (2, 4, 8) or mesh.ndim > 2:
                     continue
-                model = build(g, mesh, sub, stage_micro, arrivals=arrivals, kept=min(stages - s, m))
+                model = build(st.graph, mesh, st.cluster, st.micro, arrivals=st.arrivals, kept=st.kept)
                 r = (flat_baseline("data-parallel", model, budget, options, keep_choice=True) if mesh.ndim == 1
                      else megatron_baseline(model, budget, options, keep_choice=True))
                 if r.get("feasible") and (best is None or r["step_time_s"] < best[0]["step_time_s"]):
                     best = (r, model)
-            solved[key] = best
-        best = solved[key]
-        if best is None:
+            solved[st.key] = best
+        if solved[st.key] is None:
             return {"step_time_s": None, "memory_bytes_per_device": None, "feasible": False, "stages": stages}
-        r, model = best
-        best_meshes.append((r, model if model.graph is g else renamed(model, g, stage_micro)))
-    models = [model for _, model in best_meshes]
-    meshes = [tuple(model.mesh.shape[1 if model.micro is not None else 0:]) for model in models]
+        r, model = solved[st.key]  # type: ignore[misc]
+        chosen.append((r, model if model.graph is st.graph else renamed(model, st.graph, st.micro)))
+    ranks = [st.ranks for st in inputs]
+    meshes = [tuple(model.mesh.shape[1 if model.micro is not None else 0:]) for _, model in chosen]
     specs = [{v.name: model.source_specs[k][r["choice"][k]] for k, v in enumerate(model.sources)}
-             for r, model in best_meshes]
-    layouts = _routes(graph, crossing, meshes, specs, m > 1)
-    for s, (r, model) in enumerate(best_meshes):
-        per.append(max(r["step_time_s"] - _received_s(model, r["choice"]) - r["optimizer_s"], 0.0) / m
-                   + _send_time(cluster, crossing, ranks, s, m, layouts, meshes, pp.micro))
-        apply_s.append(r["optimizer_s"])
-    meshes = [list(x) for x in meshes]
+             for r, model in chosen]
+    routes, pieces = _routes(graph, crossing, meshes, specs, m > 1), _pieces(pp.micro)
+    per = [max(r["step_time_s"] - _received_s(model, r["choice"]) - r["optimizer_s"], 0.0) / m
+           + _send_time(cluster, crossing, ranks, s, m, routes, meshes, pieces) for s, (r, model) in enumerate(chosen)]
+    apply_s = [r["optimizer_s"] for r, _ in chosen]
     step, bubble = one_f_one_b_time(per, apply_s, m)
     return {"step_time_s": step, "feasible": True, "stages": stages, "micro_batches": m, "bubble_s": bubble,
-            "stage_meshes": meshes, "memory_bytes_per_device": None}
+            "stage_meshes": [list(x) for x in meshes], "memory_bytes_per_device": None}

@@ -200,18 +200,13 @@ def build(graph: Graph, mesh: Mesh | None, cluster: Cluster, micro: Micro | None
     shape = mesh.shape
     strategies = _strategies(graph, shape, micro)
 
-    # Sources: anything a node reads that no node produces.
-    sources: list[Value] = []
-    seen: set[int] = set()
+    sources = sources_of(graph)
     wanted: dict[int, list[tuple[int, int]]] = {}  # source -> (id of a consumer's list, input)
     wanted_specs: dict[int, list[ShardSpec]] = {}
     for n, strats in zip(graph.nodes, strategies):
         for i, v in enumerate(n.inputs):
             if v is None or v.producer is not None:
                 continue
-            if id(v) not in seen:
-                seen.add(id(v))
-                sources.append(v)
             if (id(strats), i) not in wanted.setdefault(id(v), []):
                 wanted[id(v)].append((id(strats), i))
                 wanted_specs.setdefault(id(v), []).extend(s.inputs[i] for s in strats if s.inputs[i] is not None)
@@ -287,6 +282,16 @@ def build(graph: Graph, mesh: Mesh | None, cluster: Cluster, micro: Micro | None
     return CostModel(graph, mesh, sources, source_specs, strategies, problem, micro)
 
 
+def sources_of(graph: Graph) -> list[Value]:
+    """A cost model's sources: what a node reads that no node produces, in first-read order."""
+    seen: dict[int, Value] = {}
+    for n in graph.nodes:
+        for v in n.inputs:
+            if v is not None and v.producer is None:
+                seen.setdefault(id(v), v)
+    return list(seen.values())
+
+
 def structure_key(graph: Graph, micro: Micro | None = None, arrivals: Mapping[str, float] | None = None) -> tuple:
     """What `build` depends on, with the names left out: two graphs with equal keys (a deep
     model's middle pipeline stages) get the same strategies, costs and Problem on a mesh, up
@@ -329,12 +334,7 @@ def renamed(model: CostModel, graph: Graph, micro: Micro | None = None) -> CostM
     """`model` for `graph`, whose `structure_key` equals that of `model.graph`."""
     from dataclasses import replace
 
-    sources, seen = [], set()
-    for n in graph.nodes:
-        for v in n.inputs:
-            if v is not None and v.producer is None and id(v) not in seen:
-                seen.add(id(v))
-                sources.append(v)
+    sources = sources_of(graph)
     names = tuple([f"source:{v.name}" for v in sources] + [n.name for n in graph.nodes])
     return CostModel(graph, model.mesh, sources, model.source_specs, model.strategies,
                      replace(model.problem, names=names), micro)
