@@ -38,6 +38,7 @@ class MpiComm:
     comm: object = None
     timeout: float = DEFAULT_TIMEOUT
     _axes: dict = field(default_factory=dict, repr=False)
+    device_buffers = False  # takes host (NumPy) arrays
 
     def __post_init__(self) -> None:
         from mpi4py import MPI
@@ -161,6 +162,10 @@ class MpiComm:
 
     def send(self, x: np.ndarray, peer: int, tag: int = 0) -> None:
         self._wait(self.comm.Isend(np.asarray(x, order="C"), dest=peer, tag=tag), f"send to rank {peer}")
+
+    def open_links(self, pairs) -> None:
+        """Nothing to make: MPI matches a transfer by its peer and tag (NcclComm makes one
+        communicator per direction here)."""
 
     def isend(self, x: np.ndarray, peer: int, tag: int = 0):
         """Start sending x to `peer`; `wait_sends` completes it (the buffer is kept until then)."""

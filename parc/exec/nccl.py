@@ -5,8 +5,10 @@ draws the NCCL unique id and broadcasts it over MPI (Rhino 6.3's distributed ini
 `for_axis` does the same per mesh axis, once, and caches it. Operations take and return CuPy
 arrays on the current device and run on the communicator's own CUDA stream; each waits for its
 stream with a deadline (an event polled until `timeout`), and a peer that never joins aborts the
-NCCL communicator and raises CommTimeout, as MpiComm does. The interface is MpiComm's, so the
-executor does not care which one it holds.
+NCCL communicator and raises CommTimeout, as MpiComm does. Pipeline transfers go over NCCL too,
+device to device, each direction between two ranks on its own link (`open_links`). The interface
+is MpiComm's, so the executor does not care which one it holds (`device_buffers` says whether it
+takes device arrays).
 """
 
 from __future__ import annotations
@@ -22,10 +24,13 @@ _TYPES = {"float32": "NCCL_FLOAT32", "float64": "NCCL_FLOAT64", "float16": "NCCL
           "int32": "NCCL_INT32", "int64": "NCCL_INT64", "uint8": "NCCL_UINT8", "int8": "NCCL_INT8",
           "bool": "NCCL_UINT8"}
 _OPS = {"sum": "NCCL_SUM", "max": "NCCL_MAX", "min": "NCCL_MIN"}
+_LINK_TAG = 32000  # the MPI tag of a link's NCCL id (MPI carries no pipeline transfer on a GPU run)
 
 
 class NcclComm:
     """One NCCL communicator over the ranks of `mpi` (see the module docstring)."""
+
+    device_buffers = True
 
     def __init__(self, mpi, timeout: float = DEFAULT_TIMEOUT) -> None:
         import cupy
@@ -37,6 +42,7 @@ class NcclComm:
         self.comm = nccl.NcclCommunicator(mpi.size, uid, mpi.rank)
         self.stream = cupy.cuda.Stream(non_blocking=True)
         self._axes: dict = {}
+        self._links: dict[tuple[int, int], tuple] = {}  # (sender, receiver) -> (communicator, stream)
 
     @property
     def rank(self) -> int:
@@ -58,16 +64,52 @@ class NcclComm:
             self._axes[key] = NcclComm(self.mpi.for_ranks(ranks), self.timeout)
         return self._axes[key]
 
-    # Pipeline transfers go over MPI from host buffers (the runner hands host arrays over and
-    # uploads what it receives); NCCL's own send/recv would need the peers' calls grouped.
+    # -- pipeline transfers ---------------------------------------------------------------------
+    # Each direction between two ranks has its own two-rank NCCL communicator and CUDA stream (a
+    # link): a send waiting for its receiver never holds up a receive from the same peer, which
+    # 1F1B needs (stage s sends microbatch k+1's activation before it receives k's gradient;
+    # stage s+1 sends that gradient before it receives the activation). NCCL matches sends with
+    # receives by position, not tag; the task graph's loader refuses orders in which the two
+    # sides of a link disagree (`parc.exec.taskgraph`).
+    def open_links(self, pairs) -> None:
+        """Make the links of `pairs` ((sender, receiver) ranks, this rank one of the two). Every
+        rank makes its links in one global order (sorted), so the first link not yet made has
+        both its ranks at it, and making them cannot deadlock."""
+        for src, dst in sorted(set(pairs)):
+            if (src, dst) in self._links:
+                continue
+            if self.rank == src:
+                uid = self.nccl.get_unique_id()
+                self.mpi.comm.send(uid, dest=dst, tag=_LINK_TAG)
+            else:
+                uid = self.mpi.comm.recv(source=src, tag=_LINK_TAG)
+            link = self.nccl.NcclCommunicator(2, uid, 0 if self.rank == src else 1)
+            self._links[src, dst] = (link, self.cp.cuda.Stream(non_blocking=True))
+
+    def _link(self, src: int, dst: int):
+        if (src, dst) not in self._links:
+            raise ParcError(f"rank {self.rank}: no NCCL link from rank {src} to rank {dst} (open_links makes them)")
+        return self._links[src, dst]
+
     def isend(self, x, peer: int, tag: int = 0):
-        return self.mpi.isend(x, peer, tag)
+        """Start sending x (a device array) to `peer`; `wait_sends` completes it (x is kept
+        until then). `tag` is for MpiComm's interface: NCCL matches by order."""
+        link, stream = self._link(self.rank, peer)
+        x = self._ready(x, stream)
+        link.send(x.data.ptr, x.size, self._type(x), 1, stream.ptr)
+        return (stream.record(), x, peer, link)
 
     def wait_sends(self, pending: list) -> None:
-        self.mpi.wait_sends(pending)
+        for event, _x, peer, link in pending:
+            self._until(event, link, f"send to rank {peer}")
 
     def recv(self, shape, dtype, peer: int, tag: int = 0):
-        return self.mpi.recv(shape, dtype, peer, tag)
+        """A device array of `shape` from `peer`'s next send to this rank."""
+        link, stream = self._link(peer, self.rank)
+        out = self.cp.empty(tuple(shape), dtype=dtype)
+        link.recv(out.data.ptr, out.size, self._type(out), 0, stream.ptr)
+        self._until(stream.record(), link, f"recv from rank {peer}")
+        return out
 
     # -- plumbing -------------------------------------------------------------------------------
     def _type(self, x) -> int:
@@ -83,19 +125,23 @@ class NcclComm:
 
     def _wait(self, what: str) -> None:
         """The stream's work so far, done within the deadline (else abort and CommTimeout)."""
-        event = self.stream.record()
+        self._until(self.stream.record(), self.comm, what)
+
+    def _until(self, event, comm, what: str) -> None:
+        """Poll `event` until done; past the deadline, abort `comm` and raise CommTimeout."""
         deadline = time.monotonic() + self.timeout
         while not event.done:
             if time.monotonic() > deadline:
-                self.comm.abort()
+                comm.abort()
                 raise CommTimeout(f"rank {self.rank}: NCCL {what} did not complete within {self.timeout:g} s "
                                   f"(a peer may have died)")
             time.sleep(1e-5)
 
-    def _ready(self, x):
-        """x, contiguous, with the compute stream's writes to it visible to the comm stream."""
+    def _ready(self, x, stream=None):
+        """x, contiguous, with the compute stream's writes to it visible to `stream` (the
+        communicator's own by default)."""
         x = self.cp.ascontiguousarray(x) if x.ndim else self.cp.asarray(x).copy()
-        self.stream.wait_event(self.cp.cuda.get_current_stream().record())
+        (stream or self.stream).wait_event(self.cp.cuda.get_current_stream().record())
         return x
 
     # -- collectives ----------------------------------------------------------------------------
@@ -159,6 +205,8 @@ class NcclComm:
 
     def abort(self, code: int = 1) -> None:
         try:
+            for link, _stream in self._links.values():
+                link.abort()
             self.comm.abort()
         finally:
             self.mpi.abort(code)

@@ -158,6 +158,8 @@ class Rank:
         for t in self.order:  # every communicator before the first step (Rhino 6.3)
             if t["kind"] == "collective" and len(t["group"]) > 1:
                 self.comm.for_ranks(tuple(t["group"]))
+        self.comm.open_links([(rank, t["peer"]) if t["kind"] == "send" else (t["peer"], rank)
+                              for t in self.order if t["kind"] in ("send", "recv")])
         self.timings = {"compute": 0.0, "comm": 0.0}
         self.free_after = self._last_uses()
         self.last_of_mb = {t.get("micro_batch"): pos for pos, t in enumerate(self.order)
@@ -294,10 +296,12 @@ class Rank:
                     self.timings["comm"] += time.perf_counter() - t0
                 elif kind == "send":
                     t0 = time.perf_counter()
-                    x = to_host(lookup(env, t["local"], mb))
+                    x = lookup(env, t["local"], mb)
+                    if not self.comm.device_buffers:
+                        x = to_host(x)
                     if "slice" in t:  # the receiver's shard of a value this rank holds whole
                         sl = t["slice"]
-                        x = np.ascontiguousarray(x[self._shard(sl["global"], sl["spec"], sl["mesh"], sl["coords"])])
+                        x = x[self._shard(sl["global"], sl["spec"], sl["mesh"], sl["coords"], x)]
                     pending.append(self.comm.isend(x, t["peer"], t["tag"]))
                     self.timings["comm"] += time.perf_counter() - t0
                 elif kind == "recv":
@@ -345,15 +349,21 @@ class Rank:
         if t.get("layout", WHOLE) != WHOLE or not t["global"]:
             return self.xp.asarray(whole)
         coords = (0,) + self.coords[1:] if self.micro > 1 else self.coords
-        index = self._shard(t["global"], t["spec"], self.model_mesh, coords)
-        return self.xp.asarray(np.ascontiguousarray(whole[index]))
+        return self.xp.asarray(whole[self._shard(t["global"], t["spec"], self.model_mesh, coords, whole)])
 
-    def _shard(self, shape, spec: str, mesh, coords) -> tuple:
-        """The index of the shard at `coords` of a `shape` value laid out `spec` on `mesh` (at
-        microbatch 0: the same for every microbatch); made once per transfer."""
-        key = (tuple(shape), spec, tuple(mesh), tuple(coords))
+    def _shard(self, shape, spec: str, mesh, coords, like) -> tuple:
+        """The index (a fresh contiguous array when applied) of the shard at `coords` of a
+        `shape` value laid out `spec` on `mesh` (at microbatch 0: the same for every
+        microbatch), its index arrays where `like` is (host or device); made once per transfer."""
+        device = not isinstance(like, np.ndarray)
+        key = (tuple(shape), spec, tuple(mesh), tuple(coords), device)
         if key not in self._shards:
-            self._shards[key] = np.ix_(*shard_index(key[0], ShardSpec.parse(spec), key[2], key[3]))
+            index = np.ix_(*shard_index(key[0], ShardSpec.parse(spec), key[2], key[3]))
+            if device:
+                import cupy
+
+                index = tuple(cupy.asarray(i) for i in index)
+            self._shards[key] = index
         return self._shards[key]
 
     @staticmethod

@@ -22,7 +22,7 @@ Kinds and their fields (all tasks may carry `stage`, `micro_batch`, `phase`):
 range, edges between known tasks and acyclic, sends paired with receives, and each rank's order
 listing exactly the tasks it takes part in; then it runs the orders against the edges (every rank
 in its own order, a collective only when its whole group has reached it) and refuses orders that
-deadlock. Errors are one-line PlanFormatErrors.
+deadlock, or whose transfers between two ranks come in different orders on the two sides. Errors are one-line PlanFormatErrors.
 """
 
 from __future__ import annotations
@@ -132,6 +132,7 @@ def check_taskgraph(doc: Any, where: str = TASKGRAPH_FILE) -> TaskGraph:
     _check_pairs(tasks, fail)
     order = _check_order(doc.get("order"), tasks, ranks, fail)
     _check_runs(tasks, edges, order, fail)
+    _check_p2p_order(tasks, order, fail)
     mesh = doc.get("mesh", [])
     if not (isinstance(mesh, list) and all(isinstance(n, int) and n >= 1 for n in mesh)
             and (not mesh or int(np.prod(mesh)) == ranks)):
@@ -166,6 +167,27 @@ def _check_pairs(tasks, fail) -> None:
         side = "send" if (src, dst, tensor, mb) in sends else "recv"
         raise fail(f"{side} of {tensor!r} (micro-batch {mb}) from rank {src} to rank {dst} has no matching "
                    f"{'recv' if side == 'send' else 'send'}")
+
+
+def _check_p2p_order(tasks, order, fail) -> None:
+    """Between two ranks, the sender's sends come in the order the receiver's receives do: a
+    transport without tags (NCCL's send/recv) matches them by position alone."""
+    seqs: dict[tuple[str, int, int], list] = {}
+    for r, ids in order.items():
+        for tid in ids:
+            t = tasks[tid]
+            if t["kind"] in ("send", "recv"):
+                pair = (r, t["peer"]) if t["kind"] == "send" else (t["peer"], r)
+                seqs.setdefault((t["kind"], *pair), []).append((t["tensor"], t.get("micro_batch")))
+    for (kind, src, dst), sent in sorted(seqs.items()):
+        if kind != "send":
+            continue
+        got = seqs.get(("recv", src, dst), [])
+        for k, (a, b) in enumerate(zip(sent, got)):
+            if a != b:
+                raise fail(f"rank {src} sends {a[0]!r} (micro-batch {a[1]}) to rank {dst} as its transfer {k}, "
+                           f"but rank {dst} receives {b[0]!r} (micro-batch {b[1]}) there: transfers between "
+                           f"two ranks must come in the same order on both")
 
 
 def _check_order(order, tasks, ranks, fail) -> dict[int, tuple[str, ...]]:

@@ -5,6 +5,7 @@ start-up); `parc run` and `parc verify` use MPI.
 
 from __future__ import annotations
 
+import queue
 import threading
 from collections.abc import Sequence
 from pathlib import Path
@@ -22,7 +23,12 @@ class _World:
         self.barrier = threading.Barrier(size, timeout=timeout)
         self.slots: list = [None] * size
         self.subs: dict = {}
+        self.links: dict[tuple[int, int], queue.Queue] = {}
         self.lock = threading.Lock()
+
+    def link(self, src: int, dst: int) -> queue.Queue:
+        with self.lock:
+            return self.links.setdefault((src, dst), queue.Queue())
 
     def sub(self, key, size: int) -> _World:
         with self.lock:
@@ -32,7 +38,10 @@ class _World:
 
 
 class ThreadComm:
-    """MpiComm's interface among threads (see parc/exec/comm.py)."""
+    """MpiComm's interface among threads (see parc/exec/comm.py). Pipeline transfers go as
+    NcclComm's do: one FIFO link per direction between two ranks, matched by order, not tag."""
+
+    device_buffers = False
 
     def __init__(self, world: _World, rank: int) -> None:
         self.world = world
@@ -79,6 +88,28 @@ class ThreadComm:
     def gather_parts(self, x: np.ndarray) -> list[np.ndarray]:
         return self._exchange(np.asarray(x), "gather_parts")
 
+    def open_links(self, pairs) -> None:
+        for src, dst in pairs:
+            self.world.link(src, dst)
+
+    def isend(self, x: np.ndarray, peer: int, tag: int = 0):
+        self.world.link(self.rank, peer).put(np.array(x, copy=True))
+        return None
+
+    def wait_sends(self, pending: list) -> None:
+        """Nothing to wait for: a link holds what was sent until it is received."""
+
+    def recv(self, shape: tuple[int, ...], dtype, peer: int, tag: int = 0) -> np.ndarray:
+        try:
+            x = self.world.link(peer, self.rank).get(timeout=self.world.timeout)
+        except queue.Empty:
+            raise CommTimeout(f"rank {self.rank}: recv from rank {peer} did not complete within "
+                              f"{self.world.timeout:g} s") from None
+        if x.shape != tuple(shape) or x.dtype != np.dtype(dtype):
+            raise CommTimeout(f"rank {self.rank}: recv from rank {peer} expected {tuple(shape)} {np.dtype(dtype)}, "
+                              f"got {x.shape} {x.dtype} (the two sides' transfer orders differ)")
+        return x
+
     def barrier(self) -> None:
         self._wait("barrier")
 
@@ -88,8 +119,9 @@ class ThreadComm:
 
 def run_threads(plan_dir: str | Path, batches: Sequence[dict], engine: str = "ort",
                 timeout: float = 60.0) -> tuple[list[dict], list[dict]]:
-    """Run every rank of the plan as a thread for len(batches) steps: (rank 0's outputs per
-    step, each rank's final resident state)."""
+    """Run every rank of the plan as a thread for len(batches) steps: (the outputs per step,
+    each from the lowest rank that has it (a pipeline's loss is on its last stage), each rank's
+    final resident state)."""
     from parc.exec.runner import Rank
     from parc.exec.taskgraph import TASKGRAPH_FILE, load_taskgraph
 
@@ -118,4 +150,6 @@ def run_threads(plan_dir: str | Path, batches: Sequence[dict], engine: str = "or
     if errors:
         first = next((e for e in errors if not isinstance(e, CommTimeout)), errors[0])
         raise first
-    return outputs[0], states
+    merged = [{k: v for r in reversed(range(ranks)) for k, v in outputs[r][step].items()}
+              for step in range(len(batches))]
+    return merged, states

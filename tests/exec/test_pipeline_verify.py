@@ -222,3 +222,34 @@ def test_stages_on_different_meshes_send_each_receiver_its_shard(work, tmp_path)
     write_manifest(bad)
     res = parc("verify", str(bad), "--steps", "2", timeout=300)
     assert res.returncode == 1, res.stdout + res.stderr
+
+
+@pytest.mark.parametrize("args", [["--pipeline", "2"], ["--pipeline", "4", "--micro-batches", "2"]])
+def test_transfers_matched_by_order_alone_give_the_source_loss(work, args, monkeypatch):
+    """NcclComm's links carry no tags: a receive gets the next send of its peer. The in-process
+    runner's links do the same (FIFO per direction), so running a pipelined plan on them checks
+    that the task graph's orders alone pair every transfer right, as they must on GPUs. Each
+    receive waits a little first, so senders run ahead and several transfers queue on a link."""
+    import time
+
+    from parc.exec.data import step_inputs, synthetic
+    from parc.exec.threads import ThreadComm, run_threads
+
+    recv = ThreadComm.recv
+
+    def late_recv(self, *a, **k):
+        time.sleep(0.02)
+        return recv(self, *a, **k)
+
+    monkeypatch.setattr(ThreadComm, "recv", late_recv)
+    from parc.exec.verify import reference_run
+    from parc.plandir import load_program
+
+    plan_dir = work / f"gpt-tiny-{'-'.join(args)}"
+    if not plan_dir.exists():
+        _plan(_step(work, "gpt-tiny"), plan_dir, *args)
+    plan = json.loads((plan_dir / "plan.json").read_text())
+    batches = [synthetic(step_inputs(load_program(plan_dir, 0)), 0, s) for s in range(2)]
+    got, _ = run_threads(plan_dir, batches, timeout=120)
+    want = reference_run(str(plan_dir), plan, 4, 2, 0)["outputs"]
+    assert [float(o["loss"]) for o in got] == pytest.approx([float(o["loss"]) for o in want], rel=1e-5)

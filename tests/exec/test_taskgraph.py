@@ -79,3 +79,22 @@ def test_a_collective_runs_only_when_its_whole_group_reaches_it():
     doc["order"]["1"] = ["ar", "a1"]
     with pytest.raises(PlanFormatError, match="deadlock"):
         check_taskgraph(doc)
+
+
+def test_transfers_between_two_ranks_must_come_in_the_same_order_on_both():
+    """NCCL's send/recv has no tags: the receiver's k-th receive from a rank gets that rank's
+    k-th send to it, so the two orders must agree."""
+    def doc(recv_order):
+        return {"format": "parc.taskgraph/1", "ranks": 2,
+                "tasks": [{"id": "a", "kind": "compute", "rank": 0, "module": "rank_0/a.onnx"},
+                          {"id": "sx", "kind": "send", "rank": 0, "peer": 1, "tensor": "x"},
+                          {"id": "sy", "kind": "send", "rank": 0, "peer": 1, "tensor": "y"},
+                          {"id": "rx", "kind": "recv", "rank": 1, "peer": 0, "tensor": "x"},
+                          {"id": "ry", "kind": "recv", "rank": 1, "peer": 0, "tensor": "y"},
+                          {"id": "b", "kind": "compute", "rank": 1, "module": "rank_1/b.onnx"}],
+                "edges": [["a", "sx"], ["a", "sy"], ["rx", "b"], ["ry", "b"]],
+                "order": {"0": ["a", "sx", "sy"], "1": [*recv_order, "b"]}}
+    assert len(check_taskgraph(doc(["rx", "ry"])).tasks) == 6
+    with pytest.raises(PlanFormatError, match=r"rank 0 sends 'x' .* to rank 1 as its transfer 0, but rank 1 "
+                                              r"receives 'y' .*same order on both"):
+        check_taskgraph(doc(["ry", "rx"]))
