@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -11,6 +10,7 @@ from parc.errors import UnboundDimError
 from parc.ir import importer
 from parc.ir.graph import Graph, Value
 from parc.ir.params import mark_params
+from parc.ir.state import FORWARD, PHASE, phase, step_state
 from parc.ops import get_rule
 from parc.ops.base import output_elements
 from parc.passes.fold_shapes import shape_dependent_values
@@ -23,9 +23,9 @@ STABLE_KEYS = ("parameters", "parameter_bytes", "flops_forward", "flops_step",
 
 def parameter_values(graph: Graph) -> list[Value]:
     """Parameters: those a training graph's parc.state names, else float initializers."""
-    state = graph.metadata.get("parc.state")
-    if state:
-        names = set(json.loads(state).get("params", []))
+    state = step_state(graph.metadata)
+    if state is not None:
+        names = set(state.params)
         return [v for v in graph.values() if v.name in names]
     return graph.params()
 
@@ -38,7 +38,7 @@ def node_flops(graph: Graph) -> tuple[int, int | None]:
         rule = get_rule(n)
         f = rule.flops(n) if rule is not None else output_elements(n)
         total += f
-        if n.meta.get("parc.phase", "forward") == "forward":
+        if phase(n) == FORWARD:
             forward += f
     return forward, (total if phased else None)
 
@@ -75,10 +75,11 @@ def inspect_graph(graph: Graph) -> dict[str, Any]:
     fwd, step = node_flops(graph)
     ops = Counter(n.op_type if not n.domain else f"{n.domain}.{n.op_type}" for n in graph.nodes)
     no_rule = sorted({n.op_type for n in graph.nodes if get_rule(n) is None})
-    phases = Counter(n.meta.get("parc.phase") for n in graph.nodes if "parc.phase" in n.meta)
+    phases = Counter(phase(n) for n in graph.nodes if PHASE in n.meta)
     names = {v.name for v in params}
     state = [v for v in graph.input_constants if v.name not in names]
-    training = "parc.state" in graph.metadata
+    record = step_state(graph.metadata)
+    training = record is not None
     return {
         "model": graph.name,
         "opset": graph.opset.get("", graph.opset.get("ai.onnx")),
@@ -92,7 +93,7 @@ def inspect_graph(graph: Graph) -> dict[str, Any]:
         "parameter_tensors": len(params),
         "gradient_bytes": sum(v.nbytes for v in params) if training else None,
         "optimizer_state_bytes": sum(v.nbytes for v in state) if training else None,
-        "optimizer": json.loads(graph.metadata["parc.state"])["optimizer"] if training else None,
+        "optimizer": record.optimizer if record is not None else None,
         "flops_forward": fwd,
         "flops_step": step,
         "activation_bytes_peak": activation_peak(graph),

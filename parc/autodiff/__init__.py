@@ -2,8 +2,6 @@
 
 from parc.autodiff.engine import differentiate
 from parc.autodiff.optimizers import OPTIMIZERS, OptimizerConfig
-from parc.autodiff.split import split_step
 from parc.autodiff.step import TrainingStep, make_training_step
 
-__all__ = ["OPTIMIZERS", "OptimizerConfig", "TrainingStep", "differentiate", "make_training_step",
-           "split_step"]
+__all__ = ["OPTIMIZERS", "OptimizerConfig", "TrainingStep", "differentiate", "make_training_step"]

@@ -8,9 +8,9 @@ from typing import Any
 import numpy as np
 
 from parc.ir.graph import Graph, Node, Value
+from parc.ir.state import PHASE
 from parc.ir.tensor import TensorData
 
-PHASE = "parc.phase"
 FORWARD_OF = "parc.forward"
 
 

@@ -8,7 +8,6 @@ which input on the next step, the parameters, their gradients, the optimizer and
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 from dataclasses import dataclass
@@ -20,11 +19,11 @@ from parc.autodiff.engine import differentiate
 from parc.autodiff.optimizers import STEP, OptimizerConfig, apply_update, bias_corrections
 from parc.errors import UsageError
 from parc.ir.graph import Graph, Value
+from parc.ir.state import STATE_KEY, StepState, write_step_state
 from parc.ir.tensor import TensorData
 from parc.passes.fold_shapes import fold_shapes
 
 log = logging.getLogger("parc.grad")
-STATE_KEY = "parc.state"
 MIN_OPSET = 16  # ScatterND with reduction="add" (embedding gradients)
 
 
@@ -135,12 +134,10 @@ def make_training_step(graph: Graph, optimizer: OptimizerConfig, *, loss: str | 
         graph.input_constants.append(step_in)
     graph.outputs = new_outputs
     fold_shapes(graph, typed=True)  # constant-only backward nodes (zeros, the loss seed's scaling)
-    record = {"bindings": bindings, "params": [p.name for p in trained],
-              "grads": {p.name: grads[p.name].name for p in trained},
-              "optimizer": optimizer.to_json(), "loss": loss_v.name,
-              "step": STEP if step_in is not None else None}
-    graph.metadata[STATE_KEY] = json.dumps(record, sort_keys=True)
-    return TrainingStep(loss_v.name, tuple(record["params"]), record["grads"], bindings)
+    record = StepState(bindings, tuple(p.name for p in trained), {p.name: grads[p.name].name for p in trained},
+                       optimizer.to_json(), loss_v.name, STEP if step_in is not None else None)
+    write_step_state(graph.metadata, record)
+    return TrainingStep(loss_v.name, record.params, dict(record.grads), bindings)
 
 
 def _rename(graph: Graph, v: Value, name: str) -> Value:

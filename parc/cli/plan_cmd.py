@@ -180,15 +180,27 @@ def plan(model: str, devices: str | None, cluster_file: str | None, level: str, 
                    f"{doc['schedule']['micro_batches']} microbatches (1F1B), predicted step "
                    f"{p['step_time_s'] * 1e3:.3f} ms (bubble {p['bubble_s'] * 1e3:.3f}), "
                    f"{max(p['memory_bytes_per_device']) / 2**30:.2f} GiB/device max; {shapes}; baselines: "
-                   + ", ".join(f"{k} {v['step_time_s'] * 1e3:.3f} ms" if v.get("step_time_s") is not None
-                               else f"{k} infeasible" for k, v in doc["baselines"].items()))
+                   + _baselines_text(doc["baselines"]))
         return
-    base = ", ".join(f"{k} {v['step_time_s'] * 1e3:.3f} ms" if v["step_time_s"] is not None else f"{k} infeasible"
-                     for k, v in doc["baselines"].items())
+    base = _baselines_text(doc["baselines"])
     click.echo(f"wrote {out / 'plan.json'}: mesh {tuple(doc['mesh']['shape'])}, predicted step "
                f"{p['step_time_s'] * 1e3:.3f} ms (compute {p['compute_s'] * 1e3:.3f}, comm "
                f"{p['comm_s'] * 1e3:.3f}), {p['memory_bytes_per_device'][0] / 2**30:.2f} GiB/device; "
                f"baselines: {base}")
+
+
+def _baselines_text(baselines: dict) -> str:
+    """Each baseline's predicted step, or why it is not an option (no layout, or over memory)."""
+    out = []
+    for k, v in baselines.items():
+        if v.get("step_time_s") is None:
+            out.append(f"{k} infeasible")
+        elif v.get("feasible") is False:
+            need = v.get("memory_bytes_per_device")
+            out.append(f"{k} infeasible (needs {need / 2**30:.2f} GiB/device)" if need else f"{k} infeasible")
+        else:
+            out.append(f"{k} {v['step_time_s'] * 1e3:.3f} ms")
+    return ", ".join(out)
 
 
 def _stages(value: str) -> int:

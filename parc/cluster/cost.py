@@ -21,38 +21,53 @@ from parc.cluster.devices import DeviceSpec
 from parc.cluster.links import LinkSpec
 from parc.cluster.mesh import Mesh
 
+# Latency steps of each ring collective over n devices, and the bytes each device sends as a
+# fraction of B (the table above): every collective's time comes from these two.
+STEPS: dict[str, Callable[[int], int]] = {
+    "all_reduce": lambda n: 2 * (n - 1), "all_gather": lambda n: n - 1, "reduce_scatter": lambda n: n - 1,
+    "all_to_all": lambda n: n - 1, "send_recv": lambda n: 1}
+_VOLUME: dict[str, Callable[[int], float]] = {
+    "all_reduce": lambda n: 2 * (n - 1) / n, "all_gather": lambda n: (n - 1) / n,
+    "reduce_scatter": lambda n: (n - 1) / n, "all_to_all": lambda n: (n - 1) / n**2, "send_recv": lambda n: 1.0}
+
+
+def ring_time(kind: str, link: LinkSpec, n: int, bytes_per_device: float, latency_share: float = 1.0) -> float:
+    """steps(n) * alpha * latency_share + bytes_per_device / beta: a collective whose per-device
+    volume is already known (`parc.sharding.reshard` gives it, exact for uneven splits).
+    `latency_share` < 1: the collective is fused with others (gradient buckets) and pays that
+    share of one collective's latency."""
+    return STEPS[kind](n) * link.latency * latency_share + bytes_per_device / link.bandwidth
+
+
+def _ring(kind: str, link: LinkSpec, n: int, nbytes: float) -> float:
+    if n <= 1 and kind != "send_recv":
+        return 0.0
+    return ring_time(kind, link, n, _VOLUME[kind](n) * nbytes)
+
 
 def all_reduce_time(link: LinkSpec, n: int, nbytes: float) -> float:
     """Ring all-reduce of a B-byte tensor held by each of n devices."""
-    if n <= 1:
-        return 0.0
-    return 2 * (n - 1) * link.latency + 2 * (n - 1) / n * nbytes / link.bandwidth
+    return _ring("all_reduce", link, n, nbytes)
 
 
 def all_gather_time(link: LinkSpec, n: int, nbytes: float) -> float:
     """Ring all-gather into a B-byte tensor (each device holds B/n)."""
-    if n <= 1:
-        return 0.0
-    return (n - 1) * link.latency + (n - 1) / n * nbytes / link.bandwidth
+    return _ring("all_gather", link, n, nbytes)
 
 
 def reduce_scatter_time(link: LinkSpec, n: int, nbytes: float) -> float:
     """Ring reduce-scatter of a B-byte tensor (each device ends with B/n)."""
-    if n <= 1:
-        return 0.0
-    return (n - 1) * link.latency + (n - 1) / n * nbytes / link.bandwidth
+    return _ring("reduce_scatter", link, n, nbytes)
 
 
 def all_to_all_time(link: LinkSpec, n: int, nbytes: float) -> float:
     """All-to-all of a B-byte tensor split over n devices: each sends (n-1)/n of its B/n."""
-    if n <= 1:
-        return 0.0
-    return (n - 1) * link.latency + (n - 1) / n**2 * nbytes / link.bandwidth
+    return _ring("all_to_all", link, n, nbytes)
 
 
 def send_recv_time(link: LinkSpec, n: int, nbytes: float) -> float:
     """One point-to-point message of B bytes (n is ignored: a pair)."""
-    return link.latency + nbytes / link.bandwidth
+    return _ring("send_recv", link, n, nbytes)
 
 
 COLLECTIVES: dict[str, Callable[[LinkSpec, int, float], float]] = {

@@ -11,7 +11,6 @@ gathered from the ranks' shards.
 from __future__ import annotations
 
 import hashlib
-import json
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +19,7 @@ from onnx import numpy_helper
 
 from parc.errors import UsageError
 from parc.exec.data import NpzData, step_inputs, synthetic
+from parc.ir.state import StepState, step_state
 from parc.plandir import load_program
 
 
@@ -73,8 +73,8 @@ def reference_run(plan_dir: str, plan: dict, ranks: int, steps: int, seed: int, 
         outputs.append({k: v for k, v in got.items() if k not in binds})
         for out, inp in binds.items():
             state[inp] = got[out]
-    record = {p.key: p.value for p in model.metadata_props}.get("parc.state")
-    adam = _adam_bounds(json.loads(record), state, steps) if record else {}
+    record = step_state({p.key: p.value for p in model.metadata_props})
+    adam = _adam_bounds(record, state, steps) if record is not None else {}
     return {"outputs": outputs, "state": {k: state[k] for k in binds.values()}, "bounds": adam}
 
 
@@ -83,18 +83,18 @@ def reference_run(plan_dir: str, plan: dict, ranks: int, steps: int, seed: int, 
 ROUNDOFF_GRADIENT = 1e-4
 
 
-def _adam_bounds(record: dict, state: dict, steps: int) -> dict[str, np.ndarray]:
+def _adam_bounds(record: StepState, state: dict, steps: int) -> dict[str, np.ndarray]:
     """Per parameter trained by Adam(W), the extra error each element may show: Adam divides the
     first moment by the root of the second, so a gradient at round-off level still moves its
     element by up to about lr a step, in a direction the round-off decides. Where the reference's
     second moment says the gradient was at round-off level (ROUNDOFF_GRADIENT of its tensor's
     largest), the element may differ by 2 * lr * steps; everywhere else the plain tolerance holds,
     and the moments themselves are always compared plainly."""
-    opt = record.get("optimizer") or {}
+    opt = record.optimizer or {}
     if opt.get("name") not in ("adam", "adamw"):
         return {}
     out = {}
-    for p in record.get("params", []):
+    for p in record.params:
         v = state.get(f"{p}.exp_avg_sq")
         if v is None or not np.size(v):
             continue

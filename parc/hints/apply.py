@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import difflib
 import itertools
-import json
 import logging
 import math
 from collections import defaultdict
@@ -35,6 +34,7 @@ from collections.abc import Iterable
 from parc.errors import ParcError, UsageError
 from parc.hints.file import Hints, Pin, Scope
 from parc.ir.graph import Graph, Node, Value
+from parc.ir.state import FORWARD, phase, step_state
 from parc.passes.spmd.costs import CostModel
 from parc.passes.spmd.strategies import Strategy
 from parc.sharding import Replicated, ShardSpec, ShardSpecError, Split
@@ -59,9 +59,9 @@ class PinDivisionError(IneligibleMeshError, UsageError):
 
 def param_names(graph: Graph) -> set[str]:
     """The trained parameters: a training step lists them in `parc.state`, else `is_param`."""
-    state = graph.metadata.get("parc.state")
-    if state:
-        return set(json.loads(state).get("params", []))
+    state = step_state(graph.metadata)
+    if state is not None:
+        return set(state.params)
     return {v.name for v in graph.constants.values() if v.is_param}
 
 
@@ -69,7 +69,7 @@ def scope_names(graph: Graph) -> list[str]:
     """Per node (graph order), the name its scope is matched on (see the module docstring)."""
     owner: dict[str, str] = {}  # parameter -> first forward node reading it
     for n in graph.nodes:
-        if n.meta.get("parc.phase", "forward") != "forward":
+        if phase(n) != FORWARD:
             continue
         for v in n.inputs:
             if v is not None and v.is_const and v.name not in owner:
@@ -103,7 +103,7 @@ def stage_pins(graph: Graph, hints: Hints, count: int) -> dict[str, tuple[int, s
     scopes, _ = assign_scopes(graph, hints)
     out = {}
     for node, scope in zip(graph.nodes, scopes):
-        if scope is None or scope.stage is None or node.meta.get("parc.phase", "forward") != "forward":
+        if scope is None or scope.stage is None or phase(node) != FORWARD:
             continue
         if scope.stage >= count:
             raise UsageError(f"{scope.where}.stage: stage {scope.stage} for node '{node.name}', but the "

@@ -39,7 +39,34 @@ def read_model(path: str | Path) -> onnx.ModelProto:
         raise OnnxImportError(f"{path}: cannot read: {e.strerror or e}") from None
     if model.ir_version <= 0 or not model.HasField("graph") or not model.opset_import:
         raise OnnxImportError(f"{path}: not an ONNX model (no graph, IR version or opset)")
+    _check_text(model.graph, path)
     return model
+
+
+def _check_text(graph: onnx.GraphProto, path: Path, where: str = "") -> None:
+    """Every name and op type of the graph (subgraphs too) is text. ONNX's strings must be UTF-8,
+    but protobuf hands invalid ones over as bytes (a damaged file), which would surface later as
+    a name nothing defines or an internal error."""
+    def bad(what: str, s) -> OnnxImportError:
+        shown = s.decode("utf-8", "replace")
+        return OnnxImportError(f"{path}: {where}{what} {shown!r} is not valid UTF-8 text (the file is damaged)")
+
+    for kind, items in (("initializer", graph.initializer), ("input", graph.input), ("output", graph.output),
+                        ("value_info", graph.value_info)):
+        for x in items:
+            if not isinstance(x.name, str):
+                raise bad(kind, x.name)
+    for k, n in enumerate(graph.node):
+        label = n.name if isinstance(n.name, str) and n.name else f"#{k}"
+        if not isinstance(n.name, str):
+            raise bad(f"node #{k}: name", n.name)
+        for what, s in (("op_type", n.op_type), ("domain", n.domain), *(("input", s) for s in n.input),
+                        *(("output", s) for s in n.output), *(("attribute", a.name) for a in n.attribute)):
+            if not isinstance(s, str):
+                raise bad(f"node '{label}': {what}", s)
+        for a in n.attribute:
+            for g in ([a.g] if a.HasField("g") else []) + list(a.graphs):
+                _check_text(g, path, f"{where}node '{label}', attribute '{a.name}': ")
 
 
 def normalize(model: onnx.ModelProto, source: str = "model") -> onnx.ModelProto:

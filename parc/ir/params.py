@@ -5,6 +5,7 @@ from __future__ import annotations
 from onnx import defs
 
 from parc.ir.graph import Graph, Node
+from parc.ir.state import step_state
 
 _NON_DIFFERENTIABLE = defs.OpSchema.DifferentiationCategory.NonDifferentiable
 # Inputs that are running statistics (buffers), though ONNX calls them differentiable.
@@ -35,10 +36,9 @@ def mark_params(graph: Graph) -> int:
     (parc.state metadata) the parameters are the ones it lists.
     Returns the number of parameters.
     """
-    state = graph.metadata.get("parc.state")
-    if state:  # a training step names its parameters
-        import json
-        names = set(json.loads(state).get("params", []))
+    state = step_state(graph.metadata)
+    if state is not None:  # a training step names its parameters
+        names = set(state.params)
         for v in graph.constants.values():
             v.is_param = v.name in names
         return len(names)

@@ -24,9 +24,9 @@ import onnx
 from onnx import helper
 
 from parc import plandir
-from parc.autodiff.step import STATE_KEY
 from parc.exec.taskgraph import FORMAT, check_taskgraph
 from parc.ir.graph import Graph
+from parc.ir.state import step_state
 from parc.passes.lower import APPLY, MICRO, Comm, RankProgram, bindings, loss_name, lower_rank, rules_of
 from parc.sharding.layout import shard_index
 from parc.sharding.spec import ShardSpec
@@ -136,8 +136,8 @@ def _param_stats(graph: Graph) -> dict[str, dict[str, float]]:
     """Mean and spread of each trained parameter (what `parc run --init seeded` draws with)."""
     from parc.exec.init import init_stats
 
-    record = graph.metadata.get(STATE_KEY)
-    names = set(json.loads(record)["params"]) if record else {v.name for v in graph.params()}
+    record = step_state(graph.metadata)
+    names = set(record.params) if record is not None else {v.name for v in graph.params()}
     values = {v.name: v for v in (*graph.input_constants, *graph.constants.values())}
     return {n: init_stats(values[n].const.numpy()) for n in sorted(names)
             if n in values and not values[n].const.zeros}

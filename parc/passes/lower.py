@@ -29,18 +29,17 @@ time are accumulated; the optimizer nodes run once.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from parc.autodiff.context import PHASE
-from parc.autodiff.step import STATE_KEY
 from parc.errors import ParcError
 from parc.exec.taskgraph import MB_END, MB_FIRST, MB_START, WHOLE
 from parc.ir.graph import Graph, Node, Value
+from parc.ir.state import bindings as state_bindings
+from parc.ir.state import phase, step_state
 from parc.ops import sharding_rule
 from parc.sharding import ShardSpec
 from parc.sharding.layout import local_shape, positions, shard_index, split
@@ -140,18 +139,13 @@ _INDEX_PRESERVING = {"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose", 
 
 def bindings(graph: Graph) -> dict[str, str]:
     """Training step output -> the input it feeds next step (empty for other programs)."""
-    record = graph.metadata.get(STATE_KEY)
-    return dict(json.loads(record)["bindings"]) if record else {}
+    return state_bindings(graph.metadata)
 
 
 def loss_name(graph: Graph) -> str | None:
     """A training step's loss output (None for other programs)."""
-    record = graph.metadata.get(STATE_KEY)
-    return json.loads(record).get("loss") if record else None
-
-
-def _phase(n: Node) -> str:
-    return n.meta.get(PHASE, "forward")
+    state = step_state(graph.metadata)
+    return state.loss if state is not None else None
 
 
 PASSES = {"forward": "F", "backward": "B", "optimizer": "A"}  # a pipeline stage's passes, in run order
@@ -391,9 +385,9 @@ class _Lowerer:
     # -- nodes -----------------------------------------------------------------------------------
     def node(self, pos: int, n: Node) -> None:
         s = self.strategies[pos]
-        part = APPLY if self.micro > 1 and _phase(n) == "optimizer" else MICRO
+        part = APPLY if self.micro > 1 and phase(n) == "optimizer" else MICRO
         if self.pipelined:
-            self.phase = PASSES[_phase(n)]
+            self.phase = PASSES[phase(n)]
         rule = self.rules[pos]
         shape_args = dict(rule.shape_args) if rule is not None else {}
         size_args = dict(rule.size_args) if rule is not None else {}
@@ -496,9 +490,9 @@ def lower_rank(graph: Graph, mesh: tuple[int, ...], rank: int, strategies: list,
         if o.name not in low.where:
             raise LoweringError(f"graph output '{o.name}' is not computed by any node")
         if sends and o.name in sends:
-            phase, layouts = sends[o.name]
-            low.phase = PASSES[phase]
-            part = APPLY if micro > 1 and phase == "optimizer" else MICRO
+            sent_phase, layouts = sends[o.name]
+            low.phase = PASSES[sent_phase]
+            part = APPLY if micro > 1 and sent_phase == "optimizer" else MICRO
             spec = low.where[o.name][0][0]
             time = (spec[0],) if micro > 1 and part == MICRO else (Replicated(),) if micro > 1 else ()
             locals_ = {}
@@ -510,7 +504,7 @@ def lower_rank(graph: Graph, mesh: tuple[int, ...], rank: int, strategies: list,
             continue
         if sends is not None:
             low.phase = "A" if binds.get(o.name) is not None else PASSES.get(
-                _phase(o.producer) if o.producer is not None else "forward", "F")
+                phase(o.producer) if o.producer is not None else "forward", "F")
         target = binds.get(o.name)
         want = source_specs.get(target, rep) if target is not None else rep
         low.p.outputs[o.name] = low.get(o, want, APPLY if micro > 1 else MICRO)

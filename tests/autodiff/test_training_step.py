@@ -13,10 +13,10 @@ import onnxruntime as ort
 import pytest
 
 from parc.autodiff import OptimizerConfig, make_training_step
-from parc.autodiff.split import SPLIT_KEY, split_step
 from parc.errors import UsageError
 from parc.ir import Graph, load, to_onnx, verify
 from parc.models import build_model
+from tests.autodiff.split_step import SPLIT_KEY, split_step
 
 OPTIMIZERS = [OptimizerConfig("sgd"), OptimizerConfig("momentum", weight_decay=0.01),
               OptimizerConfig("adam", weight_decay=0.01), OptimizerConfig("adamw", weight_decay=0.01)]

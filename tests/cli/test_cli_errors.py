@@ -25,6 +25,18 @@ def test_truncated_file(tmp_path, gpt_block):
     assert_one_line_error(parc("inspect", str(bad)), "truncated.onnx")
 
 
+@pytest.mark.parametrize("cmd", [["inspect"], ["grad"]])
+@pytest.mark.parametrize("field", [b"MatMul", b"head_dim"])
+def test_a_name_that_is_not_utf8_is_bad_input(tmp_path, gpt_block, cmd, field):
+    """One flipped byte in a node's op type or a value's name: exit 2, naming the file."""
+    data = bytearray(gpt_block.read_bytes())
+    data[data.index(field) + 1] = 0xFF
+    bad = tmp_path / "flipped.onnx"
+    bad.write_bytes(bytes(data))
+    args = [*cmd, str(bad)] + (["-o", str(tmp_path / "t.onnx")] if cmd == ["grad"] else [])
+    assert_one_line_error(parc(*args), "flipped.onnx", "not valid UTF-8")
+
+
 def test_non_onnx_file(tmp_path):
     bad = tmp_path / "notes.onnx"
     bad.write_text("this is not a model\n" * 20)

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from parc import plandir
 from parc.exec.taskgraph import FORMAT, one_f_one_b
+from parc.ir.state import phase
 from parc.passes.emit import (
     _param_stats,
     _part_tasks,
@@ -36,7 +37,7 @@ from parc.passes.emit import (
 )
 from parc.passes.lower import APPLY, MICRO, PASSES, bindings, layout_key, loss_name, lower_rank, rules_of
 from parc.passes.pipeline.plan import PipelinePlan, transfer_routes
-from parc.passes.pipeline.stages import phase, stage_outputs
+from parc.passes.pipeline.stages import stage_outputs
 
 TAG_LIMIT = 32767  # the largest MPI tag every implementation accepts
 

@@ -29,7 +29,7 @@ from functools import cached_property
 
 import numpy as np
 
-from parc.cluster import Cluster, enumerate_meshes
+from parc.cluster import Cluster, enumerate_meshes, send_recv_time
 from parc.cluster.cluster import Node as ClusterNode
 from parc.cluster.links import LinkSpec
 from parc.cluster.mesh import shared_link
@@ -37,9 +37,9 @@ from parc.errors import InfeasiblePlanError, UsageError
 from parc.hints import Hints
 from parc.hints.apply import stage_pins
 from parc.ir.graph import Graph
+from parc.ir.state import OPTIMIZER
 from parc.passes.pipeline.stages import (
     DEFAULT_TOLERANCE,
-    OPTIMIZER,
     Boundary,
     StageAssignment,
     assign_stages,
@@ -458,7 +458,7 @@ def _send_time(cluster: Cluster, crossing: list[Boundary], ranks: list[tuple[int
                 b.shape, route.layout, meshes[d], (0,) * len(route.layout)))) * _itemsize(b.dtype) / piece
             rounds, streams = (1, len(src)) if route.shared else (-(-len(dst) // len(src)), min(len(src), len(dst)))
             link = _p2p_link(cluster, src, dst, streams)
-            total += rounds * (link.latency + per / link.bandwidth)
+            total += rounds * send_recv_time(link, 2, per)
     return total
 
 

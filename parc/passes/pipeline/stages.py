@@ -37,21 +37,16 @@ from dataclasses import dataclass, field
 import highspy
 import numpy as np
 
-from parc.autodiff.context import FORWARD_OF, PHASE
-from parc.autodiff.step import STATE_KEY
+from parc.autodiff.context import FORWARD_OF
 from parc.cluster import Cluster, compute_time
 from parc.errors import InfeasiblePlanError, UsageError
 from parc.ir.graph import Graph, Node, Value
+from parc.ir.state import BACKWARD, FORWARD, OPTIMIZER, bindings, phase, step_state, write_step_state
 from parc.ops import get_rule
 from parc.ops.base import output_elements
 from parc.solver.ilp import new_highs, rowwise_lp
 
 DEFAULT_TOLERANCE = 0.1  # eps of the bound tightening and the load rows (docs/pipeline.md)
-FORWARD, BACKWARD, OPTIMIZER = "forward", "backward", "optimizer"
-
-
-def phase(n: Node) -> str:
-    return n.meta.get(PHASE, FORWARD)
 
 
 @dataclass
@@ -159,8 +154,8 @@ def _pins(graph: Graph, fwd: list[int], nodes: list[Node], by_name: dict[str, in
           fixed: dict[str, tuple[int, str]], count: int) -> dict[int, int]:
     """Forward nodes whose stage is fixed: the loss's producer on the last stage, and hints."""
     pins: dict[int, int] = {}
-    record = graph.metadata.get(STATE_KEY)
-    loss = json.loads(record).get("loss") if record else None
+    record = step_state(graph.metadata)
+    loss = record.loss if record is not None else None
     for k, pos in enumerate(fwd):
         if loss is not None and any(v.name == loss for v in nodes[pos].outputs):
             pins[k] = count - 1
@@ -356,8 +351,7 @@ def _floating(graph: Graph) -> set[int]:
 
 
 def _bound_sources(graph: Graph) -> dict[str, str]:
-    record = graph.metadata.get(STATE_KEY)
-    return dict(json.loads(record)["bindings"]) if record else {}
+    return bindings(graph.metadata)
 
 
 def _owners(graph: Graph, stages_of: list[tuple[int, ...]]) -> dict[str, int]:
@@ -470,17 +464,15 @@ def stage_graph(graph: Graph, a: StageAssignment, stage: int, crossing: list[Bou
     extra = [copies[id(v)] for pos in positions for v in graph.nodes[pos].outputs
              if v.name in sent and v.name not in owned]
     g.outputs += extra
-    record = graph.metadata.get(STATE_KEY)
-    if record:
-        rec = json.loads(record)
+    rec = step_state(graph.metadata)
+    if rec is not None:
         outs = {v.name for v in g.outputs}
         holds = {v.name for v in g.input_constants}
-        rec["bindings"] = {o: i for o, i in rec["bindings"].items() if o in outs and i in holds}
-        rec["params"] = [p for p in rec["params"] if p in holds and p in {i for i in rec["bindings"].values()}]
-        rec["grads"] = {p: gname for p, gname in rec["grads"].items() if p in rec["params"]}
-        if rec.get("loss") not in outs:
-            rec["loss"] = None
-        g.metadata[STATE_KEY] = json.dumps(rec, sort_keys=True)
+        binds = {o: i for o, i in rec.bindings.items() if o in outs and i in holds}
+        params = tuple(p for p in rec.params if p in holds and p in set(binds.values()))
+        write_step_state(g.metadata, rec.replace(
+            bindings=binds, params=params, grads={p: gname for p, gname in rec.grads.items() if p in params},
+            loss=rec.loss if rec.loss in outs else None))
     g.metadata["parc.stage"] = json.dumps({"stage": stage, "received": sorted(received), "sent": sorted(sent)})
     return g
 

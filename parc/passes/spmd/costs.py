@@ -19,19 +19,17 @@ from functools import lru_cache
 import numpy as np
 
 from parc.cluster import Cluster, Mesh, compute_time
+from parc.cluster.cost import ring_time
 from parc.cluster.links import LinkSpec
 from parc.errors import UsageError
 from parc.ir.graph import Graph, Node, Value
+from parc.ir.state import OPTIMIZER, bindings, phase
 from parc.ops import get_rule
 from parc.ops.base import output_elements
 from parc.passes.spmd.strategies import MAX_STRATEGIES, Strategy, node_strategies, replicated, tensor_specs
 from parc.sharding import R, S, ShardSpec, ShardSpecError, local_shape, reshard
 from parc.sharding.spec import Partial
 from parc.solver import Problem
-
-# Latency steps of a ring collective over n devices (matches parc.cluster.cost).
-_STEPS = {"all_reduce": lambda n: 2 * (n - 1), "all_gather": lambda n: n - 1,
-          "reduce_scatter": lambda n: n - 1, "all_to_all": lambda n: n - 1, "send_recv": lambda n: 1}
 
 
 @dataclass
@@ -52,7 +50,6 @@ class CostModel:
 
 GRAD_BUCKET_BYTES = 25 * 2**20  # gradient fusion bucket (PyTorch DDP's default bucket_cap_mb)
 FORBIDDEN = 1e3  # seconds charged for a layout change no sequential microbatch schedule can run
-OPTIMIZER = "optimizer"
 
 
 @dataclass(frozen=True)
@@ -106,13 +103,9 @@ def time_axis(mesh: Mesh | None, count: int, device) -> Mesh:
                 (False, *(mesh.spans_nodes if mesh is not None else ())))
 
 
-def _phase(n: Node) -> str:
-    return n.meta.get("parc.phase", "forward")
-
-
 def _is_gradient_sync(v: Value, consumer: Node) -> bool:
     """A backward value read by the optimizer: a gradient, synchronised in fused buckets."""
-    return _phase(consumer) == OPTIMIZER and v.producer is not None and _phase(v.producer) == "backward"
+    return phase(consumer) == OPTIMIZER and v.producer is not None and phase(v.producer) == "backward"
 
 
 def reshard_time(src: ShardSpec, dst: ShardSpec, shape: tuple[int, ...], itemsize: int, mesh: Mesh,
@@ -135,8 +128,7 @@ def _reshard_time(src: ShardSpec, dst: ShardSpec, shape: tuple[int, ...], itemsi
     for c in reshard(src, dst, shape, itemsize, mesh.shape):
         if c.is_local:
             continue
-        link = mesh.links[c.axis]
-        total += _STEPS[c.kind](c.n) * link.latency * share + c.bytes_per_device / link.bandwidth
+        total += ring_time(c.kind, mesh.links[c.axis], c.n, c.bytes_per_device, share)
     return total
 
 
@@ -164,7 +156,7 @@ def _strategies(graph: Graph, shape: tuple[int, ...], micro: Micro | None) -> li
     for pos, n in enumerate(graph.nodes):
         first = None
         if micro is not None:
-            first = ((None,) if _phase(n) == OPTIMIZER else
+            first = ((None,) if phase(n) == OPTIMIZER else
                      (micro.labels[pos],) if micro.labels is not None else None)
         key = (_signature(n), first)
         if key not in by_signature:
@@ -242,7 +234,7 @@ def build(graph: Graph, mesh: Mesh | None, cluster: Cluster, micro: Micro | None
     node_costs: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
     for pos, (n, strats) in enumerate(zip(graph.nodes, strategies)):
         held = tuple(id(v) in live for v in n.outputs)
-        runs = micro.count if micro is not None and _phase(n) != OPTIMIZER else 1
+        runs = micro.count if micro is not None and phase(n) != OPTIMIZER else 1
         key = (id(strats), held, runs)
         if key not in node_costs:
             c, m = _node_costs(n, strats, held, shape, slowest)
@@ -266,7 +258,7 @@ def build(graph: Graph, mesh: Mesh | None, cluster: Cluster, micro: Micro | None
             else:
                 ui = index[id(v)]
                 u_list, k_out = source_specs[ui], None
-            rule = 0 if micro is None else 2 if _phase(n) == OPTIMIZER else 1
+            rule = 0 if micro is None else 2 if phase(n) == OPTIMIZER else 1
             m = pricer.matrix(u_list, k_out, strats, i, v.shape, v.dtype.itemsize,  # type: ignore[union-attr]
                               rule, _is_gradient_sync(v, n))
             if rule == 1:
@@ -299,7 +291,6 @@ def structure_key(graph: Graph, micro: Micro | None = None, arrivals: Mapping[st
     time-axis label and where each input comes from (a node's output, or the k-th source with
     its shape, dtype, kind and small constant value, and its arrival price); then the graph
     outputs and the state bindings among them."""
-    import json
 
     where: dict[int, tuple] = {}
     sources: dict[int, int] = {}
@@ -318,14 +309,13 @@ def structure_key(graph: Graph, micro: Micro | None = None, arrivals: Mapping[st
                 ins.append(("s", k, v.shape, v.dtype, v.is_const, v.is_param, _const_key(v),
                             (arrivals or {}).get(v.name)))
         label = micro.labels[pos] if micro is not None and micro.labels is not None else None
-        nodes.append((_signature(n), _phase(n), label, tuple(ins)))
+        nodes.append((_signature(n), phase(n), label, tuple(ins)))
         for k, v in enumerate(n.outputs):
             where[id(v)] = ("n", pos, k)
     outputs = tuple(where.get(id(v)) for v in graph.outputs)
-    state = graph.metadata.get("parc.state")
     index = {v.name: where.get(id(v)) for v in graph.outputs}
-    binds = tuple(sorted((index[o], source_of[i]) for o, i in json.loads(state)["bindings"].items()
-                         if o in index and i in source_of)) if state else ()
+    binds = tuple(sorted((index[o], source_of[i]) for o, i in bindings(graph.metadata).items()
+                         if o in index and i in source_of))
     timed = (micro.count, micro.sources) if micro is not None else None
     return (tuple(nodes), outputs, binds, timed)
 
@@ -416,10 +406,8 @@ def peak_live(graph: Graph) -> set[int]:
     is found with every value at its full size; a plan's memory per device is then its sources'
     shares plus the shares of the values live at that point: in a training step, the
     activations saved for the backward pass and the gradients computed so far (Rhino 4.4)."""
-    import json
 
-    state = graph.metadata.get("parc.state")
-    bound = set(json.loads(state)["bindings"]) if state else set()
+    bound = set(bindings(graph.metadata))
     outputs = {id(v) for v in graph.outputs if v.name not in bound}
     position = {id(n): k for k, n in enumerate(graph.nodes)}
     end_of = len(graph.nodes)
@@ -522,14 +510,9 @@ def _unique(specs: list[ShardSpec]) -> tuple[list[ShardSpec], np.ndarray]:
 def _tie_state_updates(graph, sources, source_specs, strategies, producer, mesh, pair_cost) -> None:
     """A training step's new parameters and state must come back in their inputs' layout next
     step: charge the resharding from each bound output's layout to its input's layout."""
-    import json
-
-    state = graph.metadata.get("parc.state")
-    if not state:
-        return
     by_name = {v.name: k for k, v in enumerate(sources)}
     outputs = {v.name: v for v in graph.outputs}
-    for out_name, in_name in json.loads(state)["bindings"].items():
+    for out_name, in_name in bindings(graph.metadata).items():
         v = outputs.get(out_name)
         if v is None or id(v) not in producer or in_name not in by_name:
             continue

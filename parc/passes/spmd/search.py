@@ -26,6 +26,7 @@ from parc.cluster import Cluster, Mesh, enumerate_meshes
 from parc.errors import InfeasiblePlanError, UsageError
 from parc.hints import Hints, IneligibleMeshError, check_mesh, hint_pins, warn_once
 from parc.ir.graph import Graph
+from parc.ir.state import OPTIMIZER, bindings, phase
 from parc.passes.spmd.costs import CostModel, Micro, build, micro_layout
 from parc.passes.spmd.pool import run_jobs
 from parc.plandir import PLAN_FORMAT_ONE_MESH as FORMAT_VERSION
@@ -141,15 +142,14 @@ def _edge_collectives(model: CostModel, x: np.ndarray) -> list[dict]:
 
 def _binding_collectives(model: CostModel, x: np.ndarray, layout: dict[int, ShardSpec]) -> list[dict]:
     """A training step's new parameters and state, resharded back to their inputs' layout."""
-    import json
 
-    state = model.graph.metadata.get("parc.state")
-    if not state:
+    binds = bindings(model.graph.metadata)
+    if not binds:
         return []
     outputs = {v.name: v for v in model.graph.outputs}
     sources = {v.name: k for k, v in enumerate(model.sources)}
     out = []
-    for out_name, in_name in sorted(json.loads(state)["bindings"].items()):
+    for out_name, in_name in sorted(binds.items()):
         v = outputs.get(out_name)
         if v is None or id(v) not in layout or in_name not in sources:
             continue
@@ -167,7 +167,7 @@ def _entry(model: CostModel, v, value: str, consumer: str, a: ShardSpec, b: Shar
 
     With microbatches, mesh axis 0 is time: its all-reduce is the local accumulation of the
     microbatches' gradients ("accumulate", axis "microbatch"); the device axes count from 0."""
-    from parc.passes.spmd.costs import OPTIMIZER, _is_gradient_sync, _phase, reshard_time
+    from parc.passes.spmd.costs import _is_gradient_sync, reshard_time
     from parc.sharding import reshard
 
     if a == b:
@@ -176,7 +176,7 @@ def _entry(model: CostModel, v, value: str, consumer: str, a: ShardSpec, b: Shar
     if not steps:
         return None
     cut = 1 if model.micro is not None else 0
-    runs = model.micro.count if cut and node is not None and _phase(node) != OPTIMIZER else 1
+    runs = model.micro.count if cut and node is not None and phase(node) != OPTIMIZER else 1
     bucketed = node is not None and _is_gradient_sync(v, node)
     return {"value": value, "consumer": consumer, "from": _device_part(a, cut), "to": _device_part(b, cut),
             "collectives": [{"kind": "accumulate" if cut and c.axis == 0 else c.kind,
@@ -356,12 +356,6 @@ def plan_graph(graph: Graph, cluster: Cluster, *, level: str = "O3", memory_budg
     return plan
 
 
-def baselines(graph: Graph, cluster: Cluster, budget: float, model: CostModel,
-              options: SearchOptions | None = None) -> dict[str, dict]:
-    """Data parallel and ZeRO-3 in the same cost model, on the flat mesh of all devices."""
-    return {name: flat_baseline(name, model, budget, options) for name in ("data-parallel", "zero-3")}
-
-
 def flat_baseline(name: str, model: CostModel, budget: float, options: SearchOptions | None = None,
                   keep_choice: bool = False) -> dict:
     """`data-parallel` (data split on dim 0, parameters and state replicated) or `zero-3` (the
@@ -380,7 +374,7 @@ def flat_baseline(name: str, model: CostModel, budget: float, options: SearchOpt
             pins[k] = (specs.index(want),)
     if name == "data-parallel":  # the optimizer runs whole on every device
         for pos, n in enumerate(model.graph.nodes):
-            if n.meta.get("parc.phase") == "optimizer":
+            if phase(n) == OPTIMIZER:
                 whole = tuple(j for j, s in enumerate(model.strategies[pos]) if s.labels[-1] is None)
                 if whole:
                     pins[model.node_index(pos)] = whole
@@ -398,7 +392,7 @@ def optimizer_time(model: CostModel, choice) -> float:
     """The compute seconds of a solution's optimizer nodes (they run once per step)."""
     p = model.problem
     return float(sum(p.comp[model.node_index(pos)][choice[model.node_index(pos)]]
-                     for pos, n in enumerate(model.graph.nodes) if n.meta.get("parc.phase") == "optimizer"))
+                     for pos, n in enumerate(model.graph.nodes) if phase(n) == OPTIMIZER))
 
 
 def megatron_baseline(model: CostModel, budget: float, options: SearchOptions, keep_choice: bool = False) -> dict:

@@ -1,4 +1,5 @@
-"""Split a training step into compute-gradients and apply-gradients programs.
+"""Split a training step into compute-gradients and apply-gradients programs (a test helper:
+the lowering cuts a step by phase itself).
 
 Microbatching runs the first on each microbatch, sums (or averages) the gradients, and runs the
 second once. The cut follows each node's `parc.phase`: forward and backward nodes compute the
@@ -12,9 +13,9 @@ import json
 from collections.abc import Iterable
 
 from parc.autodiff.context import PHASE
-from parc.autodiff.step import STATE_KEY
 from parc.errors import UsageError, VerifyError
 from parc.ir.graph import Graph, Node, Value
+from parc.ir.state import STATE_KEY
 
 SPLIT_KEY = "parc.split"  # model metadata of each part: {"part": "compute" | "apply", ...}
 
