@@ -13,6 +13,7 @@ splits a parameter over the tp axis), so every plan says how it compares.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import time
 from collections.abc import Callable
@@ -32,6 +33,7 @@ from parc.passes.spmd.pool import run_jobs
 from parc.plandir import PLAN_FORMAT_ONE_MESH as FORMAT_VERSION
 from parc.sharding import R, S, ShardSpec
 from parc.solver import IlpOptions, Problem, SearchOptions, Solution, solve
+from parc.solver.problem import relative_gap
 
 log = logging.getLogger("parc.plan")
 
@@ -262,8 +264,8 @@ def _run(search: _Search, graph: Graph, job: _Job) -> _Built | Solution | str | 
         except InfeasiblePlanError as e:
             return f"mesh {mesh.shape}: {e}"
     if job.what.startswith("megatron"):
-        return megatron_baseline(model, search.budget, search.options)
-    return flat_baseline(job.what, model, search.budget, search.options)
+        return megatron_baseline(model, search.budget, search.options, keep_choice=True)
+    return flat_baseline(job.what, model, search.budget, search.options, keep_choice=True)
 
 
 def _baseline_names(mesh: Mesh) -> list[str]:
@@ -331,6 +333,8 @@ def plan_graph(graph: Graph, cluster: Cluster, *, level: str = "O3", memory_budg
             log.info("mesh %s: skipped: %s", mesh.shape, built.skipped)
             continue
         warn_once(built.warnings, warned)
+        sol = _no_worse_than_baselines(sol, built.pins, [outcome.get((name, mesh)) for name in names(mesh)],
+                                       names(mesh))
         if isinstance(sol, str):
             failures.append(sol)
             tried.append({"shape": list(mesh.shape), "feasible": False})
@@ -351,9 +355,39 @@ def plan_graph(graph: Graph, cluster: Cluster, *, level: str = "O3", memory_budg
     late = [_Job(name, m) for m in meshes for name in names(m) if (name, m) not in outcome]
     for job, out in zip(late, run_jobs(partial(_run, search), graph, late, jobs)):
         outcome[job.what, job.mesh] = out
-    plan.baselines = {name: outcome[name, m] for m in meshes for name in names(m)}
+    plan.baselines = {name: {k: v for k, v in outcome[name, m].items() if k != "choice"}
+                      for m in meshes for name in names(m)}
     plan.time_s = time.perf_counter() - t0
     return plan
+
+
+def _no_worse_than_baselines(sol: Solution | str | None, pins: dict[int, tuple[int, ...]],
+                             records: list[dict | None], names: list[str]) -> Solution | str | None:
+    """A mesh's plan, or the cheapest baseline solved on the same mesh when that is cheaper.
+
+    A baseline is a pinned instance of the mesh's problem, so a feasible one (within the budget,
+    obeying the hints' pins) is a feasible point of the search: the search must never return
+    worse. It can (an ILP stopped at its time limit with a large gap, O2's segments solved
+    apart); then the baseline's choice is kept, with the search's lower bound."""
+    best: tuple[float, str, np.ndarray] | None = None
+    for name, rec in zip(names, records):
+        if not rec or not rec.get("feasible") or rec.get("choice") is None:
+            continue
+        choice = np.asarray(rec["choice"])
+        if any(int(choice[i]) not in allowed for i, allowed in pins.items()):
+            continue
+        if best is None or rec["step_time_s"] < best[0]:
+            best = (float(rec["step_time_s"]), name, choice)
+    if best is None or (isinstance(sol, Solution) and sol.cost <= best[0]):
+        return sol
+    cost, name, choice = best
+    lower = sol.lower_bound if isinstance(sol, Solution) else -math.inf
+    gap = relative_gap(cost, min(lower, cost))
+    log.info("the search's plan (%s) is worse than the %s baseline's (%.6g s): keeping the baseline's",
+             f"{sol.cost:.6g} s" if isinstance(sol, Solution) else "none", name, cost)
+    status = "optimal" if gap == 0 else "time_limit" if math.isfinite(lower) else "heuristic"
+    return Solution(choice, cost, min(lower, cost), gap, status,
+                    sol.time_s if isinstance(sol, Solution) else 0.0, f"baseline:{name}")
 
 
 def flat_baseline(name: str, model: CostModel, budget: float, options: SearchOptions | None = None,
