@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 from collections.abc import Callable, Iterator
@@ -12,6 +13,7 @@ from pathlib import Path
 import click
 
 from parc.errors import UsageError
+from parc.report.units import fmt_bytes
 
 
 @contextmanager
@@ -54,7 +56,7 @@ def _progress() -> Iterator[Callable[[str, int, int], None] | None]:
 @click.option("--pipeline", default="auto", show_default=True, metavar="off|auto|S",
               help="Pipeline the step over S stages of equal device groups (1F1B), each stage an SPMD "
                    "plan of its own; off: one mesh; auto: on 2 or more nodes also try one stage per node "
-                   "and keep the faster plan.")
+                   "and keep the faster plan, and when nothing fits in memory try 2, 4, ... stages.")
 @click.option("--pipeline-tolerance", type=float, default=0.1, show_default=True, metavar="EPS",
               help="Stage imbalance the stage search tolerates (Rhino 5.2's epsilon).")
 @click.option("--mesh-dims", type=int, default=2, show_default=True, metavar="N",
@@ -97,7 +99,12 @@ def plan(model: str, devices: str | None, cluster_file: str | None, level: str, 
     graph = importer.load(model, importer.parse_dims(dims))
     budget = mem_limit * 2**30 if mem_limit is not None else None
     from parc.errors import InfeasiblePlanError
-    from parc.passes.pipeline.plan import pipeline_candidates, pipeline_uniform, plan_pipeline
+    from parc.passes.pipeline.plan import (
+        fallback_counts,
+        pipeline_candidates,
+        pipeline_uniform,
+        plan_pipeline,
+    )
 
     if stages > 0 and (stages > cluster.num_devices or cluster.num_devices % stages):
         raise UsageError(f"--pipeline {stages}: expected a stage count that divides the "
@@ -113,12 +120,14 @@ def plan(model: str, devices: str | None, cluster_file: str | None, level: str, 
                 spmd = plan_graph(graph, cluster, level=level, memory_budget=budget, progress=report,
                                   time_limit=time_limit, hints=None if hints.empty else hints, jobs=jobs,
                                   micro_batches=micro_batches or 1, max_mesh_dims=mesh_dims)
-        except (InfeasiblePlanError, UsageError) as e:  # a pipeline may still fit
-            if not counts:
+        except (InfeasiblePlanError, UsageError) as e:  # a pipeline may still fit (auto)
+            if stages == 0 or isinstance(e, UsageError) and not counts:
                 raise
             spmd_error = e
     best, tried = None, []
-    for count in counts:
+
+    def attempt(count: int) -> None:
+        nonlocal best
         try:
             pp = plan_pipeline(graph, cluster, count, micro_batches=micro_batches, level=level,
                                memory_budget=budget, time_limit=time_limit, tolerance=pipeline_tolerance,
@@ -127,11 +136,21 @@ def plan(model: str, devices: str | None, cluster_file: str | None, level: str, 
             if stages > 0:
                 raise
             tried.append({"stages": count, "feasible": False, "error": str(e)})
-            continue
+            return
         tried.append({"stages": count, "micro_batches": pp.micro_batches, "feasible": True,
                       "step_time_s": pp.step_s})
         if best is None or pp.step_s < best.step_s:
             best = pp
+
+    for count in counts:
+        attempt(count)
+    if stages < 0 and spmd is None and best is None:  # nothing fits yet: more, smaller stages
+        for count in fallback_counts(cluster, counts):
+            logging.getLogger("parc.plan").warning(
+                "no one-mesh plan fits in memory: trying a pipeline of %d stages", count)
+            attempt(count)
+            if best is not None:
+                break
     if best is not None and (stages > 0 or spmd is None or best.step_s < spmd.best.solution.cost):
         best.baselines = dict(spmd.baselines) if spmd is not None else {}
         best.spmd = ({"step_time_s": spmd.best.solution.cost, "mesh": list(spmd.best.mesh.shape)}
@@ -144,6 +163,10 @@ def plan(model: str, devices: str | None, cluster_file: str | None, level: str, 
     elif spmd is not None:
         result, stages = spmd, 0
     else:
+        if tried and isinstance(spmd_error, InfeasiblePlanError):
+            counts_text = ", ".join(str(t["stages"]) for t in tried)
+            raise InfeasiblePlanError(f"{spmd_error}; pipelines of {counts_text} stages do not fit either "
+                                      f"(first: {tried[0]['error']})") from None
         raise spmd_error  # type: ignore[misc]
     result.time_s = time.perf_counter() - t0  # the whole search: one mesh and pipelines
     out = Path(output)
@@ -197,7 +220,7 @@ def _baselines_text(baselines: dict) -> str:
             out.append(f"{k} infeasible")
         elif v.get("feasible") is False:
             need = v.get("memory_bytes_per_device")
-            out.append(f"{k} infeasible (needs {need / 2**30:.2f} GiB/device)" if need else f"{k} infeasible")
+            out.append(f"{k} infeasible (needs {fmt_bytes(need)}/device)" if need else f"{k} infeasible")
         else:
             out.append(f"{k} {v['step_time_s'] * 1e3:.3f} ms")
     return ", ".join(out)

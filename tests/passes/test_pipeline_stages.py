@@ -169,6 +169,23 @@ def test_the_microbatch_count_is_searched(tmp_path):
             steps[counts.index(m)], rel=1e-9)
 
 
+def test_auto_pipelines_inside_a_node_when_nothing_else_fits(tmp_path):
+    """One node: `--pipeline auto` runs the one-mesh search only, unless no mesh fits in memory;
+    then pipelines of 2, 4, ... stages are tried until one fits. If none does, the error says
+    what was tried (exit 2, one line)."""
+    path = tmp_path / "gpt8.onnx"
+    assert parc("models", "build", "gpt-tiny", "--set", "batch=8", "--train", "adamw", "-o", str(path)).returncode == 0
+    common = ("plan", str(path), "--devices", "4xa100-80g", "--no-programs", "--jobs", "1")
+    res = parc(*common, "--mem-limit", "0.0007", "-o", str(tmp_path / "fits"))
+    assert res.returncode == 0, res.stderr
+    assert "trying a pipeline of 2 stages" in res.stderr
+    doc = json.loads((tmp_path / "fits" / "plan.json").read_text())
+    assert len(doc["stages"]) == 2 and doc["spmd_only"]["feasible"] is False
+    assert max(doc["predicted"]["memory_bytes_per_device"]) <= 0.0007 * 2**30
+    off = parc(*common, "--mem-limit", "0.0007", "--pipeline", "off", "-o", str(tmp_path / "off"))
+    assert off.returncode == 2 and "no mesh fits" in off.stderr and "pipeline" not in off.stderr
+
+
 @pytest.mark.parametrize("args, needle", [
     (["--pipeline", "3"], "--pipeline 3"),
     (["--pipeline", "1"], "--pipeline 1"),

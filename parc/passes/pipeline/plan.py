@@ -186,9 +186,18 @@ def pipeline_candidates(cluster: Cluster) -> list[int]:
     links between nodes is on the pipeline axis and every stage's SPMD plan stays inside a node
     (Rhino fig. 9's setting). One candidate, because each costs a search per stage (gpt-2.7b on
     4 nodes: 84 s for S = 4 beside 282 s for the one-mesh search); `--pipeline S` plans others.
-    On one node the links are fast and only the one-mesh search runs."""
+    On one node the links are fast and only the one-mesh search runs, unless nothing fits in
+    memory (`fallback_counts`)."""
     k = len(cluster.nodes)
     return [k] if k >= 2 and cluster.num_devices % k == 0 else []
+
+
+def fallback_counts(cluster: Cluster, tried: list[int]) -> list[int]:
+    """The stage counts `--pipeline auto` tries, fewest first, when neither one mesh nor the
+    stage-per-node pipeline fits in memory: every count that divides the devices (2, 4, 8, ...
+    inside a node too), since more stages hold fewer parameters and activations per device."""
+    n = cluster.num_devices
+    return [s for s in range(2, n + 1) if n % s == 0 and s not in tried]
 
 
 def batch_size(graph: Graph) -> int | None:

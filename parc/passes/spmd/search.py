@@ -31,6 +31,7 @@ from parc.ir.state import OPTIMIZER, bindings, phase
 from parc.passes.spmd.costs import CostModel, Micro, build, micro_layout
 from parc.passes.spmd.pool import run_jobs
 from parc.plandir import PLAN_FORMAT_ONE_MESH as FORMAT_VERSION
+from parc.report.units import fmt_bytes
 from parc.sharding import R, S, ShardSpec
 from parc.solver import IlpOptions, Problem, SearchOptions, Solution, solve
 from parc.solver.problem import relative_gap
@@ -475,6 +476,6 @@ def _device_mesh(mesh: Mesh) -> Mesh:
 
 def _infeasible_message(graph: Graph, budget: float, failures: list[str]) -> str:
     params = sorted((v for v in graph.constants.values() if v.is_const), key=lambda v: -v.nbytes)[:3]
-    largest = ", ".join(f"{v.name} ({v.nbytes / 2**30:.2f} GiB)" for v in params)
-    return (f"no mesh fits {budget / 2**30:.2f} GiB per device; largest tensors: {largest}; "
+    largest = ", ".join(f"{v.name} ({fmt_bytes(v.nbytes)})" for v in params)
+    return (f"no mesh fits {fmt_bytes(budget)} per device; largest tensors: {largest}; "
             f"{failures[0] if failures else ''}")
