@@ -34,6 +34,7 @@ class IlpOptions:
     threads: int = 1  # HiGHS threads; its MIP search is serial, more only helps its LP
     presolve: bool = True  # HiGHS presolve
     warm_start: bool = True  # solve the LP relaxation, round x per node (argmax), pass as incumbent
+    prune: bool = True  # drop dominated strategies first (dee.py: exact, the optimum is kept)
     seed: int = 0  # HiGHS random_seed, so the same problem gives the same plan
     verbose: bool = False  # HiGHS log on stdout
 
@@ -213,9 +214,25 @@ def solve_ilp(p: Problem, options: IlpOptions = IlpOptions()) -> Solution:
     """Minimise C(x) with one ILP over the whole problem (O3); pins and budget M respected.
 
     Returns the optimum, or on time-out the best incumbent with HiGHS's proven bound. Raises
-    MemoryBudgetError when no choice fits M (checked exactly before the ILP is built)."""
+    MemoryBudgetError when no choice fits M (checked exactly before the ILP is built). With
+    `options.prune` the ILP is built over the strategies dead-end elimination keeps (dee.py):
+    the same optimum from fewer columns."""
     t0 = time.perf_counter()
     p.check_budget()
+    if not options.prune:
+        return _solve_ilp(p, options, t0)
+    from parc.solver.dee import prune
+
+    pruned = prune(p)
+    sol = _solve_ilp(pruned.problem, options, t0)
+    x = pruned.expand(sol.choice)
+    cost = p.cost(x)
+    lower = min(sol.lower_bound, cost)
+    return Solution(x, cost, lower, relative_gap(cost, lower), sol.status, time.perf_counter() - t0,
+                    f"{sol.method}+dee({int(p.allowed_flat.sum())}->{int(pruned.problem.s.sum())})")
+
+
+def _solve_ilp(p: Problem, options: IlpOptions, t0: float) -> Solution:
     m = build_model(p)
     h = _highs(options)
     h.passModel(m.lp)

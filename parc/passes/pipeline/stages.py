@@ -12,7 +12,8 @@ and D_i its ancestors and descendants, c its cost and T = sum c / S,
 of time starts at stage S - k at the latest; h = BOUND_SLACK, half a stage: see its comment). On a non-linear graph ancestor sums say little about
 parallel branches, so a per-stage load row sum_i c_i x_is <= (1 + eps) T is added as well; eps
 doubles until the problem is feasible. A node's cost c_i counts its forward and its backward
-compute (the backward nodes whose `parc.forward` names it).
+compute (the backward nodes whose `parc.forward` names it). Among equal cuts the most even split wins (a
+tie-break on the largest stage load).
 
 **The other nodes follow:** a backward node goes to the stage of the forward node it came from;
 an optimizer node to the stage of its parameter (the first stage whose forward nodes read it);
@@ -68,6 +69,7 @@ class StageAssignment:
     tolerance: float = DEFAULT_TOLERANCE
     solve_s: float = 0.0
     owner: dict[str, int] = field(default_factory=dict)  # value name -> the stage that produces it for others
+    opt_cost: np.ndarray | None = None  # per stage: optimizer compute seconds (runs once per step)
 
     def nodes_of(self, stage: int) -> list[int]:
         return [pos for pos, ss in enumerate(self.stages_of) if stage in ss]
@@ -121,12 +123,13 @@ def _assignment(graph: Graph, costs: np.ndarray, count: int, fwd: list[int], x, 
     nodes = graph.nodes
     stage_f = {fwd[k]: int(x[k]) for k in range(len(fwd))}
     stages_of = _follow(graph, stage_f, count)
-    fcost, bcost = np.zeros(count), np.zeros(count)
+    by_phase = {FORWARD: np.zeros(count), BACKWARD: np.zeros(count), OPTIMIZER: np.zeros(count)}
     for pos, ss in enumerate(stages_of):
         for s in ss:
-            (fcost if phase(nodes[pos]) == FORWARD else bcost)[s] += costs[pos]
+            by_phase[phase(nodes[pos])][s] += costs[pos]
     cut = float(sum(v for (i, j), v in zip(edges, volume) if x[i] != x[j]))
-    a = StageAssignment(count, stages_of, fcost, bcost, cut, status, eps, seconds)
+    a = StageAssignment(count, stages_of, by_phase[FORWARD], by_phase[BACKWARD], cut, status, eps, seconds,
+                        opt_cost=by_phase[OPTIMIZER])
     a.owner = _owners(graph, stages_of)
     check_order(graph, a)
     return a
@@ -234,15 +237,22 @@ def _ancestors(n: int, edges: list) -> np.ndarray:
 
 
 def _stage_ilp(weight, edges, volume, count, lo, hi, cap, time_limit) -> tuple[np.ndarray, str] | None:
-    """x_is (n * count columns, node-major) then F_e; None when infeasible."""
+    """x_is (n * count columns, node-major), then F_e, then L, the largest stage load; None when
+    infeasible. The objective is the cut, then (as a tie-break worth a tenth of the smallest edge
+    over the whole range of L) the largest load: among splits that cut the same volume (a chain
+    of equal layers cuts the same anywhere) the most even one."""
     n, m = len(weight), len(edges)
     X = n * count
-    lower = np.zeros(X + m)
-    upper = np.ones(X + m)
+    vol = np.asarray(volume, dtype=np.float64)
+    positive = vol[vol > 0]
+    tie = 0.1 * float(positive.min()) / max(float(cap), 1e-300) if len(positive) else 1.0
+    lower = np.zeros(X + m + 1)
+    upper = np.ones(X + m + 1)
+    upper[-1] = cap
     s_of = np.tile(np.arange(count), n)
     node_of = np.repeat(np.arange(n), count)
     upper[:X][(s_of < lo[node_of]) | (s_of > hi[node_of])] = 0.0
-    cost = np.concatenate([np.zeros(X), np.asarray(volume, dtype=np.float64)])
+    cost = np.concatenate([np.zeros(X), vol, [tie]])
     rows, cols, vals, rlo, rhi = [], [], [], [], []
     r = 0
     # one stage per node
@@ -261,16 +271,16 @@ def _stage_ilp(weight, edges, volume, count, lo, hi, cap, time_limit) -> tuple[n
             rlo.append(np.array([lo_b]))
             rhi.append(np.array([hi_b]))
             r += 1
-    # stage loads
+    # stage loads: each at most L (and L at most cap)
     for s in range(count):
-        rows.append(np.full(n, r))
-        cols.append(np.arange(n) * count + s)
-        vals.append(np.asarray(weight, dtype=np.float64))
+        rows.append(np.full(n + 1, r))
+        cols.append(np.concatenate([np.arange(n) * count + s, [X + m]]))
+        vals.append(np.concatenate([np.asarray(weight, dtype=np.float64), [-1.0]]))
         rlo.append(np.array([-highspy.kHighsInf]))
-        rhi.append(np.array([cap]))
+        rhi.append(np.array([0.0]))
         r += 1
     lp = rowwise_lp(cost, lower, upper, rows, cols, vals, rlo, rhi, r)
-    lp.integrality_ = [highspy.HighsVarType.kInteger] * (X + m)
+    lp.integrality_ = [highspy.HighsVarType.kInteger] * (X + m) + [highspy.HighsVarType.kContinuous]
     h = new_highs()
     h.setOptionValue("output_flag", False)
     h.setOptionValue("threads", 1)
