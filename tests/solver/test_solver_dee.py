@@ -51,8 +51,7 @@ def test_under_a_budget_a_cheaper_but_larger_strategy_stays():
 
 def test_the_ilp_prunes_and_answers_in_the_original_indices():
     p = random_problem(3, "dag", 10, (2, 6), budget=0.5, pin_frac=0.3)
-    exact = IlpOptions(mip_gap=0.0)
-    a = solve_ilp(p, exact)
+    a = solve_ilp(p, IlpOptions(mip_gap=0.0, prune=True))
     b = solve_ilp(p, IlpOptions(mip_gap=0.0, prune=False))
     assert a.cost == pytest.approx(b.cost, rel=1e-9) == pytest.approx(brute_force(p)[0], rel=1e-9)
     assert "+dee(" in a.method and p.fits(a.choice) and p.cost(a.choice) == a.cost
