@@ -72,14 +72,15 @@ def coarsen(p: Problem) -> Coarse:
     return Coarse(fg, kept, q)
 
 
-def solve_coarse(p: Problem, options: IlpOptions | None = None) -> Solution:
+def solve_coarse(p: Problem, options: IlpOptions | None = None, free_first: bool = True) -> Solution:
     """O3: the exact optimum of p (or, on time-out, the best found with its proven gap), solving
     one ILP over the coarsened problem. Under a budget, the unconstrained coarse optimum is
-    tried first: when it fits, it is also the constrained optimum."""
+    tried first (unless `free_first` is False: the caller has): when it fits, it is also the
+    constrained optimum."""
     t0 = time.perf_counter()
     options = options or IlpOptions()
     p.check_budget()
-    if p.budget is not None:
+    if p.budget is not None and free_first:
         free = _solve(p.with_budget(None), options, t0)
         if p.fits(free.choice):
             return free

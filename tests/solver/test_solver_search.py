@@ -18,6 +18,7 @@ from parc.solver import (
     solve_o2,
 )
 from parc.solver.generate import KINDS
+from parc.solver.graph import critical_nodes
 from parc.solver.search import memory_order
 
 EXACT = IlpOptions(mip_gap=0.0)
@@ -95,6 +96,21 @@ def test_memory_search(seed):
     assert o2.lower_bound <= opt + 1e-9
     o3r = solve(p, "O3", SearchOptions(ilp=EXACT, memory="restrict"))
     assert p.fits(o3r.choice) and o3r.cost == pytest.approx(o2.cost)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 4, 7, 8])
+def test_o2_without_critical_nodes_keeps_the_budget_with_the_row(seed):
+    """One segment (as in training steps): when the free solve does not fit, O2 solves once more
+    with the memory row instead of the binary search, and so finds the constrained optimum."""
+    p = random_problem(seed, "tree", 8, (1, 4), budget=0.3)
+    assert len(critical_nodes(p)) == 0
+    opt, free = brute_force(p)[0], brute_force(p.with_budget(None))[0]
+    assert opt > free + 1e-9  # the budget binds
+    o2 = solve(p, "O2", SearchOptions(ilp=EXACT))
+    assert o2.method.startswith("O2-free+") and p.fits(o2.choice)
+    assert o2.cost == pytest.approx(opt) and o2.lower_bound <= opt + 1e-9
+    heuristic = solve(p, "O2", SearchOptions(ilp=EXACT, memory="restrict"))
+    assert heuristic.cost >= o2.cost - 1e-9
 
 
 def test_memory_search_finds_the_smallest_k():
