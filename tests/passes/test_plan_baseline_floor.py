@@ -20,31 +20,29 @@ def _sol(choice, cost, lower=0.5):
 
 
 def test_a_cheaper_feasible_baseline_replaces_the_search():
-    got = _no_worse_than_baselines(_sol([0, 0], 2.0), {}, [
-        {"step_time_s": 1.5, "feasible": True, "choice": np.array([1, 1])},
-        {"step_time_s": 1.2, "feasible": True, "choice": np.array([2, 1])},
-        {"step_time_s": 0.9, "feasible": False, "choice": np.array([3, 3])}],  # over memory: not an option
-        ["a", "b", "c"])
+    got = _no_worse_than_baselines(_sol([0, 0], 2.0), {}, {
+        "a": {"step_time_s": 1.5, "feasible": True, "choice": np.array([1, 1])},
+        "b": {"step_time_s": 1.2, "feasible": True, "choice": np.array([2, 1])},
+        "c": {"step_time_s": 0.9, "feasible": False, "choice": np.array([3, 3])}})  # over memory: not an option
     assert got.cost == 1.2 and list(got.choice) == [2, 1] and got.method == "baseline:b"
     assert got.lower_bound == 0.5 and abs(got.gap - (1.2 - 0.5) / 1.2) < 1e-12
 
 
 def test_the_search_is_kept_when_no_baseline_beats_it():
     sol = _sol([0, 0], 1.0)
-    assert _no_worse_than_baselines(sol, {}, [{"step_time_s": 1.0, "feasible": True, "choice": [1, 1]}],
-                                    ["a"]) is sol
+    assert _no_worse_than_baselines(sol, {}, {"a": {"step_time_s": 1.0, "feasible": True, "choice": [1, 1]}}) is sol
 
 
 def test_a_baseline_against_the_hints_pins_is_not_taken():
     sol = _sol([0, 0], 2.0)
     rec = {"step_time_s": 1.0, "feasible": True, "choice": np.array([1, 1])}
-    assert _no_worse_than_baselines(sol, {0: (0,)}, [rec], ["a"]) is sol
-    assert _no_worse_than_baselines(sol, {0: (0, 1)}, [rec], ["a"]).cost == 1.0
+    assert _no_worse_than_baselines(sol, {0: (0,)}, {"a": rec}) is sol
+    assert _no_worse_than_baselines(sol, {0: (0, 1)}, {"a": rec}).cost == 1.0
 
 
 def test_no_plan_on_a_mesh_but_a_feasible_baseline_gives_one():
-    got = _no_worse_than_baselines("mesh (4,): out of memory", {}, [
-        {"step_time_s": 3.0, "feasible": True, "choice": np.array([1])}], ["a"])
+    got = _no_worse_than_baselines("mesh (4,): out of memory", {}, {
+        "a": {"step_time_s": 3.0, "feasible": True, "choice": np.array([1])}})
     assert isinstance(got, Solution) and got.cost == 3.0
     assert got.gap == float("inf") and got.status == "heuristic"  # nothing bounds it
 

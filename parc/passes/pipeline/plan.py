@@ -517,8 +517,8 @@ def pipeline_uniform(pp: PipelinePlan, time_limit: float = 60.0, max_mesh_dims: 
                 if mesh.ndim == 2 and mesh.shape[1] not in (2, 4, 8) or mesh.ndim > 2:
                     continue
                 model = build(st.graph, mesh, st.cluster, st.micro, arrivals=st.arrivals, kept=st.kept)
-                r = (flat_baseline("data-parallel", model, budget, options, keep_choice=True) if mesh.ndim == 1
-                     else megatron_baseline(model, budget, options, keep_choice=True))
+                r = (flat_baseline("data-parallel", model, budget, options) if mesh.ndim == 1
+                     else megatron_baseline(model, budget, options))
                 if r.get("feasible") and (best is None or r["step_time_s"] < best[0]["step_time_s"]):
                     best = (r, model)
             solved[st.key] = best

@@ -265,8 +265,8 @@ def _run(search: _Search, graph: Graph, job: _Job) -> _Built | Solution | str | 
         except InfeasiblePlanError as e:
             return f"mesh {mesh.shape}: {e}"
     if job.what.startswith("megatron"):
-        return megatron_baseline(model, search.budget, search.options, keep_choice=True)
-    return flat_baseline(job.what, model, search.budget, search.options, keep_choice=True)
+        return megatron_baseline(model, search.budget, search.options)
+    return flat_baseline(job.what, model, search.budget, search.options)
 
 
 def _baseline_names(mesh: Mesh) -> list[str]:
@@ -334,8 +334,7 @@ def plan_graph(graph: Graph, cluster: Cluster, *, level: str = "O3", memory_budg
             log.info("mesh %s: skipped: %s", mesh.shape, built.skipped)
             continue
         warn_once(built.warnings, warned)
-        sol = _no_worse_than_baselines(sol, built.pins, [outcome.get((name, mesh)) for name in names(mesh)],
-                                       names(mesh))
+        sol = _no_worse_than_baselines(sol, built.pins, {name: outcome.get((name, mesh)) for name in names(mesh)})
         if isinstance(sol, str):
             failures.append(sol)
             tried.append({"shape": list(mesh.shape), "feasible": False})
@@ -363,7 +362,7 @@ def plan_graph(graph: Graph, cluster: Cluster, *, level: str = "O3", memory_budg
 
 
 def _no_worse_than_baselines(sol: Solution | str | None, pins: dict[int, tuple[int, ...]],
-                             records: list[dict | None], names: list[str]) -> Solution | str | None:
+                             records: dict[str, dict | None]) -> Solution | str | None:
     """A mesh's plan, or the cheapest baseline solved on the same mesh when that is cheaper.
 
     A baseline is a pinned instance of the mesh's problem, so a feasible one (within the budget,
@@ -371,7 +370,7 @@ def _no_worse_than_baselines(sol: Solution | str | None, pins: dict[int, tuple[i
     worse. It can (an ILP stopped at its time limit with a large gap, O2's segments solved
     apart); then the baseline's choice is kept, with the search's lower bound."""
     best: tuple[float, str, np.ndarray] | None = None
-    for name, rec in zip(names, records):
+    for name, rec in records.items():
         if not rec or not rec.get("feasible") or rec.get("choice") is None:
             continue
         choice = np.asarray(rec["choice"])
@@ -391,11 +390,10 @@ def _no_worse_than_baselines(sol: Solution | str | None, pins: dict[int, tuple[i
                     sol.time_s if isinstance(sol, Solution) else 0.0, f"baseline:{name}")
 
 
-def flat_baseline(name: str, model: CostModel, budget: float, options: SearchOptions | None = None,
-                  keep_choice: bool = False) -> dict:
+def flat_baseline(name: str, model: CostModel, budget: float, options: SearchOptions | None = None) -> dict:
     """`data-parallel` (data split on dim 0, parameters and state replicated) or `zero-3` (the
     same with parameters and state split on their largest divisible dim) on the flat mesh.
-    `keep_choice`: the record also holds the solution's `choice` (not for plan.json)."""
+    The record holds the solution's `choice` (the plan search may keep it; plan.json does not)."""
     param_spec = {"data-parallel": _replicate, "zero-3": _largest_split}[name]
     micro = model.micro
     devices = model.mesh if micro is None else _device_mesh(model.mesh)
@@ -420,7 +418,7 @@ def flat_baseline(name: str, model: CostModel, budget: float, options: SearchOpt
         return {"step_time_s": None, "memory_bytes_per_device": None, "feasible": False}
     mem = float(sum(p.mem[i][sol.choice[i]] for i in range(p.n))) if p.mem else 0.0
     return {"step_time_s": sol.cost, "memory_bytes_per_device": mem, "feasible": mem <= budget,
-            "optimizer_s": optimizer_time(model, sol.choice), **({"choice": sol.choice} if keep_choice else {})}
+            "optimizer_s": optimizer_time(model, sol.choice), "choice": sol.choice}
 
 
 def _pruned(options: SearchOptions) -> SearchOptions:
@@ -437,10 +435,10 @@ def optimizer_time(model: CostModel, choice) -> float:
                      for pos, n in enumerate(model.graph.nodes) if phase(n) == OPTIMIZER))
 
 
-def megatron_baseline(model: CostModel, budget: float, options: SearchOptions, keep_choice: bool = False) -> dict:
+def megatron_baseline(model: CostModel, budget: float, options: SearchOptions) -> dict:
     """Megatron TP x DP on a (dp, tp) mesh: every node that reads a parameter splits one over the
     tp axis (the solver then picks column- or row-parallel, as Megatron's recipe does), the
-    rest is chosen freely (data parallel on the dp axis). `keep_choice` as in flat_baseline."""
+    rest is chosen freely (data parallel on the dp axis). The record holds `choice` as in flat_baseline."""
     from parc.hints import Request, Scope
 
     tp = model.mesh.shape[-1]
@@ -455,7 +453,7 @@ def megatron_baseline(model: CostModel, budget: float, options: SearchOptions, k
     mem = float(sum(p.mem[i][sol.choice[i]] for i in range(p.n))) if p.mem else 0.0
     return {"step_time_s": sol.cost, "memory_bytes_per_device": mem, "feasible": mem <= budget,
             "mesh": list(model.mesh.shape[1 if model.micro is not None else 0:]), "gap": sol.gap,
-            "optimizer_s": optimizer_time(model, sol.choice), **({"choice": sol.choice} if keep_choice else {})}
+            "optimizer_s": optimizer_time(model, sol.choice), "choice": sol.choice}
 
 
 def _replicate(v, mesh: Mesh) -> ShardSpec:
