@@ -138,6 +138,7 @@ class _Steps:
     def __init__(self, shape: tuple[int, ...], mesh: tuple[int, ...], dtype_bytes: int) -> None:
         self.shape, self.mesh, self.dtype_bytes = shape, mesh, dtype_bytes
         self.devices = devices(mesh)
+        self.volumes: dict[tuple, float] = {}
 
     def _key(self, spec: ShardSpec, d: int, coords: Coords) -> tuple:
         """What a device's indices along dim d depend on: the dim's extent, the mesh, and the
@@ -163,6 +164,12 @@ class _Steps:
         """Bytes the busiest device receives in the step (0 for local steps)."""
         if kind in LOCAL_KINDS:
             return 0.0
+        key = (kind, before, after, k)
+        if key not in self.volumes:
+            self.volumes[key] = self._bytes(kind, before, after, k)
+        return self.volumes[key]
+
+    def _bytes(self, kind: str, before: ShardSpec, after: ShardSpec, k: int) -> float:
         n, worst = self.mesh[k], 0.0
         touched = {x.dim for x in (before[k], after[k]) if isinstance(x, Split)}
         devices = self.devices
@@ -180,6 +187,11 @@ class _Steps:
                                   for d, e in enumerate(need))
             worst = max(worst, float(v))
         return worst * self.dtype_bytes
+
+
+@lru_cache(maxsize=1 << 12)
+def _steps(shape: tuple[int, ...], mesh: tuple[int, ...], dtype_bytes: int) -> _Steps:
+    return _Steps(shape, mesh, dtype_bytes)
 
 
 @lru_cache(maxsize=1 << 16)
@@ -203,6 +215,7 @@ def _uneven(spec: ShardSpec) -> bool:
     return any(isinstance(ax, Split) and ax.sizes is not None for ax in spec)
 
 
+@lru_cache(maxsize=1 << 16)  # the planner's searches revisit the same states of one tensor
 def _canonical(spec: ShardSpec, shape: tuple[int, ...], mesh: tuple[int, ...]) -> ShardSpec | None:
     try:
         return spec.canonical(shape, mesh)
@@ -216,7 +229,7 @@ def _plan(src: ShardSpec, dst: ShardSpec, shape: tuple[int, ...], dtype_bytes: i
     src, dst = src.canonical(shape, mesh), dst.canonical(shape, mesh)
     if src == dst:
         return ()
-    steps = _Steps(shape, mesh, dtype_bytes)
+    steps = _steps(shape, mesh, dtype_bytes)
     options = [tuple(dict.fromkeys((src[k], dst[k], R))) for k in range(len(mesh))]
     best: dict[ShardSpec, tuple[float, int]] = {src: (0.0, 0)}
     back: dict[ShardSpec, tuple[ShardSpec, Collective]] = {}

@@ -197,6 +197,21 @@ class ShardSpec:
             raise ShardSpecError("a sharding spec needs one axis spec per mesh axis, got none")
         object.__setattr__(self, "axes", axes)
 
+    def __hash__(self) -> int:
+        # kept once computed: the planner hashes specs millions of times (reshard plans, caches);
+        # not pickled, since string hashes differ between processes
+        h = self.__dict__.get("_hash")
+        if h is None:
+            h = hash(self.axes)
+            object.__setattr__(self, "_hash", h)
+        return h
+
+    def __getstate__(self) -> dict:
+        return {"axes": self.axes}
+
+    def __setstate__(self, state: dict) -> None:
+        object.__setattr__(self, "axes", state["axes"])
+
     def __str__(self) -> str:
         return "".join(map(str, self.axes))
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import math
+import weakref
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from functools import cached_property
@@ -23,6 +24,8 @@ import numpy as np
 from parc.errors import InfeasiblePlanError, ParcError
 
 FORMAT = "parc.solver.problem/1"
+# id -> the frozen edge arrays already checked acyclic (derived problems share their parent's)
+_ACYCLIC: dict[int, weakref.ref] = {}
 
 
 class ProblemError(ParcError, ValueError):
@@ -75,20 +78,24 @@ class Problem:
         if names and len(names) != n:
             raise ProblemError(f"names: expected {n} names (one per node), found {len(names)}")
         object.__setattr__(self, "names", names)
-        for i, c in enumerate(comp):
-            if c.size == 0 or not np.isfinite(c).all():
-                raise ProblemError(f"comp of {self.name(i)}: expected >= 1 finite costs, found {c.tolist()}")
         s = np.array([c.size for c in comp], dtype=np.int64)
+        if (s == 0).any() or not np.isfinite(np.concatenate(comp)).all():
+            i = next(i for i, c in enumerate(comp) if c.size == 0 or not np.isfinite(c).all())
+            raise ProblemError(f"comp of {self.name(i)}: expected >= 1 finite costs, found {comp[i].tolist()}")
         mem = self.mem if len(self.mem) else tuple(np.zeros(k) for k in s)
         mem = tuple(_frozen(np.array(m, dtype=np.float64).reshape(-1)) for m in mem)
         if len(mem) != n:
             raise ProblemError(f"mem: expected {n} vectors (one per node), found {len(mem)}")
-        for i, m in enumerate(mem):
-            if m.size != s[i] or not np.isfinite(m).all() or (m < 0).any():
-                raise ProblemError(
-                    f"mem of {self.name(i)}: expected {s[i]} finite values >= 0, found {m.tolist()}"
-                )
-        edges = np.array(self.edges, dtype=np.int64).reshape(-1, 2)
+        flat = np.concatenate(mem)
+        if (np.array([m.size for m in mem]) != s).any() or not np.isfinite(flat).all() or (flat < 0).any():
+            i = next(i for i, m in enumerate(mem) if m.size != s[i] or not np.isfinite(m).all() or (m < 0).any())
+            raise ProblemError(
+                f"mem of {self.name(i)}: expected {s[i]} finite values >= 0, found {mem[i].tolist()}"
+            )
+        edges = self.edges
+        if not (isinstance(edges, np.ndarray) and edges.dtype == np.int64 and edges.ndim == 2
+                and not edges.flags.writeable):  # a frozen edge array is another problem's: shared
+            edges = np.array(edges, dtype=np.int64).reshape(-1, 2)
         if ((edges < 0) | (edges >= n)).any():
             raise ProblemError(
                 f"edges: endpoints must lie in [0, {n}), found {edges[((edges < 0) | (edges >= n)).any(1)][0].tolist()}"
@@ -98,15 +105,18 @@ class Problem:
             raise ProblemError(f"edges: self-loop on {self.name(i)}")
         if len(self.comm) != len(edges):
             raise ProblemError(f"comm: expected {len(edges)} matrices (one per edge), found {len(self.comm)}")
-        comm = []
-        for e, ((u, v), c) in enumerate(zip(edges.tolist(), self.comm)):
-            c = np.array(c, dtype=np.float64)
-            if c.shape != (s[u], s[v]) or not np.isfinite(c).all():
-                raise ProblemError(
-                    f"comm of edge {e} ({self.name(u)} -> {self.name(v)}): expected finite "
-                    f"({s[u]}, {s[v]}) matrix, found shape {c.shape}"
-                )
-            comm.append(_frozen(c))
+        comm = [c if isinstance(c, np.ndarray) and c.dtype == np.float64 and not c.flags.writeable
+                else _frozen(np.array(c, dtype=np.float64)) for c in self.comm]  # frozen arrays are shared
+        shapes = np.array([c.shape if c.ndim == 2 else (-1, -1) for c in comm], dtype=np.int64).reshape(-1, 2)
+        finite = np.isfinite(np.concatenate([c.reshape(-1) for c in comm])).all() if comm else True
+        bad = np.flatnonzero((shapes != np.stack([s[edges[:, 0]], s[edges[:, 1]]], axis=1)).any(axis=1))
+        if len(bad) or not finite:
+            e = int(bad[0]) if len(bad) else next(k for k, c in enumerate(comm) if not np.isfinite(c).all())
+            u, v = edges[e].tolist()
+            raise ProblemError(
+                f"comm of edge {e} ({self.name(u)} -> {self.name(v)}): expected finite "
+                f"({s[u]}, {s[v]}) matrix, found shape {comm[e].shape}"
+            )
         budget = self.budget
         if budget is not None:
             budget = float(budget)
@@ -133,7 +143,9 @@ class Problem:
         object.__setattr__(self, "comm", tuple(comm))
         object.__setattr__(self, "budget", budget)
         object.__setattr__(self, "pins", tuple(sorted(pins.items())))
-        _ = self.topo_order  # raises on a cycle
+        if _ACYCLIC.get(id(edges), lambda: None)() is not edges:
+            _ = self.topo_order  # raises on a cycle
+            _ACYCLIC[id(edges)] = weakref.ref(edges, lambda _, k=id(edges): _ACYCLIC.pop(k, None))
 
     # ---- sizes and flat layouts -------------------------------------------------------------
     @property

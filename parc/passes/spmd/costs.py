@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cached_property, lru_cache
 
 import numpy as np
 
@@ -30,6 +30,7 @@ from parc.passes.spmd.strategies import MAX_STRATEGIES, Strategy, node_strategie
 from parc.sharding import R, S, ShardSpec, ShardSpecError, local_shape, reshard
 from parc.sharding.spec import Partial
 from parc.solver import Problem
+from parc.solver.follow import Grouping
 
 
 @dataclass
@@ -46,6 +47,13 @@ class CostModel:
 
     def node_index(self, node_position: int) -> int:
         return len(self.sources) + node_position
+
+    @cached_property
+    def grouping(self) -> Grouping | None:
+        """Which nodes follow which in a training step (follow.py); None for other graphs."""
+        from parc.passes.spmd.follow import training_grouping
+
+        return training_grouping(self)
 
 
 GRAD_BUCKET_BYTES = 25 * 2**20  # gradient fusion bucket (PyTorch DDP's default bucket_cap_mb)

@@ -34,6 +34,7 @@ from parc.plandir import PLAN_FORMAT_ONE_MESH as FORMAT_VERSION
 from parc.report.units import fmt_bytes
 from parc.sharding import R, S, ShardSpec
 from parc.solver import IlpOptions, Problem, SearchOptions, Solution, solve
+from parc.solver.follow import solve_follow
 from parc.solver.problem import relative_gap
 
 log = logging.getLogger("parc.plan")
@@ -261,12 +262,26 @@ def _run(search: _Search, graph: Graph, job: _Job) -> _Built | Solution | str | 
     if job.what == "plan":
         problem = model.problem.restricted(job.pins) if job.pins else model.problem
         try:
-            return solve(problem.with_budget(search.budget), search.level, search.options)
+            return search_plan(model, problem.with_budget(search.budget), search.level, search.options)
         except InfeasiblePlanError as e:
             return f"mesh {mesh.shape}: {e}"
     if job.what.startswith("megatron"):
-        return megatron_baseline(model, search.budget, search.options)
-    return flat_baseline(job.what, model, search.budget, search.options)
+        return megatron_baseline(model, search.budget, search.options, search.level)
+    return flat_baseline(job.what, model, search.budget, search.options, search.level)
+
+
+def search_plan(model: CostModel, problem: Problem, level: str, options: SearchOptions) -> Solution:
+    """The plan on one mesh: at O2, a training step is solved with its backward and optimizer
+    nodes following their forward node and parameter (`parc.solver.follow`), then polished on the
+    whole problem; the exact solve when the step has no backward or the grouped plan does not
+    fit. O3 is always the exact ILP."""
+    grouping = model.grouping if level == "O2" else None
+    if grouping is not None:
+        try:
+            return solve_follow(problem, grouping, lambda q: solve(q, level, options))
+        except InfeasiblePlanError:
+            log.info("mesh %s: the follow-coarsened plan does not fit; solving the whole problem", model.mesh.shape)
+    return solve(problem, level, options)
 
 
 def _baseline_names(mesh: Mesh) -> list[str]:
@@ -390,10 +405,13 @@ def _no_worse_than_baselines(sol: Solution | str | None, pins: dict[int, tuple[i
                     sol.time_s if isinstance(sol, Solution) else 0.0, f"baseline:{name}")
 
 
-def flat_baseline(name: str, model: CostModel, budget: float, options: SearchOptions | None = None) -> dict:
+def flat_baseline(name: str, model: CostModel, budget: float, options: SearchOptions | None = None,
+                  level: str = "O3") -> dict:
     """`data-parallel` (data split on dim 0, parameters and state replicated) or `zero-3` (the
     same with parameters and state split on their largest divisible dim) on the flat mesh.
-    The record holds the solution's `choice` (the plan search may keep it; plan.json does not)."""
+    The record holds the solution's `choice` (the plan search may keep it; plan.json does not).
+    It is solved as the plan is at `level` (`search_plan`: at O2 a training step's backward
+    follows its forward, as Megatron's and DDP's backward does by construction)."""
     param_spec = {"data-parallel": _replicate, "zero-3": _largest_split}[name]
     micro = model.micro
     devices = model.mesh if micro is None else _device_mesh(model.mesh)
@@ -413,7 +431,7 @@ def flat_baseline(name: str, model: CostModel, budget: float, options: SearchOpt
                     pins[model.node_index(pos)] = whole
     p: Problem = model.problem.restricted(pins)
     try:
-        sol = solve(p, "O3", _pruned(options or SearchOptions()))
+        sol = search_plan(model, p, level, _pruned(options or SearchOptions()))
     except InfeasiblePlanError:
         return {"step_time_s": None, "memory_bytes_per_device": None, "feasible": False}
     mem = float(sum(p.mem[i][sol.choice[i]] for i in range(p.n))) if p.mem else 0.0
@@ -435,10 +453,11 @@ def optimizer_time(model: CostModel, choice) -> float:
                      for pos, n in enumerate(model.graph.nodes) if phase(n) == OPTIMIZER))
 
 
-def megatron_baseline(model: CostModel, budget: float, options: SearchOptions) -> dict:
+def megatron_baseline(model: CostModel, budget: float, options: SearchOptions, level: str = "O3") -> dict:
     """Megatron TP x DP on a (dp, tp) mesh: every node that reads a parameter splits one over the
     tp axis (the solver then picks column- or row-parallel, as Megatron's recipe does), the
-    rest is chosen freely (data parallel on the dp axis). The record holds `choice` as in flat_baseline."""
+    rest is chosen freely (data parallel on the dp axis). The record holds `choice`, and is
+    solved at `level`, as in flat_baseline."""
     from parc.hints import Request, Scope
 
     tp = model.mesh.shape[-1]
@@ -446,7 +465,7 @@ def megatron_baseline(model: CostModel, budget: float, options: SearchOptions) -
     try:
         pins, _ = hint_pins(model, hints)
         p = model.problem.restricted(pins)
-        sol = solve(p, "O3", _pruned(options))
+        sol = search_plan(model, p, level, _pruned(options))
     except (IneligibleMeshError, InfeasiblePlanError):
         return {"step_time_s": None, "memory_bytes_per_device": None, "feasible": False,
                 "mesh": list(model.mesh.shape[1 if model.micro is not None else 0:])}

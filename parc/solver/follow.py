@@ -1,0 +1,337 @@
+"""Follow coarsening: solve a problem whose nodes come in groups, each following a leader.
+
+A training step's backward nodes usually want the layout their forward node has, and an
+optimizer's nodes the layout of the state they update (Alpa and XLA's auto-sharding make the
+backward "follow" the forward). Given a grouping (leader[i]: the node whose strategy decides i's)
+and, per member, an affinity matrix A_i[s, t] (how well i's strategy t goes with its leader's
+strategy s beyond the problem's own edges), `follow_maps` fixes one strategy map_i[s] per member
+and leader strategy: greedily, members in breadth-first order from the leader over the group's
+edges, each taking argmin_t comp_i[t] + A_i[s, t] + the exact cost of its edges to members
+already mapped. The grouped problem has one node per group (its leader's strategies), costs
+summed exactly under the maps, and the edges between groups as they are: a training step shrinks
+to about its forward graph plus one node per parameter and per optimizer chain, and the forward
+graph's critical nodes make segments for O2 again (a parameter ties forward, backward and
+optimizer into one segment otherwise).
+
+Its optimum is a feasible choice of the original problem, not its optimum. `solve_follow`
+then polishes it by block coordinate descent on the original problem: all members free with the
+leaders fixed, then the leaders free with the members fixed, each block solved exactly
+(`condition` folds the fixed nodes into their neighbours' costs), until a round gains nothing.
+The cost never rises; what it gives up against the exact optimum is measured in
+docs/benchmarks.md (the level O2/O3 table).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import defaultdict, deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from functools import partial
+
+import numpy as np
+
+from parc.errors import InfeasiblePlanError
+from parc.solver.dp import eliminate_factors, elimination_order
+from parc.solver.problem import Problem, Solution, ragged, relative_gap
+
+log = logging.getLogger("parc.solver")
+
+
+@dataclass(frozen=True, eq=False)
+class Grouping:
+    """Which node follows which: leader[i] == i for a leader (and for a node alone)."""
+
+    leader: np.ndarray
+    affinity: Mapping[int, np.ndarray] = field(default_factory=dict)  # member -> (s_leader, s_member)
+    # the polish's blocks, each a mask of the nodes it frees (empty: the members, then the leaders)
+    blocks: tuple[np.ndarray, ...] = ()
+
+    @property
+    def members(self) -> np.ndarray:
+        return np.flatnonzero(self.leader != np.arange(len(self.leader)))
+
+
+def follow_maps(p: Problem, g: Grouping, limit: int = 1 << 16, greedy: bool = False,
+                around: np.ndarray | None = None) -> list[np.ndarray]:
+    """map_i[s]: member i's strategy when its leader takes strategy s (a leader: s itself).
+
+    Per group, the members' best joint choice for every leader strategy at once: the group's
+    own costs (compute, its internal edges, the affinities as leader-member factors) by bucket
+    elimination of the members (dp.py, exact), or, when a table would pass `limit` cells (or
+    with `greedy`), member by member in breadth-first order from the leader. With `around` (a
+    choice of every node), a member's costs also count its edges to nodes outside its group
+    fixed at `around`: its best response to the rest of that choice."""
+    maps: list[np.ndarray | None] = [None] * p.n
+    unary = _outside(p, g, around) if around is not None else p.comp
+    intra: dict[int, list[tuple[int, int, bool]]] = defaultdict(list)  # node -> (edge, other, other is source)
+    for e, (u, v) in enumerate(p.edges.tolist()):
+        if g.leader[u] == g.leader[v]:
+            intra[u].append((e, v, False))
+            intra[v].append((e, u, True))
+    groups: dict[int, list[int]] = defaultdict(list)
+    for i in g.members.tolist():
+        groups[int(g.leader[i])].append(i)
+    for i in range(p.n):
+        if g.leader[i] == i:
+            maps[i] = np.arange(p.s[i])
+    for lead, members in groups.items():
+        exact = None if greedy else _eliminated(p, g, unary, lead, members, intra, limit)
+        if exact is not None:
+            for i, m in exact.items():
+                maps[i] = m
+            continue
+        for i in _bfs(lead, set(members), intra):
+            c = np.broadcast_to(unary[i], (p.s[lead], p.s[i])).copy()
+            if i in g.affinity:
+                c += g.affinity[i]
+            for e, j, j_is_source in intra[i]:
+                if maps[j] is None:
+                    continue
+                c += p.comm[e][maps[j], :] if j_is_source else p.comm[e][:, maps[j]].T
+            c[:, ~p.allowed(i)] = np.inf
+            maps[i] = np.argmin(c, axis=1)
+    return maps  # type: ignore[return-value]
+
+
+def _eliminated(p: Problem, g: Grouping, unary, lead: int, members: list[int],
+                intra: Mapping[int, list[tuple[int, int, bool]]], limit: int) -> dict[int, np.ndarray] | None:
+    """Each member's map from eliminating the members exactly (None: a table passes `limit`)."""
+    factors: list = []
+    adj: dict[int, set[int]] = {lead: set()}
+    for i in members:
+        adj.setdefault(i, set())
+        factors.append(((i,), np.where(p.allowed(i), unary[i], np.inf)))
+        if i in g.affinity:
+            a = g.affinity[i]
+            factors.append(((lead, i), a) if lead < i else ((i, lead), a.T))
+            adj[i].add(lead)
+            adj[lead].add(i)
+    seen: set[int] = set()
+    for i in [lead, *members]:
+        for e, _, _ in intra[i]:
+            if e in seen:
+                continue
+            seen.add(e)
+            u, v = (int(w) for w in p.edges[e])
+            m = p.comm[e]
+            factors.append(((u, v), m) if u < v else ((v, u), m.T))
+            adj[u].add(v)
+            adj[v].add(u)
+    size = {v: int(p.s[v]) for v in adj}
+    order = elimination_order(adj, members, size, limit)
+    if order is None:
+        return None
+    _, trace = eliminate_factors(factors, order)
+    choice: dict[int, np.ndarray] = {lead: np.arange(p.s[lead])}
+    for v, scope, table in reversed(trace):
+        choice[v] = table[tuple(choice[u] for u in scope)] if scope else np.full(p.s[lead], int(table))
+    del choice[lead]
+    return choice
+
+
+def _outside(p: Problem, g: Grouping, x: np.ndarray) -> list[np.ndarray]:
+    """comp_i plus, for each edge to another group, its cost with the other end fixed at x."""
+    flat = p.comp_flat.copy()
+    u, v = p.edges[:, 0], p.edges[:, 1]
+    start, sv = p.comm_offsets[:-1], p.s[v]
+    apart = g.leader[u] != g.leader[v]
+    for into, rows in ((u, True), (v, False)):
+        e = np.flatnonzero(apart)
+        k, j = ragged(p.s[into[e]])
+        e = e[k]
+        src = start[e] + (j * sv[e] + x[v[e]] if rows else x[u[e]] * sv[e] + j)
+        np.add.at(flat, p.offsets[into[e]] + j, p.comm_flat[src])
+    return np.split(flat, p.offsets[1:-1])
+
+
+def map_variants(p: Problem, g: Grouping) -> list[list[np.ndarray]]:
+    """The maps `grouped` offers: exact per group, and greedy (which, on gpt-medium's step,
+    leaves the polish less to do on some groups)."""
+    return [follow_maps(p, g), follow_maps(p, g, greedy=True)]
+
+
+def _bfs(lead: int, members: set[int], intra: Mapping[int, list[tuple[int, int, bool]]]) -> list[int]:
+    """The members in breadth-first order from the leader over the group's edges, then the
+    ones no edge reaches (in index order)."""
+    order, seen, queue = [], {lead}, deque([lead])
+    while queue:
+        u = queue.popleft()
+        for _, v, _ in sorted(intra.get(u, ()), key=lambda t: t[1]):
+            if v in members and v not in seen:
+                seen.add(v)
+                order.append(v)
+                queue.append(v)
+    return order + sorted(members - seen)
+
+
+@dataclass(frozen=True, eq=False)
+class Grouped:
+    """The grouped problem and how to expand its choice back."""
+
+    problem: Problem
+    leaders: np.ndarray  # original index of each grouped node
+    group: np.ndarray  # grouped node of each original node
+    maps: list[np.ndarray]
+
+    def expand(self, y: np.ndarray) -> np.ndarray:
+        return np.array([m[y[k]] for m, k in zip(self.maps, self.group.tolist())], dtype=np.int64)
+
+
+def grouped(p: Problem, g: Grouping, around: np.ndarray | None = None) -> Grouped:
+    """One node per group whose strategies are joint choices of the group: each leader strategy
+    with its members' exact maps, and with their greedy maps (`map_variants`), duplicates
+    dropped. With `around` (a choice), instead: each leader strategy with the members' best
+    response to the rest of `around`, and `around`'s own choice of the group (so the grouped
+    optimum is never worse than `around`). Every cost is summed exactly under the maps."""
+    if around is None:
+        variants = map_variants(p, g)
+    else:
+        variants = [follow_maps(p, g, around=around), [around[i : i + 1] for i in range(p.n)]]
+    maps = [np.concatenate([v[i] for v in variants]) for i in range(p.n)]
+    leaders = np.flatnonzero(g.leader == np.arange(p.n))
+    where = np.full(p.n, -1, dtype=np.int64)
+    where[leaders] = np.arange(len(leaders))
+    group = where[g.leader]
+    order = np.argsort(group, kind="stable")
+    bounds = np.searchsorted(group[order], np.arange(len(leaders) + 1))
+    for k in range(len(leaders)):  # drop duplicate joint choices
+        nodes = order[bounds[k] : bounds[k + 1]]
+        _, keep = np.unique(np.stack([maps[i] for i in nodes.tolist()]), axis=1, return_index=True)
+        keep.sort()
+        for i in nodes.tolist():
+            maps[i] = maps[i][keep]
+    sizes = [len(maps[i]) for i in leaders.tolist()]
+    comp = [np.zeros(c) for c in sizes]
+    mem = [np.zeros(c) for c in sizes]
+    ok = [np.ones(c, dtype=bool) for c in sizes]
+    for i in range(p.n):
+        k = group[i]
+        comp[k] += p.comp[i][maps[i]]
+        mem[k] += p.mem[i][maps[i]]
+        ok[k] &= p.allowed(i)[maps[i]]
+    pairs: dict[tuple[int, int], np.ndarray] = {}
+    for e, (u, v) in enumerate(p.edges.tolist()):
+        a, b = int(group[u]), int(group[v])
+        if a == b:
+            comp[a] += p.comm[e][maps[u], maps[v]]
+            continue
+        m = p.comm[e][np.ix_(maps[u], maps[v])]
+        if a > b:  # oriented by index: the grouped graph may have both directions (backward mirrors forward)
+            a, b, m = b, a, m.T
+        pairs[a, b] = pairs[a, b] + m if (a, b) in pairs else m
+    pins = {}
+    for k, allowed in enumerate(ok):
+        if not allowed.all():
+            pins[k] = np.flatnonzero(allowed).tolist()
+    edges = sorted(pairs)
+    names = tuple(p.names[i] for i in leaders.tolist()) if p.names else ()
+    q = Problem(tuple(comp), np.array(edges, dtype=np.int64).reshape(-1, 2), tuple(pairs[e] for e in edges),
+                tuple(mem), p.budget, pins, names)
+    return Grouped(q, leaders, group, maps)
+
+
+def condition(p: Problem, free: np.ndarray, x: np.ndarray) -> Problem:
+    """The problem over the nodes where `free` is True, the others fixed at x: their edges to
+    free nodes become unary costs, their memory comes off the budget."""
+    idx = np.flatnonzero(free)
+    local = np.full(p.n, -1, dtype=np.int64)
+    local[idx] = np.arange(len(idx))
+    sizes = p.s[idx]
+    offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    flat = np.concatenate([p.comp[i] for i in idx.tolist()]) if len(idx) else np.zeros(0)
+    u, v = p.edges[:, 0], p.edges[:, 1]
+    start, sv = p.comm_offsets[:-1], p.s[v]
+    for into, other, rows in ((u, v, True), (v, u, False)):  # edges with one free end: a row or column
+        e = np.flatnonzero(free[into] & ~free[other])
+        if not len(e):
+            continue
+        k, j = ragged(p.s[into[e]])
+        e = e[k]
+        src = start[e] + (j * sv[e] + x[v[e]] if rows else x[u[e]] * sv[e] + j)
+        np.add.at(flat, offsets[local[into[e]]] + j, p.comm_flat[src])
+    comp = np.split(flat, offsets[1:-1])
+    both = np.flatnonzero(free[u] & free[v])
+    edges = np.stack([local[u[both]], local[v[both]]], axis=1)
+    budget = None
+    if p.budget is not None:
+        fixed = np.flatnonzero(~free)
+        budget = max(p.budget - float(p.mem_flat[p.offsets[fixed] + x[fixed]].sum()), 0.0)
+    pins = {int(local[i]): a for i, a in p.pins if free[i]}
+    names = tuple(p.names[i] for i in idx.tolist()) if p.names else ()
+    return Problem(tuple(comp), edges, tuple(p.comm[e] for e in both.tolist()),
+                   tuple(p.mem[i] for i in idx.tolist()), budget, pins, names)
+
+
+def solve_follow(p: Problem, g: Grouping, solve: Callable[[Problem], Solution], rounds: int = 3) -> Solution:
+    """The grouped problem's optimum, polished by block coordinate descent (module docstring).
+    Raises InfeasiblePlanError when the grouped problem has no choice within the budget (the
+    caller then solves p itself). The lower bound is the original problem's trivial bound: the
+    grouped optimum bounds nothing below.
+
+    (Solving the grouped problem again with the polished choice among its joint choices gained
+    nothing on gpt-medium's step, flat or 2-D, for 40% more time: not done.)"""
+    t0 = time.perf_counter()
+    solve = partial(_folding_fixed, solve=solve)
+    gp = grouped(p, g)
+    first = solve(gp.problem)
+    x = gp.expand(first.choice)
+    if not p.fits(x):
+        raise InfeasiblePlanError("follow coarsening: the grouped optimum does not fit the budget")
+    member = np.zeros(p.n, dtype=bool)
+    member[g.members] = True
+    blocks = g.blocks or (member, ~member)
+    x, cost = _polish(p, blocks, x, p.cost(x), solve, rounds)
+    log.debug("follow: grouped %.6g, polished %.6g", p.cost(gp.expand(first.choice)), cost)
+    for _ in range(rounds):  # joint moves of a group, its members answering the rest of x
+        again = grouped(p, g, around=x)
+        y = again.expand(solve(again.problem).choice)
+        if not p.fits(y):
+            break
+        y, c = _polish(p, blocks, y, p.cost(y), solve, rounds)
+        log.debug("follow: regrouped around %.6g, polished %.6g", cost, c)
+        if c >= cost * (1 - 1e-6):
+            break
+        x, cost = y, c
+    lower = min(p.trivial_bound(), cost)
+    return Solution(x, cost, lower, relative_gap(cost, lower), "heuristic", time.perf_counter() - t0,
+                    f"follow({p.n}->{gp.problem.n})+{first.method}")
+
+
+def _folding_fixed(p: Problem, solve: Callable[[Problem], Solution]) -> Solution:
+    """solve(p) with p's nodes of one allowed strategy folded into their neighbours' costs
+    (exact): a constant every group reads (an optimizer's scalar) would otherwise tie the whole
+    grouped graph into one segment for O2 (gpt-medium's step on 2 x 4: 7.6 s -> 1.4 s)."""
+    fixed = np.add.reduceat(p.allowed_flat, p.offsets[:-1]) == 1
+    if not fixed.any() or fixed.all() or not p.num_edges:
+        return solve(p)
+    x = np.zeros(p.n, dtype=np.int64)
+    x[fixed] = [int(np.flatnonzero(p.allowed(i))[0]) for i in np.flatnonzero(fixed).tolist()]
+    sol = solve(condition(p, ~fixed, x))
+    x[~fixed] = sol.choice
+    cost = p.cost(x)
+    lower = min(sol.lower_bound + cost - sol.cost, cost)
+    return Solution(x, cost, lower, relative_gap(cost, lower), sol.status, sol.time_s, sol.method)
+
+
+def _polish(p: Problem, blocks: tuple[np.ndarray, ...], x: np.ndarray, cost: float, solve: Callable[[Problem], Solution],
+            rounds: int) -> tuple[np.ndarray, float]:
+    """Block coordinate descent: each block free in turn, the rest fixed."""
+    for _ in range(rounds):
+        gained = False
+        for free in blocks:
+            if not free.any():
+                continue
+            try:
+                sol = solve(condition(p, free, x))
+            except InfeasiblePlanError:
+                continue
+            y = x.copy()
+            y[free] = sol.choice
+            c = p.cost(y)
+            if p.fits(y) and c < cost * (1 - 1e-9):
+                x, cost, gained = y, c, True
+        if not gained:
+            break
+    return x, cost
