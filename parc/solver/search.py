@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -64,16 +64,15 @@ class SearchOptions:
     ilp: IlpOptions = field(default_factory=IlpOptions)  # every ILP: O3's, and O2's segment cores
     segment_pairs: str = "all"  # O2: "all" solves cores per (entry, exit) pair; "entry" per entry only
     dp_limit: int = 1 << 18  # O2: largest DP table (cells) for a segment core; beyond, ILP per pair
-    memory: str = "auto"  # "row" (ILP memory row, O3 only), "restrict" (Rhino 4.4) or "auto" (row for
-    # O3, and for an O2 problem without critical nodes once its free solve does not fit; restrict
-    # otherwise)
+    memory: str = "auto"  # "row" (ILP memory row, O3 only), "restrict" (Rhino 4.4), "price" (a
+    # Lagrangian price on memory: search_price) or "auto" (row for O3, price for O2)
     restrict: Restrict = restrict_largest  # k -> the problem with k nodes restricted to save memory
 
     def __post_init__(self) -> None:
         if self.segment_pairs not in ("all", "entry"):
             raise UsageError(f"segment_pairs: expected 'all' or 'entry', found {self.segment_pairs!r}")
-        if self.memory not in ("auto", "row", "restrict"):
-            raise UsageError(f"memory: expected 'auto', 'row' or 'restrict', found {self.memory!r}")
+        if self.memory not in ("auto", "row", "restrict", "price"):
+            raise UsageError(f"memory: expected 'auto', 'row', 'restrict' or 'price', found {self.memory!r}")
 
 
 def solve(p: Problem, level: str = "O3", options: SearchOptions = SearchOptions()) -> Solution:
@@ -84,9 +83,7 @@ def solve(p: Problem, level: str = "O3", options: SearchOptions = SearchOptions(
         raise UsageError(f"level: expected 'O2' or 'O3', found {level!r}")
     memory = options.memory
     if memory == "auto":
-        memory = "row" if level == "O3" else "restrict"
-        if level == "O2" and p.budget is not None and not len(critical_nodes(p)):
-            return _one_segment_under_budget(p, options)
+        memory = "row" if level == "O3" else "price"
     if memory == "row" and level == "O2" and p.budget is not None:
         raise UsageError("memory='row' needs level O3: O2's segments cannot share one memory row")
     p.check_budget()
@@ -96,25 +93,58 @@ def solve(p: Problem, level: str = "O3", options: SearchOptions = SearchOptions(
 
     if p.budget is None or memory == "row":
         return unconstrained(p)
+    if memory == "price":
+        return search_price(p, unconstrained)
     return search_memory(p, unconstrained, options.restrict)
 
 
-def _one_segment_under_budget(p: Problem, options: SearchOptions) -> Solution:
-    """O2 on a problem without critical nodes (a training step: its parameters tie forward,
-    backward and optimizer together), under a budget. O2 is then one ILP anyway, so when its
-    free solution does not fit, the budget costs one more ILP, with the memory row (O3's exact
-    constraint), instead of Rhino 4.4's binary search of ~log2(n) restricted solves (a 4-layer
-    GPT step under a binding limit: 305 s -> 66 s, and a better plan). Either solve's lower
-    bound bounds the constrained optimum."""
+def search_price(p: Problem, solve_free: Callable[[Problem], Solution], steps: int = 6) -> Solution:
+    """Memory as a price (a Lagrangian relaxation of the budget row): solve min C(x) + lam mem(x)
+    without the budget, raising lam geometrically until the choice fits M, then bisecting lam
+    (`steps` solves) between the last price that did not fit and the first that did; the best
+    fitting choice is kept. Every solve is a free one (O2's segments and DP stay exact), and
+    C(x*) >= L(lam) = min_x C(x) + lam (mem(x) - M) for every lam >= 0 bounds the constrained
+    optimum from below: the gap is proven. (A 4-layer GPT step under a binding limit: ...)"""
     t0 = time.perf_counter()
-    free = solve_o2(p.with_budget(None), options)
-    if p.fits(free.choice):
-        return free
-    sol = solve_coarse(p, options.ilp, free_first=False)
-    lower = min(max(sol.lower_bound, free.lower_bound), sol.cost)
-    gap = relative_gap(sol.cost, lower)
-    return Solution(sol.choice, sol.cost, lower, gap, "optimal" if gap == 0 else sol.status,
-                    time.perf_counter() - t0, f"O2-free+{sol.method}")
+    free = p.with_budget(None)
+    base = solve_free(free)
+    if p.fits(base.choice):
+        return base
+    budget = float(p.budget)  # type: ignore[arg-type]
+    lower = base.lower_bound
+    best: tuple[float, np.ndarray] | None = None
+
+    def priced(lam: float) -> bool:
+        nonlocal lower, best
+        sol = solve_free(replace(free, comp=tuple(c + lam * m for c, m in zip(p.comp, p.mem))))
+        lower = max(lower, sol.lower_bound - lam * budget)
+        if not p.fits(sol.choice):
+            return False
+        cost = p.cost(sol.choice)
+        if best is None or cost < best[0]:
+            best = (cost, sol.choice)
+        return True
+
+    # seconds per byte: the free plan's cost per byte of its memory, then x4 until it fits
+    lo, hi = 0.0, max(base.cost, 1e-12) / max(p.memory(base.choice), 1.0)
+    for _ in range(64):
+        if priced(hi):
+            break
+        lo, hi = hi, hi * 4
+    else:
+        raise InfeasiblePlanError(f"memory: no price made the plan fit M = {budget:.6g} per device")
+    for _ in range(steps):
+        mid = math.sqrt(lo * hi) if lo > 0 else hi / 4
+        if priced(mid):
+            hi = mid
+        else:
+            lo = mid
+    assert best is not None
+    cost, x = best
+    lower = min(lower, cost)
+    gap = relative_gap(cost, lower)
+    return Solution(x, cost, lower, gap, "optimal" if gap <= 1e-9 else "heuristic", time.perf_counter() - t0,
+                    f"{base.method}+price")
 
 
 def search_memory(p: Problem, solve_free: Callable[[Problem], Solution], restrict: Restrict) -> Solution:

@@ -270,15 +270,17 @@ def _run(search: _Search, graph: Graph, job: _Job) -> _Built | Solution | str | 
     return flat_baseline(job.what, model, search.budget, search.options, search.level)
 
 
-def search_plan(model: CostModel, problem: Problem, level: str, options: SearchOptions) -> Solution:
+def search_plan(model: CostModel, problem: Problem, level: str, options: SearchOptions,
+                bound_columns: int = 150_000) -> Solution:
     """The plan on one mesh: at O2, a training step is solved with its backward and optimizer
     nodes following their forward node and parameter (`parc.solver.follow`), then polished on the
     whole problem; the exact solve when the step has no backward or the grouped plan does not
-    fit. O3 is always the exact ILP."""
+    fit. O3 is always the exact ILP. `bound_columns`: the follow plan's gap is proven by an LP
+    of at most that many edge columns (`parc.solver.follow.lp_bound`; 0: the trivial bound)."""
     grouping = model.grouping if level == "O2" else None
     if grouping is not None:
         try:
-            return solve_follow(problem, grouping, lambda q: solve(q, level, options))
+            return solve_follow(problem, grouping, lambda q: solve(q, level, options), bound_columns=bound_columns)
         except InfeasiblePlanError:
             log.info("mesh %s: the follow-coarsened plan does not fit; solving the whole problem", model.mesh.shape)
     return solve(problem, level, options)
@@ -431,7 +433,7 @@ def flat_baseline(name: str, model: CostModel, budget: float, options: SearchOpt
                     pins[model.node_index(pos)] = whole
     p: Problem = model.problem.restricted(pins)
     try:
-        sol = search_plan(model, p, level, _pruned(options or SearchOptions()))
+        sol = search_plan(model, p, level, _pruned(options or SearchOptions()), bound_columns=0)
     except InfeasiblePlanError:
         return {"step_time_s": None, "memory_bytes_per_device": None, "feasible": False}
     mem = float(sum(p.mem[i][sol.choice[i]] for i in range(p.n))) if p.mem else 0.0
@@ -465,7 +467,7 @@ def megatron_baseline(model: CostModel, budget: float, options: SearchOptions, l
     try:
         pins, _ = hint_pins(model, hints)
         p = model.problem.restricted(pins)
-        sol = search_plan(model, p, level, _pruned(options))
+        sol = search_plan(model, p, level, _pruned(options), bound_columns=0)
     except (IneligibleMeshError, InfeasiblePlanError):
         return {"step_time_s": None, "memory_bytes_per_device": None, "feasible": False,
                 "mesh": list(model.mesh.shape[1 if model.micro is not None else 0:])}
