@@ -5,13 +5,18 @@ each `parc plan` runs in a fresh process; *wall s* is the whole command. Suites:
 
 * ``tiny``: the tiny zoo models on 2 and 4 A100s, -O2 and -O3 (`--models/--devices/--levels/--time-limit`).
 * ``zoo``: plan quality against the baselines for the full-size zoo models on 8 x V100-32G, flat
-  mesh only (`--mesh-dims 1`), -O2 and -O3, 60 s per solve.
+  mesh only (`--mesh-dims 1`; `--zoo-mesh-dims 2` for the 2-D meshes too), -O2 and -O3, 60 s per solve.
 * ``scaling``: GPT with hidden 512, 8 heads, FFN 2048 and L layers on 8 x A100-80G, -O2, flat
   mesh, 120 s per solve; plus one L=72 run over the default 2-D meshes.
 * ``medium``: gpt-medium (default batch) on 8 x A100-80G, -O2 and -O3, default meshes, 60 s per solve.
+* ``scale``: the planner-at-scale cases (issue 11), each a whole `parc plan` command with its goal:
+  gpt-medium on 8 x V100-32G at O2/O3, with and without programs; a 4-layer GPT under a binding
+  `--mem-limit`; GPT with 12-96 layers of hidden 512 on the default 2-D meshes; GPT-39B-like on
+  8 x 8 A100-80G (SPMD only); gpt-2.7b over 4 nodes joined by 25 GbE (SPMD only). Peak memory
+  is the largest resident set of the command and its worker processes.
 
 Usage:
-    python benchmarks/plan.py [--suite tiny|zoo|scaling|medium|all] [--zoo-models a,b] [--layers 12,24]
+    python benchmarks/plan.py [--suite tiny|zoo|scaling|medium|scale|all] [--zoo-models a,b] [--layers 12,24]
                               [--models gpt-tiny,resnet-tiny,unet-tiny] [--devices 2xa100-80g,4xa100-80g]
                               [--levels O2,O3] [--time-limit 10] [--out out/bench-plan.md]
 Tables go to out/bench-plan[-SUITE].md, the raw rows to out/bench-plan-SUITE.json.
@@ -163,7 +168,7 @@ def suite_zoo(args: argparse.Namespace, tmp: Path) -> None:
         ir = build(name, ZOO_SETS.get(name, []), step)
         row = {"model": name, "sets": " ".join(ZOO_SETS.get(name, [])[1::2]), "ir_nodes": ir}
         for level in ("O2", "O3"):
-            r = plan(step, tmp / f"{name}-{level}", devices, level, limit, mesh_dims=1)
+            r = plan(step, tmp / f"{name}-{level}", devices, level, limit, mesh_dims=args.zoo_mesh_dims)
             row[level] = {"wall": r["wall"], "error": r.get("error")}
             if "doc" in r:
                 doc = r["doc"]
@@ -203,7 +208,8 @@ def suite_zoo(args: argparse.Namespace, tmp: Path) -> None:
 
     head = (
         machine(
-            f"`--devices {devices} --mesh-dims 1` (flat 8-device mesh only), per-solve time limit {limit} s, "
+            f"`--devices {devices} --mesh-dims {args.zoo_mesh_dims}`"
+            f"{' (flat 8-device mesh only)' if args.zoo_mesh_dims == 1 else ''}, per-solve time limit {limit} s, "
             "`--jobs 2`; baselines are pinned versions of the same problem in the same cost model; "
             "cells with two figures are O2, O3"
         )
@@ -228,7 +234,7 @@ def suite_zoo(args: argparse.Namespace, tmp: Path) -> None:
             + f" | {f(o2, 'mem', '.2f')}, {f(o3, 'mem', '.2f')} | {beats(o2)}, {beats(o3)} |\n"
         )
     text = head + body + ("\n" + "\n".join(notes) + "\n" if notes else "")
-    write("zoo", text, rows)
+    write("zoo" if args.zoo_mesh_dims == 1 else f"zoo-{args.zoo_mesh_dims}d", text, rows)
 
 
 def suite_scaling(args: argparse.Namespace, tmp: Path) -> None:
@@ -330,15 +336,104 @@ def suite_medium(args: argparse.Namespace, tmp: Path) -> None:
     write("medium", head + body, rows)
 
 
+def run_measured(cmd: list[str], timeout: float = CMD_TIMEOUT_S) -> tuple[float, int | None, float, str]:
+    """(wall s, exit code or None on time-out, peak resident GiB of the command and its children, stderr)."""
+    import os
+    import signal
+
+    t = time.perf_counter()
+    with tempfile.TemporaryFile() as err:
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
+        deadline = t + timeout
+        while True:
+            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+            if pid:
+                break
+            if time.perf_counter() > deadline:
+                os.killpg(proc.pid, signal.SIGKILL)
+                _, status, usage = os.wait4(proc.pid, 0)
+                status = None
+                break
+            time.sleep(0.05)
+        err.seek(0)
+        text = err.read().decode(errors="replace")
+    rc = None if status is None else os.waitstatus_to_exitcode(status)
+    return time.perf_counter() - t, rc, usage.ru_maxrss / 2**20, text
+
+
+def suite_scale(args: argparse.Namespace, tmp: Path) -> None:
+    """Issue 11's cases, one row each: the whole command's wall time against its goal."""
+    gpt = ["--set", "hidden=512", "--set", "heads=8", "--set", "ffn=2048"]
+    models = {
+        "gpt-medium": ("gpt-medium", []),
+        "gpt-4l-128": ("gpt-tiny", ["--set", "layers=4", "--set", "hidden=128", "--set", "vocab=1000"]),
+        "gpt-39b": ("gpt-6.7b", ["--set", "layers=48", "--set", "hidden=8192", "--set", "ffn=32768",
+                                 "--set", "heads=64"]),
+        "gpt-2.7b-b32": ("gpt-2.7b", ["--set", "batch=32"]),
+        **{f"gpt-L{L}": ("gpt-medium", [*gpt, "--set", f"layers={L}"]) for L in args.layers.split(",")},
+    }
+    slow = tmp / "slow.yaml"
+    slow.write_text("nodes:\n  - gpus: 8xv100-32g\n    count: 4\ninter_link: 25gbe\n")
+    v100 = ["--devices", "8xv100-32g"]
+    cases = [  # (label, model, flags, goal s)
+        ("gpt-medium O2", "gpt-medium", [*v100, "-O2", "--no-programs"], 20),
+        ("gpt-medium O3", "gpt-medium", [*v100, "-O3", "--no-programs"], 60),
+        ("gpt-medium O2, programs", "gpt-medium", [*v100, "-O2"], 30),
+        ("4-layer GPT, --mem-limit 0.004", "gpt-4l-128",
+         ["--devices", "4xa100-80g", "-O2", "--mem-limit", "0.004", "--no-programs"], 15),
+        *((f"GPT {L} layers, 2-D meshes", f"gpt-L{L}", ["--devices", "8xa100-80g", "-O2", "--no-programs"],
+           60 if L == "72" else None) for L in args.layers.split(",")),
+        ("GPT-39B-like, 8x8 A100, SPMD", "gpt-39b",
+         ["--devices", "8x8xa100-80g", "-O2", "--pipeline", "off", "--no-programs"], 120),
+        ("gpt-2.7b, 4x8 V100 over 25 GbE, SPMD", "gpt-2.7b-b32",
+         ["--cluster", str(slow), "-O2", "--pipeline", "off", "--no-programs"], None),
+    ]
+    if args.scale_cases:
+        cases = [c for c in cases if any(k in c[0] for k in args.scale_cases.split(","))]
+    built: dict[str, Path] = {}
+    rows = []
+    for label, model, flags, goal in cases:
+        if model not in built:
+            built[model] = tmp / f"{model}.train.onnx"
+            build(models[model][0], models[model][1], built[model])
+        out = tmp / f"plan-{len(rows)}"
+        wall, rc, peak, err = run_measured([*PARC, "plan", str(built[model]), *flags, "-o", str(out)])
+        row = {"case": label, "flags": " ".join(flags), "goal_s": goal, "wall": wall, "rc": rc, "peak_gib": peak}
+        if rc == 0:
+            doc = json.loads((out / "plan.json").read_text())
+            base = [b["step_time_s"] for b in doc["baselines"].values() if b.get("feasible")]
+            row.update(step=doc["predicted"]["step_time_s"], best_baseline=min(base) if base else None,
+                       gap=doc["solver"]["gap"], mesh="x".join(map(str, doc["mesh"]["shape"])))
+        else:
+            row["error"] = (err.strip().splitlines() or ["timed out"])[-1]
+        rows.append(row)
+        log(f"{label}: {wall:.1f} s (goal {goal}) {row.get('error', '')}")
+    head = machine("each case one `parc plan` command in a fresh process (default `--jobs`: one per CPU)") + (
+        "| case | flags | wall s | goal s | peak GiB | mesh | predicted ms | / best baseline | proven gap |\n"
+        "|---|---|---:|---:|---:|---|---:|---:|---:|\n")
+    body = ""
+    for r in rows:
+        if r["rc"] != 0:
+            body += f"| {r['case']} | `{r['flags']}` | {r['wall']:.1f} | {r['goal_s'] or '-'} | {r['peak_gib']:.2f} | " \
+                    f"{r.get('error')} | - | - | - |\n"
+            continue
+        ratio = f"{r['step'] / r['best_baseline']:.3f}" if r["best_baseline"] else "-"
+        body += (f"| {r['case']} | `{r['flags']}` | {r['wall']:.1f} | {r['goal_s'] or '-'} | {r['peak_gib']:.2f} | "
+                 f"{r['mesh']} | {r['step'] * 1e3:.1f} | {ratio} | {r['gap']:.1%} |\n")
+    write("scale", head + body, rows)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--suite", default="all", choices=["tiny", "zoo", "scaling", "medium", "all"])
+    ap.add_argument("--suite", default="all", choices=["tiny", "zoo", "scaling", "medium", "scale", "all"])
+    ap.add_argument("--scale-cases", default="", help="scale suite: only cases whose label contains one of these")
     ap.add_argument("--models", default="gpt-tiny,resnet-tiny,unet-tiny", help="tiny suite")
     ap.add_argument("--devices", default="2xa100-80g,4xa100-80g", help="tiny suite")
     ap.add_argument("--levels", default="O2,O3", help="tiny suite")
     ap.add_argument("--time-limit", default="10", help="tiny suite")
     ap.add_argument("--out", default="out/bench-plan.md", help="tiny suite")
     ap.add_argument("--zoo-models", default=ZOO, help="zoo suite")
+    ap.add_argument("--zoo-mesh-dims", type=int, default=1, help="zoo suite: 1 (flat mesh) or 2 (2-D meshes too)")
     ap.add_argument("--layers", default="12,24,48,72,96", help="scaling suite")
     ap.add_argument(
         "--no-layers-2d",
@@ -347,7 +442,8 @@ def main() -> None:
         help="scaling suite: skip the L=72 run over the 2-D meshes",
     )
     args = ap.parse_args()
-    suites = {"tiny": suite_tiny, "zoo": suite_zoo, "scaling": suite_scaling, "medium": suite_medium}
+    suites = {"tiny": suite_tiny, "zoo": suite_zoo, "scaling": suite_scaling, "medium": suite_medium,
+              "scale": suite_scale}
     with tempfile.TemporaryDirectory() as tmp:
         for name, fn in suites.items():
             if args.suite in (name, "all"):

@@ -14,9 +14,11 @@ fold into phi_{c_0} and phi_{c_K}). Every step is exact, so O2 equals O3 unless 
 early or `segment_pairs="entry"` (one ILP per entry strategy with the exit left free: ~s times
 fewer ILPs, no optimality guarantee).
 
-O2 cannot carry a memory row across segments; under a budget M it uses Rhino 4.4's heuristic:
-restrict the k nodes with the most memory to save to their lowest-memory strategies, and
-binary-search the smallest k whose (unconstrained) solution fits M.
+O2 cannot carry a memory row across segments; under a budget M it prices memory (a Lagrangian
+relaxation of the row, `search_price`: free solves of C(x) + lam mem(x), lam bisected, with a
+proven lower bound). Rhino 4.4's heuristic stays as `memory="restrict"`: restrict the k nodes
+with the most memory to save to their lowest-memory strategies, and binary-search the smallest k
+whose (unconstrained) solution fits M.
 """
 
 from __future__ import annotations
@@ -104,7 +106,7 @@ def search_price(p: Problem, solve_free: Callable[[Problem], Solution], steps: i
     (`steps` solves) between the last price that did not fit and the first that did; the best
     fitting choice is kept. Every solve is a free one (O2's segments and DP stay exact), and
     C(x*) >= L(lam) = min_x C(x) + lam (mem(x) - M) for every lam >= 0 bounds the constrained
-    optimum from below: the gap is proven. (A 4-layer GPT step under a binding limit: ...)"""
+    optimum from below: the gap is proven (docs/solver.md has the measurements)."""
     t0 = time.perf_counter()
     free = p.with_budget(None)
     base = solve_free(free)
