@@ -72,22 +72,23 @@ def coarsen(p: Problem) -> Coarse:
     return Coarse(fg, kept, q)
 
 
-def solve_coarse(p: Problem, options: IlpOptions | None = None, free_first: bool = True) -> Solution:
+def solve_coarse(p: Problem, options: IlpOptions | None = None, free_first: bool = True,
+                 start: np.ndarray | None = None) -> Solution:
     """O3: the exact optimum of p (or, on time-out, the best found with its proven gap), solving
     one ILP over the coarsened problem. Under a budget, the unconstrained coarse optimum is
     tried first (unless `free_first` is False: the caller has): when it fits, it is also the
-    constrained optimum."""
+    constrained optimum. `start`: a known choice of p, the ILP's incumbent (solve_ilp)."""
     t0 = time.perf_counter()
     options = options or IlpOptions()
     p.check_budget()
     if p.budget is not None and free_first:
-        free = _solve(p.with_budget(None), options, t0)
+        free = _solve(p.with_budget(None), options, t0, start)
         if p.fits(free.choice):
             return free
-    return _solve(p, options, t0)
+    return _solve(p, options, t0, start)
 
 
-def _solve(p: Problem, options: IlpOptions, t0: float) -> Solution:
+def _solve(p: Problem, options: IlpOptions, t0: float, start: np.ndarray | None = None) -> Solution:
     c = coarsen(p)
     x = np.zeros(p.n, dtype=np.int64)
     if c.problem is None:
@@ -96,7 +97,7 @@ def _solve(p: Problem, options: IlpOptions, t0: float) -> Solution:
         return Solution(x, cost, cost, 0.0, "optimal", time.perf_counter() - t0,
                         f"coarse-ilp({p.n}->0)")
     left = max(options.time_limit - (time.perf_counter() - t0), 1e-3)
-    sol = solve_ilp(c.problem, replace(options, time_limit=left))
+    sol = solve_ilp(c.problem, replace(options, time_limit=left), None if start is None else start[c.kept])
     x[c.kept] = sol.choice
     c.graph.backtrack(x)
     cost = p.cost(x)

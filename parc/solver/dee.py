@@ -37,6 +37,16 @@ class Pruned:
         """A choice of the pruned problem as a choice of the original."""
         return np.array([int(k[j]) for k, j in zip(self.keep, np.asarray(x).tolist())], dtype=np.int64)
 
+    def restrict(self, x: np.ndarray) -> np.ndarray | None:
+        """A choice of the original as a choice of the pruned problem (None: it uses a dropped strategy)."""
+        out = np.empty(len(self.keep), dtype=np.int64)
+        for i, (k, j) in enumerate(zip(self.keep, np.asarray(x).tolist())):
+            where = np.flatnonzero(k == j)
+            if not len(where):
+                return None
+            out[i] = where[0]
+        return out
+
 
 def prune(p: Problem, sweeps: int = 4) -> Pruned:
     """`p` without the strategies that pins forbid or that another strategy dominates."""

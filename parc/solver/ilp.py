@@ -215,21 +215,23 @@ def lp_relaxation(p: Problem, options: IlpOptions = IlpOptions()) -> float:
     return h.getInfo().objective_function_value
 
 
-def solve_ilp(p: Problem, options: IlpOptions = IlpOptions()) -> Solution:
+def solve_ilp(p: Problem, options: IlpOptions = IlpOptions(), start: np.ndarray | None = None) -> Solution:
     """Minimise C(x) with one ILP over the whole problem (O3); pins and budget M respected.
 
     Returns the optimum, or on time-out the best incumbent with HiGHS's proven bound. Raises
     MemoryBudgetError when no choice fits M (checked exactly before the ILP is built). With
     `options.prune` the ILP is built over the strategies dead-end elimination keeps (dee.py):
-    the same optimum from fewer columns."""
+    the same optimum from fewer columns. `start`: a known choice (say a heuristic's plan), the
+    incumbent when it fits and beats the LP rounding; when the LP bound proves it within the
+    gap, no branch and bound runs."""
     t0 = time.perf_counter()
     p.check_budget()
     if not options.prune:
-        return _solve_ilp(p, options, t0)
+        return _solve_ilp(p, options, t0, start)
     from parc.solver.dee import prune
 
     pruned = prune(p)
-    sol = _solve_ilp(pruned.problem, options, t0)
+    sol = _solve_ilp(pruned.problem, options, t0, None if start is None else pruned.restrict(start))
     x = pruned.expand(sol.choice)
     cost = p.cost(x)
     lower = min(sol.lower_bound, cost)
@@ -237,7 +239,7 @@ def solve_ilp(p: Problem, options: IlpOptions = IlpOptions()) -> Solution:
                     f"{sol.method}+dee({int(p.allowed_flat.sum())}->{int(pruned.problem.s.sum())})")
 
 
-def _solve_ilp(p: Problem, options: IlpOptions, t0: float) -> Solution:
+def _solve_ilp(p: Problem, options: IlpOptions, t0: float, start: np.ndarray | None = None) -> Solution:
     m = build_model(p)
     h = _highs(options)
     h.passModel(m.lp)
@@ -252,6 +254,10 @@ def _solve_ilp(p: Problem, options: IlpOptions, t0: float) -> Solution:
         if p.budget is not None
         else segment_argmin(p, np.where(p.allowed_flat, p.comp_flat, np.inf))
     )
+    if start is not None:
+        start = np.asarray(start, dtype=np.int64)
+        if p.allowed_flat[p.offsets[:-1] + start].all() and p.fits(start) and p.cost(start) < p.cost(fallback):
+            fallback = start
     lp_bound = -math.inf
     if options.warm_start:
         h.setOptionValue("time_limit", remaining())

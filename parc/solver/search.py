@@ -77,8 +77,11 @@ class SearchOptions:
             raise UsageError(f"memory: expected 'auto', 'row', 'restrict' or 'price', found {self.memory!r}")
 
 
-def solve(p: Problem, level: str = "O3", options: SearchOptions = SearchOptions()) -> Solution:
+def solve(p: Problem, level: str = "O3", options: SearchOptions = SearchOptions(),
+          start: np.ndarray | None = None) -> Solution:
     """The best choice for p at optimisation level O3 (one ILP) or O2 (segments + DP).
+
+    `start` (O3): a known choice, the ILP's incumbent (a heuristic's plan: see solve_ilp).
 
     Raises MemoryBudgetError (an InfeasiblePlanError) when no choice fits the budget."""
     if level not in ("O2", "O3"):
@@ -91,7 +94,7 @@ def solve(p: Problem, level: str = "O3", options: SearchOptions = SearchOptions(
     p.check_budget()
 
     def unconstrained(q: Problem) -> Solution:
-        return solve_coarse(q, options.ilp) if level == "O3" else solve_o2(q, options)
+        return solve_coarse(q, options.ilp, start=start) if level == "O3" else solve_o2(q, options)
 
     if p.budget is None or memory == "row":
         return unconstrained(p)

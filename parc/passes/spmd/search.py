@@ -272,18 +272,25 @@ def _run(search: _Search, graph: Graph, job: _Job) -> _Built | Solution | str | 
 
 def search_plan(model: CostModel, problem: Problem, level: str, options: SearchOptions,
                 bound_columns: int = 150_000) -> Solution:
-    """The plan on one mesh: at O2, a training step is solved with its backward and optimizer
-    nodes following their forward node and parameter (`parc.solver.follow`), then polished on the
-    whole problem; the exact solve when the step has no backward or the grouped plan does not
-    fit. O3 is always the exact ILP. `bound_columns`: the follow plan's gap is proven by an LP
-    of at most that many edge columns (`parc.solver.follow.lp_bound`; 0: the trivial bound)."""
-    grouping = model.grouping if level == "O2" else None
+    """The plan on one mesh. A training step is first solved with its backward and optimizer
+    nodes following their forward node and parameter (`parc.solver.follow`), then polished on
+    the whole problem: that is O2's plan, and O3's ILP over the whole problem starts from it
+    (never worse; when the LP bound proves it, no branch and bound runs). Without a backward, or
+    when the grouped plan does not fit, O2 and O3 solve the whole problem directly.
+    `bound_columns`: an O2 follow plan's gap is proven by an LP of at most that many edge
+    columns (`parc.solver.follow.lp_bound`; 0: the trivial bound)."""
+    grouping = model.grouping
+    follow = None
     if grouping is not None:
         try:
-            return solve_follow(problem, grouping, lambda q: solve(q, level, options), bound_columns=bound_columns)
+            follow = solve_follow(problem, grouping, lambda q: solve(q, "O2", options),
+                                  bound_columns=bound_columns if level == "O2" else 0)
         except InfeasiblePlanError:
             log.info("mesh %s: the follow-coarsened plan does not fit; solving the whole problem", model.mesh.shape)
-    return solve(problem, level, options)
+    if level == "O2" and follow is not None:
+        return follow
+    return solve(problem, level, _pruned(options) if level == "O3" else options,
+                 start=None if follow is None else follow.choice)
 
 
 def _baseline_names(mesh: Mesh) -> list[str]:
