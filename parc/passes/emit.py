@@ -16,6 +16,7 @@ For every rank, `lower_rank`'s program is cut into ONNX modules at communication
 from __future__ import annotations
 
 import json
+import os
 from collections import defaultdict
 from pathlib import Path
 
@@ -28,6 +29,7 @@ from parc.exec.taskgraph import FORMAT, check_taskgraph
 from parc.ir.graph import Graph
 from parc.ir.state import step_state
 from parc.passes.lower import APPLY, MICRO, Comm, RankProgram, bindings, loss_name, lower_rank, rules_of
+from parc.passes.spmd.pool import run_jobs
 from parc.sharding.layout import shard_index
 from parc.sharding.spec import ShardSpec
 
@@ -202,14 +204,19 @@ def write_programs_for(graph: Graph, mesh: tuple[int, ...], strategies: list, sp
     collectives: dict[str, dict] = {}
     rules = rules_of(graph)
     stats = _param_stats(graph)
-    for r in range(ranks):
-        p = lower_rank(graph, mesh, r, strategies, specs, micro, rules)
-        mod_tasks = write_rank_files(p, graph, plandir.rank_dir(out, r))
+
+    def write_rank(g: Graph, r: int) -> tuple[RankProgram, list[dict]]:
+        p = lower_rank(g, mesh, r, strategies, specs, micro, rules)
+        mod_tasks = write_rank_files(p, g, plandir.rank_dir(out, r))
         plandir.write_program(out, plandir.Program(
             rank=r, coords=p.coords, mesh=mesh, micro_batches=micro, residents=residents_json(p, stats),
-            outputs=p.outputs, accumulate=p.accumulate, bindings=binds, loss=loss_name(graph)))
-        ids = _rank_tasks(r, p, mod_tasks, device_mesh, micro, tasks, edges, collectives)
-        order[str(r)] = ids
+            outputs=p.outputs, accumulate=p.accumulate, bindings=binds, loss=loss_name(g)))
+        return p, mod_tasks
+
+    # the ranks are lowered and written in forked processes (as the meshes are searched)
+    written = run_jobs(write_rank, graph, list(range(ranks)), min(os.cpu_count() or 1, ranks))
+    for r, (p, mod_tasks) in enumerate(written):
+        order[str(r)] = _rank_tasks(r, p, mod_tasks, device_mesh, micro, tasks, edges, collectives)
     tasks.extend(collectives.values())
     doc = {"format": FORMAT, "ranks": ranks, "micro_batches": micro, "mesh": list(device_mesh),
            "stages": [{"id": 0, "ranks": list(range(ranks))}],

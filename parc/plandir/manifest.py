@@ -82,9 +82,14 @@ def plan_files(root: Path) -> list[Path]:
 
 def write_manifest(plan_dir: str | Path) -> Path:
     """Hash every file of the plan directory into PLAN_DIR/manifest.json (atomically)."""
+    from concurrent.futures import ThreadPoolExecutor
+
     root = Path(plan_dir)
-    files = {p.relative_to(root).as_posix(): {"sha256": sha256_file(p), "bytes": p.stat().st_size}
-             for p in plan_files(root)}
+    paths = list(plan_files(root))
+    with ThreadPoolExecutor(max(1, min(os.cpu_count() or 1, 8))) as pool:  # hashlib frees the GIL
+        digests = list(pool.map(sha256_file, paths))
+    files = {p.relative_to(root).as_posix(): {"sha256": d, "bytes": p.stat().st_size}
+             for p, d in zip(paths, digests)}
     tmp = root / (MANIFEST + ".tmp")
     tmp.write_text(json.dumps({"format": FORMAT, "files": files}, indent=1, sort_keys=True) + "\n")
     tmp.replace(root / MANIFEST)

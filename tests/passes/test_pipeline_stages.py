@@ -205,13 +205,17 @@ def test_bad_pipeline_flags(tmp_path, args, needle):
 @pytest.mark.parametrize("name", ["gpt-tiny", "unet-tiny", "t5-tiny"])
 def test_pipelined_plan_beats_the_uniform_recipe(zoo, name):
     """The quality bar: the stage ILP's pipeline is never slower than the topological order cut
-    into equal forward FLOPs with Megatron/data parallel stages, in the same cost model."""
+    into equal forward FLOPs with Megatron/data parallel stages, in the same cost model. Both
+    sides' ILPs stop at HiGHS's relative gap (IlpOptions.mip_gap), so "never slower" holds to it:
+    an O3 stage ILP that starts from the follow plan stops as soon as the LP bound proves that
+    plan within the gap (gpt-tiny: 7e-5 above the uniform recipe's stage)."""
     from parc.passes.pipeline.plan import pipeline_uniform
+    from parc.solver import IlpOptions
 
     pp = plan_pipeline(zoo[name], CLUSTER, 2, jobs=1)
     base = pipeline_uniform(pp)
     assert base["feasible"] and base["stages"] == 2
-    assert pp.step_s <= base["step_time_s"] * (1 + 1e-9)
+    assert pp.step_s <= base["step_time_s"] * (1 + IlpOptions().mip_gap)
 
 
 def test_uniform_stages_cut_by_forward_flops(zoo):

@@ -61,8 +61,8 @@ def test_plan_graph_never_returns_worse_than_its_baselines(monkeypatch):
     honest = plan_graph(graph, cluster, jobs=1, max_mesh_dims=1)
     real_solve = search_mod.solve
 
-    def bad_solve(problem, level, options):
-        sol = real_solve(problem, level, options)
+    def bad_solve(problem, level, options, start=None):
+        sol = real_solve(problem, level, options, start)
         if problem.pins:  # a baseline: solve it honestly
             return sol
         worst = np.array([int(np.argmax(c)) for c in problem.comp])

@@ -45,6 +45,11 @@ class CostModel:
     problem: Problem
     micro: Micro | None = None  # microbatching: mesh axis 0 is then the microbatch (time) axis
 
+    pool_blob = True  # sent to several jobs: pickled once (parc/passes/spmd/pool.py)
+
+    def __getstate__(self) -> dict:
+        return {k: v for k, v in self.__dict__.items() if k != "_pool_blob"}
+
     def node_index(self, node_position: int) -> int:
         return len(self.sources) + node_position
 

@@ -197,9 +197,29 @@ def _graph_objects(graph: Graph) -> list[Any]:
 
 
 class _GraphPickler(pickle.Pickler):
+    """Graph objects as their positions. An object whose class sets `pool_blob = True` (a cost
+    model: large, built once, sent to several jobs) is pickled on its own, and the bytes it
+    arrived in go out again as they are, instead of pickling it anew for every job."""
+
     def __init__(self, file: io.BytesIO, objects: list[Any]) -> None:
         super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
+        self.objects = objects
         self.position = {id(o): k for k, o in enumerate(objects)}
+
+    blobbing: int | None = None  # the object this pickler pickles whole
+
+    def reducer_override(self, obj: Any) -> Any:
+        if not getattr(type(obj), "pool_blob", False) or id(obj) == self.blobbing:
+            return NotImplemented
+        blob = obj.__dict__.get("_pool_blob")
+        if blob is None:
+            buf = io.BytesIO()
+            inner = _GraphPickler(buf, self.objects)
+            inner.blobbing = id(obj)
+            inner.dump(obj)
+            blob = buf.getvalue()
+            obj.__dict__["_pool_blob"] = blob
+        return _from_blob, (blob,)
 
     def persistent_id(self, obj: Any) -> int | None:
         if isinstance(obj, (Graph, Node, Value)):
@@ -226,4 +246,20 @@ def _dumps(obj: Any, objects: list[Any]) -> bytes:
 
 
 def _loads(data: bytes, objects: list[Any]) -> Any:
-    return _GraphUnpickler(io.BytesIO(data), objects).load()
+    global _LOADING
+    outer, _LOADING = _LOADING, objects
+    try:
+        return _GraphUnpickler(io.BytesIO(data), objects).load()
+    finally:
+        _LOADING = outer
+
+
+_LOADING: list[Any] | None = None  # the graph objects of the load in progress (for _from_blob)
+
+
+def _from_blob(blob: bytes) -> Any:
+    """An object pickled on its own (`pool_blob`), remembering its bytes to be sent on as they are."""
+    assert _LOADING is not None
+    obj = _loads(blob, _LOADING)
+    obj.__dict__["_pool_blob"] = blob
+    return obj
