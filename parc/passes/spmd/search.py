@@ -34,7 +34,7 @@ from parc.plandir import PLAN_FORMAT_ONE_MESH as FORMAT_VERSION
 from parc.report.units import fmt_bytes
 from parc.sharding import R, S, ShardSpec
 from parc.solver import IlpOptions, Problem, SearchOptions, Solution, solve
-from parc.solver.follow import solve_follow
+from parc.solver.follow import lp_columns, solve_follow
 from parc.solver.problem import relative_gap
 
 log = logging.getLogger("parc.plan")
@@ -271,26 +271,40 @@ def _run(search: _Search, graph: Graph, job: _Job) -> _Built | Solution | str | 
 
 
 def search_plan(model: CostModel, problem: Problem, level: str, options: SearchOptions,
-                bound_columns: int = 150_000) -> Solution:
+                exact_columns: int = 150_000) -> Solution:
     """The plan on one mesh. A training step is first solved with its backward and optimizer
     nodes following their forward node and parameter (`parc.solver.follow`), then polished on
-    the whole problem: that is O2's plan, and O3's ILP over the whole problem starts from it
-    (never worse; when the LP bound proves it, no branch and bound runs). Without a backward, or
-    when the grouped plan does not fit, O2 and O3 solve the whole problem directly.
-    `bound_columns`: an O2 follow plan's gap is proven by an LP of at most that many edge
-    columns (`parc.solver.follow.lp_bound`; 0: the trivial bound)."""
+    the whole problem. That is O2's plan unless the whole problem's ILP is small (at most
+    `exact_columns` edge columns after coarsening: then its LP costs a few seconds at most):
+    then, as always at O3, the exact ILP starts from it (never worse; no branch and bound when
+    the LP bound proves it). Without a backward, or when the grouped plan does not fit, O2 and
+    O3 solve the whole problem directly. `exact_columns=0`: O2 never finishes exactly."""
     grouping = model.grouping
     follow = None
     if grouping is not None:
         try:
-            follow = solve_follow(problem, grouping, lambda q: solve(q, "O2", options),
-                                  bound_columns=bound_columns if level == "O2" else 0)
+            follow = solve_follow(problem, grouping, lambda q: solve(q, "O2", options), bound_columns=0)
         except InfeasiblePlanError:
             log.info("mesh %s: the follow-coarsened plan does not fit; solving the whole problem", model.mesh.shape)
-    if level == "O2" and follow is not None:
-        return follow
-    return solve(problem, level, _pruned(options) if level == "O3" else options,
-                 start=None if follow is None else follow.choice)
+    if follow is None:
+        return solve(problem, level, _pruned(options) if level == "O3" else options)
+    if level == "O2":
+        if follow.gap <= options.ilp.mip_gap or lp_columns(problem) > exact_columns:
+            return follow
+        options = replace(options, ilp=replace(options.ilp, mip_gap=max(options.ilp.mip_gap, O2_EXACT_GAP),
+                                               time_limit=min(options.ilp.time_limit, O2_EXACT_TIME_S)))
+    exact = solve(problem, "O3", _pruned(options), start=follow.choice)
+    if follow.cost < exact.cost:  # stopped above the follow plan (a time-out): keep the plan
+        lower = max(follow.lower_bound, exact.lower_bound)
+        return Solution(follow.choice, follow.cost, lower, relative_gap(follow.cost, lower), follow.status,
+                        follow.time_s + exact.time_s, follow.method)
+    return exact
+
+
+# O2's exact finish on a small problem stops at this relative gap and time: a binding memory
+# budget makes the ILP a knapsack whose last tenths of a percent take its whole time limit
+O2_EXACT_GAP = 1e-2
+O2_EXACT_TIME_S = 20.0
 
 
 def _baseline_names(mesh: Mesh) -> list[str]:
@@ -440,7 +454,7 @@ def flat_baseline(name: str, model: CostModel, budget: float, options: SearchOpt
                     pins[model.node_index(pos)] = whole
     p: Problem = model.problem.restricted(pins)
     try:
-        sol = search_plan(model, p, level, _pruned(options or SearchOptions()), bound_columns=0)
+        sol = search_plan(model, p, level, _pruned(options or SearchOptions()), exact_columns=0)
     except InfeasiblePlanError:
         return {"step_time_s": None, "memory_bytes_per_device": None, "feasible": False}
     mem = float(sum(p.mem[i][sol.choice[i]] for i in range(p.n))) if p.mem else 0.0
@@ -474,7 +488,7 @@ def megatron_baseline(model: CostModel, budget: float, options: SearchOptions, l
     try:
         pins, _ = hint_pins(model, hints)
         p = model.problem.restricted(pins)
-        sol = search_plan(model, p, level, _pruned(options), bound_columns=0)
+        sol = search_plan(model, p, level, _pruned(options), exact_columns=0)
     except (IneligibleMeshError, InfeasiblePlanError):
         return {"step_time_s": None, "memory_bytes_per_device": None, "feasible": False,
                 "mesh": list(model.mesh.shape[1 if model.micro is not None else 0:])}

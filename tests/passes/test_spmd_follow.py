@@ -1,0 +1,95 @@
+"""The training-step grouping that O2's follow coarsening uses (parc/passes/spmd/follow.py), and
+what it costs against the exact search on real training steps."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from parc.cluster import enumerate_meshes, resolve_cluster
+from parc.ir import importer
+from parc.ir.state import BACKWARD, FORWARD, OPTIMIZER, phase
+from parc.passes.spmd.costs import build
+from parc.passes.spmd.follow import mirror, training_grouping
+from parc.passes.spmd.search import O2_EXACT_GAP, search_plan
+from parc.sharding import ShardSpec
+from parc.solver import IlpOptions, SearchOptions, solve
+from parc.solver.follow import grouped, lp_columns
+from tests.helpers import parc
+
+CLUSTER = resolve_cluster("4xa100-80g", None)
+OPTIONS = SearchOptions(ilp=IlpOptions(time_limit=60))
+
+
+@pytest.fixture(scope="module")
+def steps(tmp_path_factory):
+    d = tmp_path_factory.mktemp("follow")
+    out = {}
+    for name in ("gpt-tiny", "unet-tiny", "moe-tiny"):
+        path = d / f"{name}.onnx"
+        assert parc("models", "build", name, "--train", "adamw", "-o", str(path)).returncode == 0
+        out[name] = importer.load(str(path), {})
+    return out
+
+
+def test_backward_follows_forward_and_the_optimizer_its_parameter(steps):
+    graph = steps["gpt-tiny"]
+    mesh = enumerate_meshes(CLUSTER, max_dims=2)[1]
+    model = build(graph, mesh, CLUSTER)
+    g = training_grouping(model)
+    assert g is not None and model.grouping is not None
+    ns = len(model.sources)
+    for pos, n in enumerate(graph.nodes):
+        lead = int(g.leader[model.node_index(pos)])
+        if phase(n) == FORWARD:
+            assert lead == model.node_index(pos)
+        elif phase(n) == BACKWARD and "parc.forward" in n.meta:
+            assert graph.nodes[lead - ns].name == n.meta["parc.forward"]
+        elif phase(n) == OPTIMIZER and "parc.param" in n.meta:
+            first = graph.nodes[lead - ns]
+            assert first.meta["parc.param"] == n.meta["parc.param"] and lead <= model.node_index(pos)
+    state = [k for k, v in enumerate(model.sources) if v.name.endswith((".exp_avg", ".exp_avg_sq"))]
+    assert state and all(g.leader[k] >= ns for k in state)  # optimizer state follows its update
+    params = [k for k, v in enumerate(model.sources) if not v.name.endswith((".exp_avg", ".exp_avg_sq"))]
+    assert all(g.leader[k] == k for k in params)  # parameters and data lead
+    q = grouped(model.problem, g).problem
+    assert q.n < model.problem.n / 2
+
+
+def test_a_forward_graph_has_no_grouping(tmp_path):
+    path = tmp_path / "fwd.onnx"
+    assert parc("models", "build", "gpt-tiny", "-o", str(path)).returncode == 0
+    model = build(importer.load(str(path), {}), enumerate_meshes(CLUSTER)[0], CLUSTER)
+    assert training_grouping(model) is None
+
+
+def test_mirror_replicates_partial_sums():
+    assert mirror(ShardSpec("P(sum)S(0)")) == ShardSpec("RS(0)")
+    assert mirror(ShardSpec("S(1)R")) == ShardSpec("S(1)R")
+
+
+@pytest.mark.parametrize("name", ["gpt-tiny", "unet-tiny", "moe-tiny"])
+def test_o2_follow_plan_against_the_exact_plan(steps, name):
+    """On every 1-D and 2-D mesh of 4 devices: the follow plan alone fits, is never below the
+    exact optimum and stays within 6% of it (measured: unet-tiny's flat mesh +5.4%, the rest
+    within 1.5%); O2 finishes such small problems with the ILP from it, to O2_EXACT_GAP; O3 from
+    it is the exact optimum."""
+    graph = steps[name]
+    worst = 0.0
+    for mesh in enumerate_meshes(CLUSTER, max_dims=2):
+        model = build(graph, mesh, CLUSTER)
+        p = model.problem.with_budget(80e9)
+        follow = search_plan(model, p, "O2", OPTIONS, exact_columns=0)
+        o2 = search_plan(model, p, "O2", OPTIONS)
+        exact = solve(p, "O3", OPTIONS)
+        o3 = search_plan(model, p, "O3", OPTIONS)
+        assert p.fits(follow.choice) and follow.method.startswith("follow(")
+        assert exact.cost * (1 - 1e-4) <= follow.cost <= exact.cost * 1.06, (name, mesh.shape)
+        assert follow.lower_bound <= exact.cost * (1 + 1e-9)
+        assert o2.cost <= follow.cost * (1 + 1e-12), (name, mesh.shape)
+        if lp_columns(p) <= 150_000:  # small: O2 finishes with the ILP
+            assert o2.cost <= exact.cost * (1 + O2_EXACT_GAP), (name, mesh.shape)
+        assert o3.cost <= min(follow.cost, exact.cost) * (1 + 1e-4), (name, mesh.shape)
+        worst = max(worst, follow.cost / exact.cost)
+    if name == "unet-tiny":  # where the follow restriction loses most (the exact finish matters)
+        assert worst > 1.01
