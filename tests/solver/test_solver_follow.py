@@ -122,3 +122,22 @@ def test_folding_fixed_nodes_keeps_the_optimum(seed):
     sol = _folding_fixed(hub, lambda q: solve(q, "O2", EXACT))
     assert sol.cost == pytest.approx(brute_force(hub)[0]) == pytest.approx(hub.cost(sol.choice))
     assert sol.lower_bound <= sol.cost + 1e-12
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_refine_from_a_poor_start_never_gets_worse(seed):
+    """Large-neighbourhood steps: every node limited to its two best with the neighbours at x,
+    and x's own; each step solved exactly, so the cost never rises and the plan fits."""
+    from parc.solver.follow import neighbourhood, refine
+
+    budget = [None, 0.6][seed % 2]
+    p = random_problem(seed, KINDS[seed % len(KINDS)], 10, (2, 4), costs="spec", budget=budget, pin_frac=0.2)
+    opt = brute_force(p)
+    if opt is None:
+        return
+    x = p.min_memory_choice()  # fits whenever anything does
+    cand = neighbourhood(p, x, 2)
+    assert all(x[i] in c and len(c) <= 3 and p.allowed(i)[c].all() for i, c in cand.items())
+    y, cost = refine(p, x, lambda q, start: solve(q, "O3", EXACT, start=start))
+    assert p.fits(y) and cost == pytest.approx(p.cost(y))
+    assert opt[0] - 1e-9 <= cost <= p.cost(x) + 1e-12
