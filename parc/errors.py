@@ -41,3 +41,7 @@ class InfeasiblePlanError(ParcError):
 
 class PlanFormatError(ParcError):
     """A plan directory is malformed, tampered with, or of an unknown format version."""
+
+
+class WorkerDiedError(ParcError):
+    """A worker process of the planner was killed (most often by the system, out of memory)."""

@@ -185,6 +185,9 @@ def residents_json(p: RankProgram, stats: dict[str, dict[str, float]]) -> list[d
             for x in p.residents.values()]
 
 
+PARALLEL_LOWERING_NODES = 20_000  # graph nodes x ranks from which ranks are lowered in parallel
+
+
 def write_programs(plan, out: Path) -> dict:
     """Lower every rank of `plan`; write its modules, init and program, and taskgraph.json
     (returned)."""
@@ -213,8 +216,10 @@ def write_programs_for(graph: Graph, mesh: tuple[int, ...], strategies: list, sp
             outputs=p.outputs, accumulate=p.accumulate, bindings=binds, loss=loss_name(g)))
         return p, mod_tasks
 
-    # the ranks are lowered and written in forked processes (as the meshes are searched)
-    written = run_jobs(write_rank, graph, list(range(ranks)), min(os.cpu_count() or 1, ranks))
+    # the ranks are lowered and written in forked processes (as the meshes are searched), when
+    # there is enough to lower to pay for the fork (gpt-medium's 8 ranks: 12.4 s -> 9.5 s)
+    big = len(graph.nodes) * ranks >= PARALLEL_LOWERING_NODES
+    written = run_jobs(write_rank, graph, list(range(ranks)), min(os.cpu_count() or 1, ranks) if big else 1)
     for r, (p, mod_tasks) in enumerate(written):
         order[str(r)] = _rank_tasks(r, p, mod_tasks, device_mesh, micro, tasks, edges, collectives)
     tasks.extend(collectives.values())

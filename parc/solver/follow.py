@@ -16,9 +16,9 @@ Its optimum is a feasible choice of the original problem, not its optimum. `solv
 polishes it by block coordinate descent on the original problem: each block of `Grouping.blocks`
 free in turn with the rest fixed (a training step: its backward and optimizer side, then its
 forward side), each block solved exactly (`condition` folds the fixed nodes into their
-neighbours' costs), until a round gains nothing. The cost never rises; what it gives up against
-the exact optimum is measured in docs/benchmarks.md (gpt-medium's step on 2 x 4 V100:
-182.062 ms against the exact 181.676, +0.2%).
+neighbours' costs), until a round gains nothing. The cost never rises; gpt-medium's step on
+2 x 4 V100 (two rounds): 182.062 ms against the exact 181.676, +0.2%. `refine` then makes
+large-neighbourhood steps on the whole problem, which close that (docs/solver.md).
 """
 
 from __future__ import annotations

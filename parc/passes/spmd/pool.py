@@ -17,9 +17,11 @@ import pickle
 import traceback
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from parc.errors import WorkerDiedError
 from parc.ir.graph import Graph, Node, Value
 
 T = TypeVar("T")
@@ -85,7 +87,17 @@ def _collect(pool: ProcessPoolExecutor, graph: Graph, queue: list, then: Callabl
         for f in sorted(finished, key=index.__getitem__):
             if f.cancelled():
                 continue
-            k, out = index[f], f.result()
+            k = index[f]
+            try:
+                out = f.result()
+            except BrokenProcessPool as e:  # which worker died is not known: name the jobs in flight
+                wait(pending)
+                lost = sorted(index[g] for g in (*finished, *pending) if not g.cancelled() and g.exception() is not None)
+                names = ", ".join(getattr(jobs[j], "label", None) or f"job {j}" for j in lost[:3])
+                raise WorkerDiedError(
+                    f"a planner process died (killed by the system, most likely out of memory: this machine has "
+                    f"{_memory_gib():.0f} GiB) while running {names}; fewer processes (--jobs 1) or meshes "
+                    f"(--mesh-dims 1) need less") from e
             if isinstance(out, _Raised):
                 errors[k] = out
                 continue
@@ -103,6 +115,15 @@ def _collect(pool: ProcessPoolExecutor, graph: Graph, queue: list, then: Callabl
             if all(f.done() for f in pending if index[f] < first):
                 raise errors[first].exception()
     return results
+
+
+def _memory_gib() -> float:
+    import os
+
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    except (ValueError, OSError, AttributeError):
+        return float("nan")
 
 
 def _stop(pool: ProcessPoolExecutor) -> None:

@@ -221,6 +221,11 @@ class _Job:
     model: CostModel | None = None
     pins: dict[int, tuple[int, ...]] = field(default_factory=dict)
 
+    @property
+    def label(self) -> str:
+        what = {"build": "the cost model", "plan": "the plan search"}.get(self.what, f"the {self.what} baseline")
+        return f"{what} of mesh {self.mesh.shape}"
+
 
 @dataclass
 class _Built:
