@@ -143,9 +143,10 @@ class Problem:
         object.__setattr__(self, "comm", tuple(comm))
         object.__setattr__(self, "budget", budget)
         object.__setattr__(self, "pins", tuple(sorted(pins.items())))
-        if _ACYCLIC.get(id(edges), lambda: None)() is not edges:
+        key = id(edges)
+        if _ACYCLIC.get(key, lambda: None)() is not edges:
             _ = self.topo_order  # raises on a cycle
-            _ACYCLIC[id(edges)] = weakref.ref(edges, lambda _, k=id(edges): _ACYCLIC.pop(k, None))
+            _ACYCLIC[key] = weakref.ref(edges, lambda _, k=key: _ACYCLIC.pop(k, None))
 
     # ---- sizes and flat layouts -------------------------------------------------------------
     @property

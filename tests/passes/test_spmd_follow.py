@@ -3,7 +3,6 @@ what it costs against the exact search on real training steps."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 from parc.cluster import enumerate_meshes, resolve_cluster

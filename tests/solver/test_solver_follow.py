@@ -74,7 +74,7 @@ def test_maps_are_each_groups_optimum(seed):
         if not members:
             continue
 
-        def own(choice: dict[int, int]) -> float:
+        def own(choice: dict[int, int], lead: int = lead, members: list[int] = members) -> float:
             c = sum(p.comp[i][choice[i]] for i in members)
             c += sum(g.affinity[i][choice[lead], choice[i]] for i in members if i in g.affinity)
             return c + sum(p.comm[e][choice[u], choice[v]] for e in inside

@@ -18,7 +18,6 @@ from parc.solver import (
     solve_o2,
 )
 from parc.solver.generate import KINDS
-from parc.solver.graph import critical_nodes
 from parc.solver.search import memory_order
 
 EXACT = IlpOptions(mip_gap=0.0)
