@@ -138,11 +138,15 @@ def _param_stats(graph: Graph) -> dict[str, dict[str, float]]:
     """Mean and spread of each trained parameter (what `parc run --init seeded` draws with)."""
     from parc.exec.init import init_stats
 
+    from concurrent.futures import ThreadPoolExecutor
+
     record = step_state(graph.metadata)
     names = set(record.params) if record is not None else {v.name for v in graph.params()}
     values = {v.name: v for v in (*graph.input_constants, *graph.constants.values())}
-    return {n: init_stats(values[n].const.numpy()) for n in sorted(names)
-            if n in values and not values[n].const.zeros}
+    todo = [n for n in sorted(names) if n in values and not values[n].const.zeros]
+    with ThreadPoolExecutor(max(1, min(os.cpu_count() or 1, 8))) as pool:  # numpy's sums free the GIL
+        stats = list(pool.map(lambda n: init_stats(values[n].const.numpy()), todo))
+    return dict(zip(todo, stats))
 
 
 def _shard(full: np.ndarray, r, p: RankProgram) -> np.ndarray:
