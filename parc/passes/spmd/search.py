@@ -387,6 +387,9 @@ def plan_graph(graph: Graph, cluster: Cluster, *, level: str = "O3", memory_budg
         return more + [_Job(name, job.mesh, out.model) for name in names(job.mesh)]
 
     run_jobs(partial(_run, search), graph, [_Job("build", m) for m in meshes], jobs, then)
+    for key, out in outcome.items():  # the bytes a model travelled in are not needed any more
+        if key[0] == "build" and out.model is not None:
+            out.model.__dict__.pop("_pool_blob", None)
     results, tried, failures, skipped, warned = [], [], [], [], set()
     for mesh in meshes:  # in mesh order, as the serial loop logged
         built, sol = outcome["build", mesh], outcome.get(("plan", mesh))
