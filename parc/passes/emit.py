@@ -136,9 +136,9 @@ def _write_init(p: RankProgram, graph: Graph, rank_dir: Path) -> None:
 
 def _param_stats(graph: Graph) -> dict[str, dict[str, float]]:
     """Mean and spread of each trained parameter (what `parc run --init seeded` draws with)."""
-    from parc.exec.init import init_stats
-
     from concurrent.futures import ThreadPoolExecutor
+
+    from parc.exec.init import init_stats
 
     record = step_state(graph.metadata)
     names = set(record.params) if record is not None else {v.name for v in graph.params()}

@@ -35,7 +35,6 @@ import numpy as np
 from parc.errors import InfeasiblePlanError
 from parc.solver.coarsen import coarsen
 from parc.solver.dp import eliminate_factors, elimination_order
-from parc.solver.ilp import lp_relaxation
 from parc.solver.problem import Problem, Solution, ragged, relative_gap
 
 log = logging.getLogger("parc.solver")
@@ -203,20 +202,9 @@ def condition(p: Problem, free: np.ndarray, x: np.ndarray) -> Problem:
     idx = np.flatnonzero(free)
     local = np.full(p.n, -1, dtype=np.int64)
     local[idx] = np.arange(len(idx))
-    sizes = p.s[idx]
-    offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
-    flat = np.concatenate([p.comp[i] for i in idx.tolist()]) if len(idx) else np.zeros(0)
     u, v = p.edges[:, 0], p.edges[:, 1]
-    start, sv = p.comm_offsets[:-1], p.s[v]
-    for into, other, rows in ((u, v, True), (v, u, False)):  # edges with one free end: a row or column
-        e = np.flatnonzero(free[into] & ~free[other])
-        if not len(e):
-            continue
-        k, j = ragged(p.s[into[e]])
-        e = e[k]
-        src = start[e] + (j * sv[e] + x[v[e]] if rows else x[u[e]] * sv[e] + j)
-        np.add.at(flat, offsets[local[into[e]]] + j, p.comm_flat[src])
-    comp = np.split(flat, offsets[1:-1])
+    flat = _with_fixed_ends(p, x, np.flatnonzero(free[u] & ~free[v]), np.flatnonzero(free[v] & ~free[u]))
+    comp = [flat[p.offsets[i]:p.offsets[i + 1]] for i in idx.tolist()]
     both = np.flatnonzero(free[u] & free[v])
     edges = np.stack([local[u[both]], local[v[both]]], axis=1)
     budget = None
@@ -229,12 +217,25 @@ def condition(p: Problem, free: np.ndarray, x: np.ndarray) -> Problem:
                    tuple(p.mem[i] for i in idx.tolist()), budget, pins, names)
 
 
-def solve_follow(p: Problem, g: Grouping, solve: Callable[[Problem], Solution], rounds: int = 3,
-                 bound_columns: int = 200_000) -> Solution:
+def _with_fixed_ends(p: Problem, x: np.ndarray, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
+    """comp in p's flat strategy layout plus, for each edge (u, v) in `rows`, u's costs with v
+    at x[v], and for each edge in `cols`, v's costs with u at x[u]."""
+    flat = p.comp_flat.copy()
+    u, v = p.edges[:, 0], p.edges[:, 1]
+    start, sv = p.comm_offsets[:-1], p.s[v]
+    for into, chosen, is_row in ((u, rows, True), (v, cols, False)):
+        k, j = ragged(p.s[into[chosen]])
+        e = chosen[k]
+        src = start[e] + (j * sv[e] + x[v[e]] if is_row else x[u[e]] * sv[e] + j)
+        np.add.at(flat, p.offsets[into[e]] + j, p.comm_flat[src])
+    return flat
+
+
+def solve_follow(p: Problem, g: Grouping, solve: Callable[[Problem], Solution], rounds: int = 3) -> Solution:
     """The grouped problem's optimum, polished by block coordinate descent (module docstring).
     Raises InfeasiblePlanError when the grouped problem has no choice within the budget (the
     caller then solves p itself). The grouped optimum bounds nothing below: the lower bound is
-    the LP relaxation of p when it is small (`lp_bound`), else p's trivial bound.
+    p's trivial bound (the planner proves small plans with the exact ILP from this one).
 
     (Solving the grouped problem again around the polished choice, with it and the members'
     best responses to it among the joint choices, gained nothing on gpt-medium's step, flat or
@@ -251,7 +252,7 @@ def solve_follow(p: Problem, g: Grouping, solve: Callable[[Problem], Solution], 
     blocks = g.blocks or (member, ~member)
     x, cost = _polish(p, blocks, x, p.cost(x), solve, rounds)
     log.debug("follow: grouped %.6g, polished %.6g", p.cost(gp.expand(first.choice)), cost)
-    lower = min(max(p.trivial_bound(), lp_bound(p, bound_columns)), cost)
+    lower = min(p.trivial_bound(), cost)
     gap = relative_gap(cost, lower)
     return Solution(x, cost, lower, gap, "optimal" if gap <= 1e-9 else "heuristic", time.perf_counter() - t0,
                     f"follow({p.n}->{gp.problem.n})+{first.method}")
@@ -262,17 +263,6 @@ def lp_columns(p: Problem) -> int:
     gpt-medium's step has 1.26M, 25 s of simplex; its flat mesh 125 k, 2.4 s)."""
     c = coarsen(p)
     return 0 if c.problem is None else int(c.problem.comm_offsets[-1])
-
-
-def lp_bound(p: Problem, columns: int) -> float:
-    """The LP relaxation of p's ILP (budget row included) after exact coarsening, a lower bound
-    on its optimum, when its edge columns number at most `columns` (else -inf)."""
-    c = coarsen(p)
-    if c.problem is None:
-        return -np.inf if p.budget is not None else p.cost(c.graph.backtrack(np.zeros(p.n, dtype=np.int64)))
-    if int(c.problem.comm_offsets[-1]) > columns:
-        return -np.inf
-    return lp_relaxation(c.problem) + c.graph.offset
 
 
 def _folding_fixed(p: Problem, solve: Callable[[Problem], Solution]) -> Solution:
@@ -316,14 +306,8 @@ def _polish(p: Problem, blocks: tuple[np.ndarray, ...], x: np.ndarray, cost: flo
 def neighbourhood(p: Problem, x: np.ndarray, k: int) -> dict[int, list[int]]:
     """Per node, the k strategies that cost least with every neighbour at x (its compute plus
     its edges), and x's own: the candidates of a large-neighbourhood step around x."""
-    flat = p.comp_flat.copy()
-    u, v = p.edges[:, 0], p.edges[:, 1]
-    start, sv = p.comm_offsets[:-1], p.s[v]
-    for into, rows in ((u, True), (v, False)):
-        k_, j = ragged(p.s[into])
-        e = np.arange(p.num_edges)[k_]
-        src = start[e] + (j * sv[e] + x[v[e]] if rows else x[u[e]] * sv[e] + j)
-        np.add.at(flat, p.offsets[into[e]] + j, p.comm_flat[src])
+    every = np.arange(p.num_edges)
+    flat = _with_fixed_ends(p, x, every, every)
     flat = np.where(p.allowed_flat, flat, np.inf)
     out = {}
     for i in range(p.n):

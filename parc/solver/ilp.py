@@ -34,11 +34,9 @@ class IlpOptions:
     threads: int = 1  # HiGHS threads; its MIP search is serial, more only helps its LP
     presolve: bool = True  # HiGHS presolve
     warm_start: bool = True  # solve the LP relaxation, round x per node (argmax), pass as incumbent
-    # Drop dominated strategies first (dee.py: exact). Off by default: it makes the LP a third
-    # faster (gpt-medium, 2 x 4 mesh: 25.8 s -> 16.5 s), but a solve that used to stop at its
-    # time limit then finds the true free optimum, and under a memory budget that optimum may
-    # not fit, which starts Rhino 4.4's binary search of ~14 restricted solves (gpt-2.7b on
-    # 4 x 8 V100 over 25 GbE: over 10 minutes a mesh). It waits for a one-solve memory search.
+    # Drop dominated strategies first (dee.py: exact; the LP a third faster on gpt-medium's 2 x 4
+    # mesh: 25.8 s -> 16.5 s). Off here, on in every exact ILP the planner runs
+    # (parc/passes/spmd/search.py:_pruned); O2's segment cores stay unpruned (small already).
     prune: bool = False
     seed: int = 0  # HiGHS random_seed, so the same problem gives the same plan
     verbose: bool = False  # HiGHS log on stdout

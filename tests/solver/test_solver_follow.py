@@ -68,23 +68,26 @@ def test_maps_are_each_groups_optimum(seed):
     p = random_problem(seed, KINDS[seed % len(KINDS)], 8, (1, 3), costs="spec", pin_frac=0.2)
     g = _grouping(p, seed)
     maps = follow_maps(p, g)
-    inside = [e for e, (u, v) in enumerate(p.edges.tolist()) if g.leader[u] == g.leader[v]]
     for lead in set(g.leader.tolist()):
         members = [i for i in range(p.n) if g.leader[i] == lead and i != lead]
         if not members:
             continue
-
-        def own(choice: dict[int, int], lead: int = lead, members: list[int] = members) -> float:
-            c = sum(p.comp[i][choice[i]] for i in members)
-            c += sum(g.affinity[i][choice[lead], choice[i]] for i in members if i in g.affinity)
-            return c + sum(p.comm[e][choice[u], choice[v]] for e in inside
-                           for u, v in [p.edges[e].tolist()] if u in choice and v in choice)
-
         options = [np.flatnonzero(p.allowed(i)).tolist() for i in members]
         for s in np.flatnonzero(p.allowed(lead)).tolist():
-            best = min(own({lead: s, **dict(zip(members, ts))}) for ts in itertools.product(*options))
-            got = own({lead: s, **{i: int(maps[i][s]) for i in members}})
+            best = min(_group_cost(p, g, {lead: s, **dict(zip(members, ts))}) for ts in itertools.product(*options))
+            got = _group_cost(p, g, {lead: s, **{i: int(maps[i][s]) for i in members}})
             assert got == pytest.approx(best, abs=1e-12)
+
+
+def _group_cost(p: Problem, g: Grouping, choice: dict[int, int]) -> float:
+    """A group's own cost (`choice` holds its leader and members): its members' compute and
+    affinities and the edges inside it."""
+    lead = next(i for i in choice if g.leader[i] == i)
+    members = [i for i in choice if i != lead]
+    c = sum(p.comp[i][choice[i]] for i in members)
+    c += sum(g.affinity[i][choice[lead], choice[i]] for i in members if i in g.affinity)
+    return c + sum(p.comm[e][choice[u], choice[v]] for e, (u, v) in enumerate(p.edges.tolist())
+                   if u in choice and v in choice)
 
 
 @pytest.mark.parametrize("seed", range(16))
@@ -108,7 +111,23 @@ def test_without_members_follow_is_the_exact_solve():
     p = random_problem(3, "transformer", 16, (1, 3), costs="spec")
     sol = solve_follow(p, Grouping(np.arange(p.n)), lambda q: solve(q, "O2", EXACT))
     assert sol.cost == pytest.approx(brute_force(p)[0])
-    assert sol.gap == pytest.approx(0.0, abs=1e-9)  # the LP bound proves it
+    assert sol.lower_bound <= sol.cost  # the trivial bound: the grouped optimum bounds nothing
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_greedy_maps_when_the_elimination_is_too_big(seed):
+    """With no table allowed (limit 1) the maps are made member by member: allowed strategies,
+    never cheaper for their group than the exact maps (which are its optimum)."""
+    p = random_problem(seed, KINDS[seed % len(KINDS)], 10, (1, 4), costs="spec", pin_frac=0.3)
+    g = _grouping(p, seed)
+    greedy, exact = follow_maps(p, g, limit=1), follow_maps(p, g)
+    for i in g.members.tolist():
+        assert p.allowed(i)[greedy[i]].all() and len(greedy[i]) == p.s[g.leader[i]]
+    for lead in set(g.leader[g.members].tolist()):
+        group = [i for i in range(p.n) if g.leader[i] == lead]
+        for s in np.flatnonzero(p.allowed(lead)).tolist():
+            mine = _group_cost(p, g, {i: int(greedy[i][s]) for i in group})
+            assert mine >= _group_cost(p, g, {i: int(exact[i][s]) for i in group}) - 1e-12
 
 
 @pytest.mark.parametrize("seed", range(8))

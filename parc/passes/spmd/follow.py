@@ -28,7 +28,8 @@ PARAM_OF = "parc.param"  # written by parc/autodiff/optimizers.py (optimizer nod
 def training_grouping(model: CostModel) -> Grouping | None:
     """The grouping of a training step's cost model (None for a graph without a backward)."""
     g = model.graph
-    if step_state(g.metadata) is None:
+    state = step_state(g.metadata)
+    if state is None:
         return None
     p = model.problem
     leader = np.arange(p.n)
@@ -42,7 +43,7 @@ def training_grouping(model: CostModel) -> Grouping | None:
             leader[i] = first_update.setdefault(n.meta[PARAM_OF], i)
     if (leader == np.arange(p.n)).all():
         return None
-    params = set(step_state(g.metadata).params)  # type: ignore[union-attr]
+    params = set(state.params)
     position = {id(n): pos for pos, n in enumerate(g.nodes)}
     updates = set(first_update.values())
     for k, v in enumerate(model.sources):  # optimizer state: read by one parameter's update only
@@ -90,7 +91,7 @@ class _Affinity:
         def inside(v) -> bool:
             return v.producer is not None and int(leader[m.node_index(self.position[id(v.producer)])]) == group
 
-        terms = []  # (leader side, member side): ("in"/"out"/"min-out"/"min-in", index...)
+        terms = []  # (kind, leader side, member side): "shared" input, "grad-in" / "grad-out" mirrors
         f_inputs = {id(v): j for j, v in enumerate(f.inputs) if v is not None}
         for k, v in enumerate(b.inputs):
             if v is None or inside(v):

@@ -284,15 +284,14 @@ def search_plan(model: CostModel, problem: Problem, level: str, options: SearchO
     then, as always at O3, the exact ILP starts from it (never worse; no branch and bound when
     the LP bound proves it). A larger problem's O2 plan gets up to `refine_steps` large-
     neighbourhood steps (`parc.solver.follow.refine`: every node restricted to its two best
-    strategies around the plan and the plan's own, solved exactly). Without a backward, or when the grouped plan does not fit,
-    O2 and O3 solve the whole problem directly. `exact_columns=0` and `refine_steps=0`: O2's
+    strategies around the plan and the plan's own, solved exactly). Without a backward, or when
+    the grouped plan does not fit, O2 and O3 solve the whole problem directly. `exact_columns=0` and `refine_steps=0`: O2's
     plan is the follow plan (the baselines')."""
     grouping = model.grouping
     follow = None
     if grouping is not None:
         try:
-            follow = solve_follow(problem, grouping, lambda q: solve(q, "O2", options), rounds=POLISH_ROUNDS,
-                                  bound_columns=0)
+            follow = solve_follow(problem, grouping, lambda q: solve(q, "O2", options), rounds=POLISH_ROUNDS)
         except InfeasiblePlanError:
             log.info("mesh %s: the follow-coarsened plan does not fit; solving the whole problem", model.mesh.shape)
     if follow is None:
@@ -490,9 +489,8 @@ def flat_baseline(name: str, model: CostModel, budget: float, options: SearchOpt
 
 
 def _pruned(options: SearchOptions) -> SearchOptions:
-    """A baseline's solve drops dominated strategies first (`IlpOptions.prune`): at O3 the budget
-    is the memory row, so a finished free solve that does not fit costs one more ILP, not Rhino
-    4.4's binary search (why the plans' own O2 solves do not prune yet)."""
+    """Options whose ILPs drop dominated strategies first (`IlpOptions.prune`): every exact ILP
+    the planner runs (O3, O2's exact finish and large-neighbourhood steps, the baselines)."""
     return replace(options, ilp=replace(options.ilp, prune=True))
 
 
