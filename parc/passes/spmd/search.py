@@ -34,6 +34,7 @@ from parc.plandir import PLAN_FORMAT_ONE_MESH as FORMAT_VERSION
 from parc.report.units import fmt_bytes
 from parc.sharding import R, S, ShardSpec
 from parc.solver import IlpOptions, Problem, SearchOptions, Solution, solve
+from parc.solver.bound import bounded
 from parc.solver.follow import lp_columns, refine, solve_follow
 from parc.solver.problem import relative_gap
 
@@ -276,7 +277,7 @@ def _run(search: _Search, graph: Graph, job: _Job) -> _Built | Solution | str | 
 
 
 def search_plan(model: CostModel, problem: Problem, level: str, options: SearchOptions,
-                exact_columns: int = 150_000, refine_steps: int = 1) -> Solution:
+                exact_columns: int = 150_000, refine_steps: int = 1, prove: bool = True) -> Solution:
     """The plan on one mesh. A training step is first solved with its backward and optimizer
     nodes following their forward node and parameter (`parc.solver.follow`), then polished on
     the whole problem. That is O2's plan unless the whole problem's ILP is small (at most
@@ -286,7 +287,21 @@ def search_plan(model: CostModel, problem: Problem, level: str, options: SearchO
     neighbourhood steps (`parc.solver.follow.refine`: every node restricted to its two best
     strategies around the plan and the plan's own, solved exactly). Without a backward, or when
     the grouped plan does not fit, O2 and O3 solve the whole problem directly. `exact_columns=0` and `refine_steps=0`: O2's
-    plan is the follow plan (the baselines')."""
+    plan is the follow plan (the baselines'). With `prove`, a plan not proven within
+    `PROVE_GAP` gets the diffusion bound (`parc.solver.bound`) as its lower bound when higher."""
+    sol = _search_plan(model, problem, level, options, exact_columns, refine_steps)
+    if not prove or sol.gap <= PROVE_GAP:
+        return sol
+    t0 = time.perf_counter()
+    lower = bounded(problem, sol.lower_bound, sol.cost, gap=PROVE_GAP, time_limit=PROVE_TIME_S)
+    gap = relative_gap(sol.cost, lower)
+    log.info("mesh %s: proven gap %.4g -> %.4g (%.2f s)", model.mesh.shape, sol.gap, gap, time.perf_counter() - t0)
+    return replace(sol, lower_bound=lower, gap=gap, status="optimal" if gap <= 1e-9 else sol.status,
+                   time_s=sol.time_s + time.perf_counter() - t0)
+
+
+def _search_plan(model: CostModel, problem: Problem, level: str, options: SearchOptions, exact_columns: int,
+                 refine_steps: int) -> Solution:
     grouping = model.grouping
     follow = None
     if grouping is not None:
@@ -324,6 +339,11 @@ def search_plan(model: CostModel, problem: Problem, level: str, options: SearchO
 # budget makes the ILP a knapsack whose last tenths of a percent take its whole time limit
 O2_EXACT_GAP = 1e-2
 O2_EXACT_TIME_S = 20.0
+# a plan's lower bound is improved by min-sum diffusion when its gap is above PROVE_GAP, for at
+# most PROVE_TIME_S (gpt-medium's step on 2 x 4: trivial bound 11% below the plan, diffusion
+# 0.5% in 1.5 s)
+PROVE_GAP = 5e-3
+PROVE_TIME_S = 5.0
 # rounds of the follow plan's polish (each frees the backward side, then the forward side): a
 # second round gained 0.03% on gpt-medium's step for a second more, and the exact finish or the
 # large-neighbourhood step after it does more
@@ -480,7 +500,7 @@ def flat_baseline(name: str, model: CostModel, budget: float, options: SearchOpt
                     pins[model.node_index(pos)] = whole
     p: Problem = model.problem.restricted(pins)
     try:
-        sol = search_plan(model, p, level, _pruned(options or SearchOptions()), exact_columns=0, refine_steps=0)
+        sol = search_plan(model, p, level, _pruned(options or SearchOptions()), exact_columns=0, refine_steps=0, prove=False)
     except InfeasiblePlanError:
         return {"step_time_s": None, "memory_bytes_per_device": None, "feasible": False}
     mem = float(sum(p.mem[i][sol.choice[i]] for i in range(p.n))) if p.mem else 0.0
@@ -513,7 +533,7 @@ def megatron_baseline(model: CostModel, budget: float, options: SearchOptions, l
     try:
         pins, _ = hint_pins(model, hints)
         p = model.problem.restricted(pins)
-        sol = search_plan(model, p, level, _pruned(options), exact_columns=0, refine_steps=0)
+        sol = search_plan(model, p, level, _pruned(options), exact_columns=0, refine_steps=0, prove=False)
     except (IneligibleMeshError, InfeasiblePlanError):
         return {"step_time_s": None, "memory_bytes_per_device": None, "feasible": False,
                 "mesh": list(model.mesh.shape[1 if model.micro is not None else 0:])}
