@@ -211,9 +211,44 @@ def _overlap(before: tuple, after: tuple) -> int:
     a, b = _range(before), _range(after)
     if a is not None and b is not None:  # contiguous pieces: no index arrays (a dim may be millions long)
         return max(0, min(a[0] + a[1], b[0] + b[1]) - max(a[0], b[0]))
-    held = np.zeros(before[0], dtype=bool)  # a mask, not a sort: linear in the dim's extent
+    unit = math.gcd(_unit(before), _unit(after))  # both are unions of aligned blocks of `unit`
+    before, after = _scaled(before, unit), _scaled(after, unit)
+    held = np.zeros(before[0], dtype=bool)  # a mask, not a sort: linear in the dim's extent / unit
     held[_dim_index(before)] = True
-    return int(np.count_nonzero(held[_dim_index(after)]))
+    return unit * int(np.count_nonzero(held[_dim_index(after)]))
+
+
+def _unit(key: tuple) -> int:
+    """The largest u such that the indices `_dim_index(key)` holds are whole blocks [k u, (k+1) u):
+    the gcd of the extent and of every level's piece length (a strided split's stride, an even
+    split's share, an uneven split's sizes). By induction over the levels, every piece is a run
+    of whole u-blocks of the level before, so of the dim."""
+    extent, mesh, axes = key
+    unit, length = extent, extent
+    for n, entry in zip(mesh, axes):
+        if entry is None:
+            continue
+        ax, c = entry
+        if ax.sizes is not None:
+            unit = math.gcd(unit, *ax.sizes)
+            length = ax.sizes[c]
+        else:
+            size = ax.stride if ax.stride is not None else length // n
+            unit = math.gcd(unit, size)
+            length = length // n
+    return max(unit, 1)
+
+
+def _scaled(key: tuple, unit: int) -> tuple:
+    """The same pieces with every block of `unit` indices as one (overlaps shrink by `unit`)."""
+    if unit == 1:
+        return key
+    extent, mesh, axes = key
+    scaled = tuple(None if entry is None else
+                   (Split(entry[0].dim, entry[0].stride // unit if entry[0].stride is not None else None,
+                          tuple(e // unit for e in entry[0].sizes) if entry[0].sizes is not None else None),
+                    entry[1]) for entry in axes)
+    return extent // unit, mesh, scaled
 
 
 def _range(key: tuple) -> tuple[int, int] | None:

@@ -7,7 +7,9 @@ tensor, and that the end result is exactly what `split(x, dst)` gives each devic
 
 from __future__ import annotations
 
+import importlib
 import json
+import math
 
 import numpy as np
 import pytest
@@ -25,6 +27,7 @@ from parc.sharding import (
     simulate,
     split,
 )
+from parc.sharding.spec import Split
 
 SHAPE, N, ITEM = (6, 12), 3, 4
 B = 6 * 12 * 4  # bytes of the whole tensor
@@ -217,3 +220,38 @@ def test_even_split_volumes_are_the_same_on_every_device(data):
                                          for d, e in enumerate(need)]))
                 full = max(full, float(v))
             assert c.bytes_per_device == full * 4
+
+
+def _random_key(rng, extent: int, mesh: tuple[int, ...]) -> tuple:
+    """A device's pieces along one dim: per mesh axis, no split, or an even, strided or uneven one."""
+    axes, length = [], extent
+    for n in mesh:
+        kind = rng.random()
+        if kind < 0.3 or length % n:
+            axes.append(None)
+            continue
+        if kind < 0.55:
+            ax = Split(0)
+        elif kind < 0.85:
+            ax = Split(0, stride=int(rng.choice([s for s in range(1, length // n + 1) if length % (n * s) == 0])))
+        else:
+            cuts = np.sort(rng.choice(np.arange(1, length), n - 1, replace=False)) if length > n else np.arange(1, n)
+            ax = Split(0, sizes=tuple(int(b - a) for a, b in zip([0, *cuts], [*cuts, length])))
+        c = int(rng.integers(n))
+        axes.append((ax, c))
+        length = ax.sizes[c] if ax.sizes is not None else length // n
+    return extent, mesh, tuple(axes)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_overlap_of_pieces_equals_the_index_sets(seed):
+    """The overlap of two devices' pieces (contiguous by arithmetic, interleaved on blocks of
+    their common unit) is the size of the intersection of their index sets."""
+    reshard_mod = importlib.import_module("parc.sharding.reshard")
+    rng = np.random.default_rng(seed)
+    for _ in range(300):
+        mesh = tuple(int(n) for n in rng.choice([2, 3, 4], rng.integers(1, 4)))
+        extent = int(rng.choice([1, 2, 3, 6])) * math.prod(mesh) * int(rng.choice([1, 2, 4, 6, 10]))
+        a, b = _random_key(rng, extent, mesh), _random_key(rng, extent, mesh)
+        want = len(np.intersect1d(reshard_mod._dim_index(a), reshard_mod._dim_index(b)))
+        assert reshard_mod._overlap.__wrapped__(a, b) == want, (a, b)
