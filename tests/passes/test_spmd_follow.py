@@ -12,7 +12,7 @@ from parc.passes.spmd.costs import build
 from parc.passes.spmd.follow import mirror, training_grouping
 from parc.passes.spmd.search import O2_EXACT_GAP, search_plan
 from parc.sharding import ShardSpec
-from parc.solver import IlpOptions, SearchOptions, solve
+from parc.solver import IlpOptions, MemoryBudgetError, SearchOptions, solve
 from parc.solver.follow import grouped, lp_columns
 from tests.helpers import parc
 
@@ -92,3 +92,24 @@ def test_o2_follow_plan_against_the_exact_plan(steps, name):
         worst = max(worst, follow.cost / exact.cost)
     if name == "unet-tiny":  # where the follow restriction loses most (the exact finish matters)
         assert worst > 1.01
+
+
+def test_a_budget_the_grouped_problem_cannot_meet_is_priced_around_follow(steps):
+    """Between the whole problem's least memory and the grouped problem's (its members at their
+    best responses), O2 prices memory on the whole problem with follow solving each priced
+    problem: a fitting plan, not the whole-problem search; below the least memory, the budget
+    error before any search."""
+    graph = steps["gpt-tiny"]
+    mesh = enumerate_meshes(CLUSTER, max_dims=2)[1]
+    model = build(graph, mesh, CLUSTER)
+    p = model.problem
+    least, grouped_least = p.min_memory(), grouped(p, model.grouping).problem.min_memory()
+    assert least < grouped_least
+    q = p.with_budget((least + grouped_least) / 2)
+    priced = search_plan(model, q, "O2", OPTIONS, exact_columns=0, refine_steps=0)
+    assert q.fits(priced.choice) and priced.lower_bound <= priced.cost
+    assert "price" in priced.method and priced.method.startswith("follow("), priced.method
+    o2 = search_plan(model, q, "O2", OPTIONS)  # then its exact finish, never worse
+    assert q.fits(o2.choice) and o2.cost <= priced.cost * (1 + 1e-12)
+    with pytest.raises(MemoryBudgetError):
+        search_plan(model, p.with_budget(least * 0.99), "O2", OPTIONS)

@@ -37,6 +37,7 @@ from parc.solver import IlpOptions, Problem, SearchOptions, Solution, solve
 from parc.solver.bound import bounded
 from parc.solver.follow import lp_columns, refine, solve_follow
 from parc.solver.problem import relative_gap
+from parc.solver.search import search_price
 
 log = logging.getLogger("parc.plan")
 
@@ -280,17 +281,24 @@ def search_plan(model: CostModel, problem: Problem, level: str, options: SearchO
                 exact_columns: int = 150_000, refine_steps: int = 1, prove: bool = True) -> Solution:
     """The plan on one mesh. A training step is first solved with its backward and optimizer
     nodes following their forward node and parameter (`parc.solver.follow`), then polished on
-    the whole problem. That is O2's plan unless the whole problem's ILP is small (at most
-    `exact_columns` edge columns after coarsening: then its LP costs a few seconds at most):
-    then, as always at O3, the exact ILP starts from it (never worse; no branch and bound when
-    the LP bound proves it). A larger problem's O2 plan gets up to `refine_steps` large-
-    neighbourhood steps (`parc.solver.follow.refine`: every node restricted to its two best
-    strategies around the plan and the plan's own, solved exactly). Without a backward, or when
-    the grouped plan does not fit, O2 and O3 solve the whole problem directly. `exact_columns=0` and `refine_steps=0`: O2's
-    plan is the follow plan (the baselines'). With `prove`, a plan not proven within
-    `PROVE_GAP` gets the diffusion bound (`parc.solver.bound`) as its lower bound when higher."""
-    sol = _search_plan(model, problem, level, options, exact_columns, refine_steps)
-    if not prove or sol.gap <= PROVE_GAP:
+    the whole problem, then gets up to `refine_steps` large-neighbourhood steps
+    (`parc.solver.follow.refine`: every node restricted to its two best strategies around the
+    plan and the plan's own, solved exactly). That is O2's plan unless the whole problem's ILP is
+    small (at most `exact_columns` edge columns after coarsening: its LP costs a few seconds at
+    most) and the diffusion bound leaves more than O2_EXACT_GAP: then, as always at O3, the
+    exact ILP starts from it (never worse; no branch and bound when the LP bound proves it).
+    When the grouped plan does not fit a budget, memory is priced on the whole problem around
+    follow (`search_price`); without a backward, or when that fails too, O2 and O3 solve the
+    whole problem directly. `exact_columns=0` and `refine_steps=0`: O2's plan is the follow plan
+    (the baselines'). With `prove`, a plan not proven within `PROVE_GAP` gets the diffusion
+    bound (`parc.solver.bound`) as its lower bound when higher."""
+    sol, proven = _search_plan(model, problem, level, options, exact_columns, refine_steps, prove)
+    return _proven(model, problem, sol) if prove and not proven else sol
+
+
+def _proven(model: CostModel, problem: Problem, sol: Solution) -> Solution:
+    """sol with the diffusion bound as its lower bound when that is higher (its gap above PROVE_GAP)."""
+    if sol.gap <= PROVE_GAP:
         return sol
     t0 = time.perf_counter()
     lower = bounded(problem, sol.lower_bound, sol.cost, gap=PROVE_GAP, time_limit=PROVE_TIME_S)
@@ -301,38 +309,55 @@ def search_plan(model: CostModel, problem: Problem, level: str, options: SearchO
 
 
 def _search_plan(model: CostModel, problem: Problem, level: str, options: SearchOptions, exact_columns: int,
-                 refine_steps: int) -> Solution:
+                 refine_steps: int, prove: bool) -> tuple[Solution, bool]:
+    """search_plan's plan, and whether it has had the diffusion bound already."""
+    problem.check_budget()  # before any search: no choice fits when the least memory does not
     grouping = model.grouping
     follow = None
     if grouping is not None:
         try:
             follow = solve_follow(problem, grouping, lambda q: solve(q, "O2", options), rounds=POLISH_ROUNDS)
         except InfeasiblePlanError:
+            follow = None
+        if follow is None and problem.budget is not None:
+            # the grouped problem's least memory is above the budget (its members take their
+            # best responses, not their least memory): price memory on the whole problem
+            # instead, each priced problem solved by follow and its polish, which frees the members
+            try:
+                follow = search_price(problem, lambda q: solve_follow(q, grouping, lambda r: solve(r, "O2", options),
+                                                                      rounds=POLISH_ROUNDS))
+            except InfeasiblePlanError:
+                pass
+        if follow is None:
             log.info("mesh %s: the follow-coarsened plan does not fit; solving the whole problem", model.mesh.shape)
     if follow is None:
-        return solve(problem, level, _pruned(options) if level == "O3" else options)
+        return solve(problem, level, _pruned(options) if level == "O3" else options), False
     if level == "O2":
         if follow.gap <= options.ilp.mip_gap:
-            return follow
-        if lp_columns(problem) > exact_columns:
-            if not refine_steps:
-                return follow
+            return follow, False
+        if refine_steps:
             lns = _pruned(replace(options, ilp=replace(options.ilp,
                                                          time_limit=min(options.ilp.time_limit, O2_EXACT_TIME_S))))
             t0 = time.perf_counter()
             x, cost = refine(problem, follow.choice, lambda q, start: solve(q, "O3", lns, start=start),
                              rounds=refine_steps)
             lower = min(follow.lower_bound, cost)
-            return Solution(x, cost, lower, relative_gap(cost, lower), "heuristic",
-                            follow.time_s + time.perf_counter() - t0, f"{follow.method}+lns")
+            follow = Solution(x, cost, lower, relative_gap(cost, lower), "heuristic",
+                              follow.time_s + time.perf_counter() - t0, f"{follow.method}+lns")
+        if lp_columns(problem) > exact_columns:
+            return follow, False
+        if prove:  # the exact finish only when the bound leaves more than its gap (it costs seconds)
+            follow = _proven(model, problem, follow)
+            if follow.gap <= O2_EXACT_GAP:
+                return follow, True
         options = replace(options, ilp=replace(options.ilp, mip_gap=max(options.ilp.mip_gap, O2_EXACT_GAP),
                                                time_limit=min(options.ilp.time_limit, O2_EXACT_TIME_S)))
     exact = solve(problem, "O3", _pruned(options), start=follow.choice)
     if follow.cost < exact.cost:  # stopped above the follow plan (a time-out): keep the plan
         lower = max(follow.lower_bound, exact.lower_bound)
         return Solution(follow.choice, follow.cost, lower, relative_gap(follow.cost, lower), follow.status,
-                        follow.time_s + exact.time_s, follow.method)
-    return exact
+                        follow.time_s + exact.time_s, follow.method), False
+    return exact, False
 
 
 # O2's exact finish on a small problem stops at this relative gap and time: a binding memory
