@@ -33,6 +33,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from parc.solver.coarsen import coarsen
 from parc.solver.problem import Problem, ragged, relative_gap
 
 
@@ -80,12 +81,13 @@ class _Diffusion:
         self.edge += (share[self.row_node] - rows)[self.row_of] + (share[self.col_node] - cols)[self.col_of]
         self.node -= self.deg * share - minima
 
-    def run(self, upper: float, gap: float, passes: int, deadline: float) -> float:
-        """Diffusion passes until the bound is within `gap` of `upper`, stalls, or time is up."""
+    def run(self, upper: float, gap: float, passes: int, deadline: float, offset: float = 0.0) -> float:
+        """Diffusion passes until the bound plus `offset` is within `gap` of `upper`, stalls, or
+        time is up; the bound (without the offset)."""
         best, last = self.bound(), -math.inf
         scale = max(abs(upper), 1e-300)
         for k in range(passes):
-            if relative_gap(upper, best) <= gap or time.perf_counter() > deadline:
+            if relative_gap(upper, best + offset) <= gap or time.perf_counter() > deadline:
                 break
             self.step()
             best = max(best, self.bound())
@@ -115,9 +117,16 @@ def dual_bound(p: Problem, upper: float, gap: float = 5e-3, passes: int = 300, t
     trivial = q.trivial_bound()
     if not q.num_edges:
         return trivial
-    d = _Diffusion.of(q.with_budget(None))
     if q.budget is None:
-        return max(trivial, d.run(upper, gap, passes, deadline))
+        # on the exactly coarsened problem (chains and cones folded by min-plus products): the
+        # same optimum, and diffusion needs fewer passes (gpt-medium's step on 2 x 4: 0.5% in
+        # 40 passes, 0.65 s, against 100 passes, 1.5 s)
+        c = coarsen(q)
+        if c.problem is None:
+            return max(trivial, c.graph.offset)
+        d = _Diffusion.of(c.problem)
+        return max(trivial, c.graph.offset + d.run(upper, gap, passes, deadline, c.graph.offset))
+    d = _Diffusion.of(q.with_budget(None))
     budget = float(q.budget)
     # a price above `top` cannot beat the price 0: the least-memory choice alone bounds L(p) by
     # C(x_min) + p (mem(x_min) - M)
