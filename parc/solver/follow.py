@@ -231,8 +231,7 @@ def _with_fixed_ends(p: Problem, x: np.ndarray, rows: np.ndarray, cols: np.ndarr
     return flat
 
 
-def solve_follow(p: Problem, g: Grouping, solve: Callable[[Problem], Solution], rounds: int = 3,
-                 polish: Callable[[Problem], Solution] | None = None) -> Solution:
+def solve_follow(p: Problem, g: Grouping, solve: Callable[[Problem], Solution], rounds: int = 3) -> Solution:
     """The grouped problem's optimum, polished by block coordinate descent (module docstring).
     Raises InfeasiblePlanError when the grouped problem has no choice within the budget (the
     caller then solves p itself). The grouped optimum bounds nothing below: the lower bound is
@@ -242,7 +241,6 @@ def solve_follow(p: Problem, g: Grouping, solve: Callable[[Problem], Solution], 
     best responses to it among the joint choices, gained nothing on gpt-medium's step, flat or
     2-D, for 30-40% more time: not done.)"""
     t0 = time.perf_counter()
-    polish = partial(_folding_fixed, solve=polish or solve)
     solve = partial(_folding_fixed, solve=solve)
     gp = grouped(p, g)
     first = solve(gp.problem)
@@ -252,7 +250,7 @@ def solve_follow(p: Problem, g: Grouping, solve: Callable[[Problem], Solution], 
     member = np.zeros(p.n, dtype=bool)
     member[g.members] = True
     blocks = g.blocks or (member, ~member)
-    x, cost = _polish(p, blocks, x, p.cost(x), polish, rounds)
+    x, cost = _polish(p, blocks, x, p.cost(x), solve, rounds)
     log.debug("follow: grouped %.6g, polished %.6g", p.cost(gp.expand(first.choice)), cost)
     lower = min(p.trivial_bound(), cost)
     gap = relative_gap(cost, lower)

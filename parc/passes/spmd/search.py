@@ -314,26 +314,21 @@ def _search_plan(model: CostModel, problem: Problem, level: str, options: Search
     problem.check_budget()  # before any search: no choice fits when the least memory does not
     grouping = model.grouping
     follow = None
-    # The grouped problem: with at most GROUPED_ILP_STRATEGIES strategies, the exact coarsened
-    # ILP (pruned) when its free plan fits, else O2; the polish's blocks: O2. Measured per piece
-    # (seconds, O2 / ILP): gpt-medium's step on 2 x 4 (17,710 grouped strategies), grouped
-    # 3.52 / 0.53, backward block 0.45 / 1.27, forward block 0.83 / 0.13. The GPT-39B-like step's
-    # 2-D meshes (24-30 k strategies) are the other way: the ILP for the grouped problems took
-    # the whole command from 57 s to 110 s.
+    # The grouped problem and the polish's blocks: on a mesh of at most GROUPED_ILP_DEVICES
+    # devices the exact coarsened ILP, pruned, memory priced; on a larger one, O2. Measured,
+    # whole commands, same plans either way: the ILP took gpt-medium's O2 from 20.6 s to 17.0 s,
+    # the memory-bound 4-layer GPT from 10.3 s to 6.4 s and the 72-layer GPT from 70 s to 54 s
+    # (8 and 4 devices), but the GPT-39B-like step on 64 devices from 57 s to 113 s (its 2-D
+    # meshes' grouped ILPs cost seconds each where O2 takes 0.1-0.2 s).
+    on_ilp = math.prod(model.mesh.shape) <= GROUPED_ILP_DEVICES
+    grouped_options = replace(_pruned(options), memory="price")
 
     def grouped_solve(q: Problem) -> Solution:
-        if int(q.offsets[-1]) <= GROUPED_ILP_STRATEGIES:
-            free = solve(q.with_budget(None), "O3", _pruned(options))
-            if q.fits(free.choice):
-                return free
-        return solve(q, "O2", options)
-
-    def polish_solve(q: Problem) -> Solution:
-        return solve(q, "O2", options)
+        return solve(q, "O3", grouped_options) if on_ilp else solve(q, "O2", options)
 
     if grouping is not None:
         try:
-            follow = solve_follow(problem, grouping, grouped_solve, rounds=POLISH_ROUNDS, polish=polish_solve)
+            follow = solve_follow(problem, grouping, grouped_solve, rounds=POLISH_ROUNDS)
         except InfeasiblePlanError:
             follow = None
         if follow is None and problem.budget is not None:
@@ -341,8 +336,7 @@ def _search_plan(model: CostModel, problem: Problem, level: str, options: Search
             # best responses, not their least memory): price memory on the whole problem
             # instead, each priced problem solved by follow and its polish, which frees the members
             try:
-                follow = search_price(problem, lambda q: solve_follow(q, grouping, grouped_solve, rounds=POLISH_ROUNDS,
-                                                                      polish=polish_solve))
+                follow = search_price(problem, lambda q: solve_follow(q, grouping, grouped_solve, rounds=POLISH_ROUNDS))
             except InfeasiblePlanError:
                 pass
         if follow is None:
@@ -386,7 +380,7 @@ O2_EXACT_TIME_S = 20.0
 # 0.5% in 1.5 s)
 PROVE_GAP = 5e-3
 PROVE_TIME_S = 5.0
-GROUPED_ILP_STRATEGIES = 20_000
+GROUPED_ILP_DEVICES = 16
 # rounds of the follow plan's polish (each frees the backward side, then the forward side): a
 # second round gained 0.03% on gpt-medium's step for a second more, and the exact finish or the
 # large-neighbourhood step after it does more
