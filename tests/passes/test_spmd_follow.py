@@ -44,11 +44,11 @@ def test_backward_follows_forward_and_the_optimizer_its_parameter(steps):
             assert lead == model.node_index(pos)
         elif phase(n) == BACKWARD and "parc.forward" in n.meta:
             assert graph.nodes[lead - ns].name == n.meta["parc.forward"]
-        elif phase(n) == OPTIMIZER and "parc.param" in n.meta:  # the parameter leads its update
-            assert lead < ns and model.sources[lead].name == n.meta["parc.param"]
+        elif phase(n) == OPTIMIZER and "parc.param" in n.meta:
+            first = graph.nodes[lead - ns]
+            assert first.meta["parc.param"] == n.meta["parc.param"] and lead <= model.node_index(pos)
     state = [k for k, v in enumerate(model.sources) if v.name.endswith((".exp_avg", ".exp_avg_sq"))]
-    assert state and all(model.sources[g.leader[k]].name == model.sources[k].name.rsplit(".", 1)[0]
-                         for k in state)  # optimizer state follows its parameter
+    assert state and all(g.leader[k] >= ns for k in state)  # optimizer state follows its update
     params = [k for k, v in enumerate(model.sources) if not v.name.endswith((".exp_avg", ".exp_avg_sq"))]
     assert all(g.leader[k] == k for k in params)  # parameters and data lead
     q = grouped(model.problem, g).problem
@@ -69,11 +69,10 @@ def test_mirror_replicates_partial_sums():
 
 @pytest.mark.parametrize("name", ["gpt-tiny", "unet-tiny", "moe-tiny"])
 def test_o2_follow_plan_against_the_exact_plan(steps, name):
-    """On every 1-D and 2-D mesh of 4 devices: the follow plan with its large-neighbourhood step
-    fits, is never below the exact optimum and stays within 1% of it (measured: 0.02% at most;
-    +5.4% on unet-tiny's flat mesh when an optimizer followed its first update node and without
-    the step); O2 finishes such small problems with the ILP from it, to O2_EXACT_GAP; O3 from it
-    is the exact optimum."""
+    """On every 1-D and 2-D mesh of 4 devices: the follow plan alone fits, is never below the
+    exact optimum and stays within 6% of it (measured: unet-tiny's flat mesh +5.4%, the rest
+    within 1.5%); O2 finishes such small problems with the ILP from it, to O2_EXACT_GAP; O3 from
+    it is the exact optimum."""
     graph = steps[name]
     worst = 0.0
     for mesh in enumerate_meshes(CLUSTER, max_dims=2):
@@ -84,16 +83,15 @@ def test_o2_follow_plan_against_the_exact_plan(steps, name):
         exact = solve(p, "O3", OPTIONS)
         o3 = search_plan(model, p, "O3", OPTIONS)
         assert p.fits(follow.choice) and follow.method.startswith("follow(")
-        # the exact ILP's "optimal" is within HiGHS's tolerances, which are absolute on costs in
-        # seconds: follow has beaten it by 1.7e-4 (unet-tiny, 2 x 2), never by 1e-3
-        assert exact.cost * (1 - 1e-3) <= follow.cost <= exact.cost * 1.06, (name, mesh.shape)
+        assert exact.cost * (1 - 1e-4) <= follow.cost <= exact.cost * 1.06, (name, mesh.shape)
         assert follow.lower_bound <= exact.cost * (1 + 1e-9)
         assert o2.cost <= follow.cost * (1 + 1e-12), (name, mesh.shape)
         if lp_columns(p) <= 150_000:  # small: O2 finishes with the ILP
             assert o2.cost <= exact.cost * (1 + O2_EXACT_GAP), (name, mesh.shape)
         assert o3.cost <= min(follow.cost, exact.cost) * (1 + 1e-4), (name, mesh.shape)
         worst = max(worst, follow.cost / exact.cost)
-    assert worst <= 1.01  # measured: at most 1.0002 (the parameter leading its update, the LNS step)
+    if name == "unet-tiny":  # where the follow restriction loses most (the exact finish matters)
+        assert worst > 1.01
 
 
 def test_a_budget_the_grouped_problem_cannot_meet_is_priced_around_follow(steps):

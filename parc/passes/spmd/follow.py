@@ -1,14 +1,14 @@
 """Which nodes of a training step follow which (for `parc.solver.follow`), with affinities.
 
 A backward node follows the forward node it differentiates (`parc.forward`); an optimizer node
-follows its parameter (`parc.param`; the first optimizer node of a parameter that is not a
-source), and so does the optimizer state read only by that parameter's update. Parameters,
-data and forward nodes lead. With the parameter leading, the group holds the step's write-back
-of the new value into the parameter's layout (an edge `costs` charges): an optimizer that
-shards what the parameter replicates pays for the gather in the group's own costs. Led by the
-first update instead, the members took the cheapest compute and left the gather outside: on
-gpt-2.7b over 25 GbE (4 x 8 mesh, no budget) the follow plan was 6.686 s against the exact
-optimum 5.545 s; led by the parameter it is the optimum. A member's
+follows the first optimizer node of its parameter (`parc.param`), and so does the optimizer state
+read only by that parameter's update. Parameters, data and forward nodes lead.
+
+(Measured and not kept: the parameter leading its optimizer nodes and state, which makes the
+write-back into the parameter's layout a cost inside the group. On gpt-2.7b over 25 GbE, 4 x 8
+mesh without a budget, the follow plan went from 6.686 s to the exact optimum 5.545 s; under
+the V100's 32 GiB both give 6.686 s; but the pinned megatron-tp4 baseline on 8 x 4 went from
+7.531 s (exact 7.530) to 10.147 s, and its memory from 18 to 119 GB.) A member's
 affinity to its leader's strategy s prices, on the mesh, what the problem's edges cannot see
 inside a group: reading a value the leader reads (an input they share) in another layout, and
 reading a gradient from outside the group, or producing one for outside, in a layout other
@@ -40,20 +40,18 @@ def training_grouping(model: CostModel) -> Grouping | None:
     p = model.problem
     leader = np.arange(p.n)
     forward = {n.name: model.node_index(pos) for pos, n in enumerate(g.nodes) if phase(n) == FORWARD}
-    params = set(state.params)
-    source_index = {v.name: k for k, v in enumerate(model.sources) if v.name in params}
-    lead_of: dict[str, int] = {}
+    first_update: dict[str, int] = {}
     for pos, n in enumerate(g.nodes):
         i = model.node_index(pos)
         if phase(n) == BACKWARD and n.meta.get(FORWARD_OF) in forward:
             leader[i] = forward[n.meta[FORWARD_OF]]
         elif phase(n) == OPTIMIZER and n.meta.get(PARAM_OF):
-            name = n.meta[PARAM_OF]
-            leader[i] = lead_of.setdefault(name, source_index.get(name, i))
+            leader[i] = first_update.setdefault(n.meta[PARAM_OF], i)
     if (leader == np.arange(p.n)).all():
         return None
+    params = set(state.params)
     position = {id(n): pos for pos, n in enumerate(g.nodes)}
-    updates = set(lead_of.values())
+    updates = set(first_update.values())
     for k, v in enumerate(model.sources):  # optimizer state: read by one parameter's update only
         if v.name in params or len(model.source_specs[k]) < 2:
             continue
