@@ -314,21 +314,9 @@ def _search_plan(model: CostModel, problem: Problem, level: str, options: Search
     problem.check_budget()  # before any search: no choice fits when the least memory does not
     grouping = model.grouping
     follow = None
-    # The grouped problem and the polish's blocks: on a mesh of at most GROUPED_ILP_DEVICES
-    # devices the exact coarsened ILP, pruned, memory priced; on a larger one, O2. Measured,
-    # whole commands, same plans either way: the ILP took gpt-medium's O2 from 20.6 s to 17.0 s,
-    # the memory-bound 4-layer GPT from 10.3 s to 6.4 s and the 72-layer GPT from 70 s to 54 s
-    # (8 and 4 devices), but the GPT-39B-like step on 64 devices from 57 s to 113 s (its 2-D
-    # meshes' grouped ILPs cost seconds each where O2 takes 0.1-0.2 s).
-    on_ilp = math.prod(model.mesh.shape) <= GROUPED_ILP_DEVICES
-    grouped_options = replace(_pruned(options), memory="price")
-
-    def grouped_solve(q: Problem) -> Solution:
-        return solve(q, "O3", grouped_options) if on_ilp else solve(q, "O2", options)
-
     if grouping is not None:
         try:
-            follow = solve_follow(problem, grouping, grouped_solve, rounds=POLISH_ROUNDS)
+            follow = solve_follow(problem, grouping, lambda q: solve(q, "O2", options), rounds=POLISH_ROUNDS)
         except InfeasiblePlanError:
             follow = None
         if follow is None and problem.budget is not None:
@@ -336,7 +324,8 @@ def _search_plan(model: CostModel, problem: Problem, level: str, options: Search
             # best responses, not their least memory): price memory on the whole problem
             # instead, each priced problem solved by follow and its polish, which frees the members
             try:
-                follow = search_price(problem, lambda q: solve_follow(q, grouping, grouped_solve, rounds=POLISH_ROUNDS))
+                follow = search_price(problem, lambda q: solve_follow(q, grouping, lambda r: solve(r, "O2", options),
+                                                                      rounds=POLISH_ROUNDS))
             except InfeasiblePlanError:
                 pass
         if follow is None:
@@ -380,7 +369,6 @@ O2_EXACT_TIME_S = 20.0
 # 0.5% in 1.5 s)
 PROVE_GAP = 5e-3
 PROVE_TIME_S = 5.0
-GROUPED_ILP_DEVICES = 16
 # rounds of the follow plan's polish (each frees the backward side, then the forward side): a
 # second round gained 0.03% on gpt-medium's step for a second more, and the exact finish or the
 # large-neighbourhood step after it does more
