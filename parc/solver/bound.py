@@ -52,6 +52,7 @@ class _Diffusion:
     deg: np.ndarray  # per flat node-strategy, its node's degree
     node: np.ndarray  # comp' (flat)
     edge: np.ndarray  # comm' (flat)
+    passes: int = 0  # updates so far (steps and price moves): the rounding margin grows with them
 
     @classmethod
     def of(cls, p: Problem) -> _Diffusion:
@@ -69,10 +70,19 @@ class _Diffusion:
                    col_of, np.repeat(deg, p.s).astype(np.float64), p.comp_flat.copy(), p.comm_flat.copy())
 
     def bound(self) -> float:
+        """sum of the minima, less what rounding can have moved it: each pass changes every cost
+        by a few operations, each off by at most eps of the largest magnitude, so the sum of
+        n + |E| minima is off by at most (n + |E|) (passes + 1) 8 eps max|cost| (a blow-up
+        cannot prove a bound it does not have)."""
         b = float(np.minimum.reduceat(self.node, self.p.offsets[:-1]).sum())
-        return b + float(np.minimum.reduceat(self.edge, self.p.comm_offsets[:-1]).sum()) if len(self.edge) else b
+        if len(self.edge):
+            b += float(np.minimum.reduceat(self.edge, self.p.comm_offsets[:-1]).sum())
+        size = max(float(np.abs(self.node).max()), float(np.abs(self.edge).max()) if len(self.edge) else 0.0)
+        terms = self.p.n + self.p.num_edges
+        return b - terms * (self.passes + 1) * 8 * np.finfo(np.float64).eps * size
 
     def step(self) -> None:
+        self.passes += 1
         rows = np.minimum.reduceat(self.edge, self.row_starts)
         cols = np.minimum.reduceat(self.edge[self.perm], self.col_starts)
         size = len(self.node)
@@ -145,6 +155,7 @@ def dual_bound(p: Problem, upper: float, gap: float = 5e-3, passes: int = 300, t
     def at(p_new: float) -> float:
         nonlocal price
         d.node += (p_new - price) * mem
+        d.passes += 1
         price = p_new
         return d.run(upper + price * budget, gap, each, deadline) - price * budget
 
