@@ -34,7 +34,7 @@ from parc.plandir import PLAN_FORMAT_ONE_MESH as FORMAT_VERSION
 from parc.report.units import fmt_bytes
 from parc.sharding import R, S, ShardSpec
 from parc.solver import IlpOptions, Problem, SearchOptions, Solution, solve
-from parc.solver.bound import bounded
+from parc.solver.bound import dual_bound
 from parc.solver.follow import lp_columns, refine, solve_follow
 from parc.solver.problem import relative_gap
 from parc.solver.search import search_price
@@ -301,7 +301,7 @@ def _proven(model: CostModel, problem: Problem, sol: Solution) -> Solution:
     if sol.gap <= PROVE_GAP:
         return sol
     t0 = time.perf_counter()
-    lower = bounded(problem, sol.lower_bound, sol.cost, gap=PROVE_GAP, time_limit=PROVE_TIME_S)
+    lower = min(max(sol.lower_bound, dual_bound(problem, sol.cost, gap=PROVE_GAP, time_limit=PROVE_TIME_S)), sol.cost)
     gap = relative_gap(sol.cost, lower)
     log.info("mesh %s: proven gap %.4g -> %.4g (%.2f s)", model.mesh.shape, sol.gap, gap, time.perf_counter() - t0)
     return replace(sol, lower_bound=lower, gap=gap, status="optimal" if gap <= 1e-9 else sol.status,
