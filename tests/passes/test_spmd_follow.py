@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+import parc.passes.spmd.search as spmd_search
 from parc.cluster import enumerate_meshes, resolve_cluster
 from parc.ir import importer
 from parc.ir.state import BACKWARD, FORWARD, OPTIMIZER, phase
@@ -53,6 +54,51 @@ def test_backward_follows_forward_and_the_optimizer_its_parameter(steps):
     assert all(g.leader[k] == k for k in params)  # parameters and data lead
     q = grouped(model.problem, g).problem
     assert q.n < model.problem.n / 2
+
+
+def test_the_parameter_led_grouping(steps):
+    """lead="param": each optimizer chain, its state included, follows the parameter it updates;
+    everything else follows as with the update leading."""
+    graph = steps["gpt-tiny"]
+    model = build(graph, enumerate_meshes(CLUSTER, max_dims=2)[1], CLUSTER)
+    first, second = training_grouping(model), training_grouping(model, lead="param")
+    ns = len(model.sources)
+    index = {v.name: k for k, v in enumerate(model.sources)}
+    moved = 0
+    for pos, n in enumerate(graph.nodes):
+        i = model.node_index(pos)
+        if phase(n) == OPTIMIZER and n.meta.get("parc.param") in index:
+            assert second.leader[i] == index[n.meta["parc.param"]]
+            moved += 1
+        else:
+            assert second.leader[i] == first.leader[i]
+    for k in range(ns):
+        if first.leader[k] != k:  # optimizer state: its update's parameter now
+            param = graph.nodes[first.leader[k] - ns].meta["parc.param"]
+            assert second.leader[k] == index[param]
+    assert moved > 0 and (second.leader[second.leader] == second.leader).all()  # leaders lead themselves
+
+
+def test_a_plan_not_proven_within_second_gap_gets_the_parameter_led_candidate(steps, monkeypatch):
+    """A first plan far from its bound is replaced by the parameter-led plan when that is
+    cheaper, keeping the first plan's (valid) lower bound; a first plan within SECOND_GAP is
+    returned as it is."""
+    graph = steps["gpt-tiny"]
+    model = build(graph, enumerate_meshes(CLUSTER, max_dims=2)[1], CLUSTER)
+    p = model.problem.with_budget(80e9)
+    good = search_plan(model, p, "O2", OPTIONS)
+    assert good.gap <= spmd_search.SECOND_GAP and not good.method.endswith("(parameter-led)")
+    worst = p.min_memory_choice()  # a poor plan: every node at its least memory
+    poor = spmd_search.Solution(worst, p.cost(worst), good.lower_bound, 1 - good.lower_bound / p.cost(worst),
+                                "heuristic", 0.0, "poor")
+    assert poor.cost > good.cost * 1.05
+    monkeypatch.setattr(spmd_search, "_search_plan", lambda *a, **k: (poor, True))
+    sol = search_plan(model, p, "O2", OPTIONS)
+    assert sol.method.endswith("(parameter-led)") and p.fits(sol.choice)
+    assert sol.cost == pytest.approx(p.cost(sol.choice)) and sol.cost < poor.cost
+    assert sol.lower_bound == good.lower_bound and sol.gap == pytest.approx(1 - sol.lower_bound / sol.cost)
+    monkeypatch.setattr(spmd_search, "SECOND_GAP", 1.0)  # never tried
+    assert search_plan(model, p, "O2", OPTIONS).method == "poor"
 
 
 def test_a_forward_graph_has_no_grouping(tmp_path):

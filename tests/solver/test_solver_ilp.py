@@ -40,6 +40,19 @@ def test_o3_equals_brute_force(kind, seed):
     assert sol.lower_bound <= sol.cost
 
 
+@pytest.mark.parametrize("seed", range(8))
+def test_costs_of_microseconds_are_solved_exactly(seed):
+    """Step times are seconds, a node often a microsecond: the objective is scaled so HiGHS's
+    absolute tolerances (1e-6 mip_abs_gap, 1e-7 dual feasibility) do not swallow the plan."""
+    base = random_problem(seed, "dag", 8, (2, 4), budget=[None, 0.4][seed % 2])
+    p = Problem(tuple(c * 1e-7 for c in base.comp), base.edges, tuple(c * 1e-7 for c in base.comm),
+                base.mem, base.budget, base.pins)
+    best = brute_force(p)[0]
+    sol = solve_ilp(p, EXACT)
+    assert sol.cost == pytest.approx(best, rel=1e-9, abs=0)
+    assert sol.lower_bound <= best * (1 + 1e-9)
+
+
 def test_the_budget_binds_somewhere():
     """The memory row changes the answer on some of the seeded cases above."""
     changed = 0

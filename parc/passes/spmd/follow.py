@@ -4,12 +4,14 @@ A backward node follows the forward node it differentiates (`parc.forward`); an 
 follows the first optimizer node of its parameter (`parc.param`), and so does the optimizer state
 read only by that parameter's update. Parameters, data and forward nodes lead.
 
-(Measured and not kept: the parameter leading its optimizer nodes and state, which makes the
-write-back into the parameter's layout a cost inside the group. On gpt-2.7b over 25 GbE, 4 x 8
-mesh without a budget, the follow plan went from 6.686 s to the exact optimum 5.545 s; under
-the V100's 32 GiB both give 6.686 s; but the pinned megatron-tp4 baseline on 8 x 4 went from
-7.531 s (exact 7.530) to 10.147 s, and its memory from 18 to 119 GB.) A member's
-affinity to its leader's strategy s prices, on the mesh, what the problem's edges cannot see
+A second grouping, `lead="param"`, puts each optimizer chain and its state under the parameter
+itself, which makes the write-back into the parameter's layout a cost inside the group. Neither is better everywhere: on gpt-2.7b over
+25 GbE (4 x 8 mesh, no budget) the update-led plan is 6.686 s and the parameter-led one the
+exact optimum, 5.545 s; on the pinned megatron-tp4 baseline (8 x 4) the update-led plan is
+7.531 s (exact 7.530) and the parameter-led 10.147 s. The search tries the second when the
+first is not proven close (`parc.passes.spmd.search._second`).
+
+A member's affinity to its leader's strategy s prices, on the mesh, what the problem's edges cannot see
 inside a group: reading a value the leader reads (an input they share) in another layout, and
 reading a gradient from outside the group, or producing one for outside, in a layout other
 than the mirror of the leader's (a gradient of a value has the value's shape and wants its
@@ -31,8 +33,11 @@ FORWARD_OF = "parc.forward"  # written by parc/autodiff (backward nodes)
 PARAM_OF = "parc.param"  # written by parc/autodiff/optimizers.py (optimizer nodes)
 
 
-def training_grouping(model: CostModel) -> Grouping | None:
-    """The grouping of a training step's cost model (None for a graph without a backward)."""
+def training_grouping(model: CostModel, lead: str = "update") -> Grouping | None:
+    """The grouping of a training step's cost model (None for a graph without a backward).
+
+    `lead="update"`: an optimizer chain and its state follow the parameter's first update node;
+    `lead="param"`: they follow the parameter itself (the search's second candidate)."""
     g = model.graph
     state = step_state(g.metadata)
     if state is None:
@@ -50,6 +55,7 @@ def training_grouping(model: CostModel) -> Grouping | None:
     if (leader == np.arange(p.n)).all():
         return None
     params = set(state.params)
+    source = {v.name: k for k, v in enumerate(model.sources)}
     position = {id(n): pos for pos, n in enumerate(g.nodes)}
     updates = set(first_update.values())
     for k, v in enumerate(model.sources):  # optimizer state: read by one parameter's update only
@@ -58,6 +64,10 @@ def training_grouping(model: CostModel) -> Grouping | None:
         owners = {int(leader[model.node_index(position[id(u)])]) for u, _ in v.uses if id(u) in position}
         if len(owners) == 1 and owners <= updates:
             leader[k] = owners.pop()
+    if lead == "param":  # each optimizer group, its state included, led by the parameter it updates
+        for name, first in first_update.items():
+            if name in source:
+                leader[leader == first] = source[name]
     affinity = _Affinity(model)
     out = {}
     for pos, n in enumerate(g.nodes):
