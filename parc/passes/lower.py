@@ -435,7 +435,8 @@ class _Lowerer:
                             f"at run time; parc needs it constant to give each rank its local shape")
 
     def _mean_scales(self, n: Node, s, rule) -> list[float]:
-        """Per output, the factor that turns a rank's local mean into its share of the mean."""
+        """Per output, the factor that turns a rank's local mean into its share of the mean: 1/n
+        of an even split, its piece over the whole of an uneven one."""
         scales = [1.0] * len(n.outputs)
         if rule is None:
             return scales
@@ -443,9 +444,15 @@ class _Lowerer:
         for k, label in enumerate(s.labels):
             if label is None or reduce.get(label) != "mean":
                 continue  # outputs that keep the label (SoftmaxCrossEntropyLoss's log_prob) are split, not partial
+            share = 1.0 / self.mesh[k]
+            for spec in s.inputs:  # an uneven split of the label: this rank's piece of the mean
+                ax = spec[k] if spec is not None else None
+                if isinstance(ax, Split) and ax.sizes is not None:
+                    share = ax.sizes[self.coords[k]] / sum(ax.sizes)
+                    break
             for j in range(len(n.outputs)):
                 if isinstance(s.outputs[j][k], Partial):
-                    scales[j] /= self.mesh[k]
+                    scales[j] *= share
         return scales
 
 

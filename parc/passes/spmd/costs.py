@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property, lru_cache
 
 import numpy as np
@@ -26,9 +26,18 @@ from parc.ir.graph import Graph, Node, Value
 from parc.ir.state import OPTIMIZER, bindings, phase
 from parc.ops import get_rule
 from parc.ops.base import output_elements
-from parc.passes.spmd.strategies import MAX_STRATEGIES, Strategy, node_strategies, replicated, tensor_specs
+from parc.passes.spmd.hetero import Balance, mesh_balance
+from parc.passes.spmd.strategies import (
+    MAX_STRATEGIES,
+    PARTIAL,
+    Strategy,
+    node_strategies,
+    replicated,
+    tensor_specs,
+    uneven_strategy,
+)
 from parc.sharding import R, S, ShardSpec, ShardSpecError, local_shape, reshard
-from parc.sharding.spec import Partial
+from parc.sharding.spec import Partial, Split
 from parc.solver import Problem
 from parc.solver.follow import Grouping
 
@@ -44,6 +53,7 @@ class CostModel:
     strategies: list[list[Strategy]]  # per op node, in graph order
     problem: Problem
     micro: Micro | None = None  # microbatching: mesh axis 0 is then the microbatch (time) axis
+    balance: Balance | None = None  # mixed devices on this mesh: the axes' shares (hetero.py)
 
     pool_blob = True  # sent to several jobs: pickled once (parc/passes/spmd/pool.py)
 
@@ -185,7 +195,7 @@ def _strategies(graph: Graph, shape: tuple[int, ...], micro: Micro | None) -> li
 
 def build(graph: Graph, mesh: Mesh | None, cluster: Cluster, micro: Micro | None = None,
           layouts: dict[str, list[ShardSpec]] | None = None,
-          arrivals: Mapping[str, float] | None = None, kept: int = 1) -> CostModel:
+          arrivals: Mapping[str, float] | None = None, kept: int = 1, even: bool = False) -> CostModel:
     """Strategies and cost arrays for `graph` on `mesh` (devices of `cluster`).
 
     With `micro`, the model's mesh is `time_axis(mesh, micro.count)` (mesh None: the time axis
@@ -197,13 +207,21 @@ def build(graph: Graph, mesh: Mesh | None, cluster: Cluster, micro: Micro | None
     microbatch's piece when split along time, all of it otherwise), in every microbatch (the
     sender sends the layout the receiver holds). `kept`: how many
     microbatches' activations are alive at once (a pipeline stage under 1F1B keeps several), so
-    the memory of every node's outputs counts that many times."""
+    the memory of every node's outputs counts that many times. On a mesh of mixed devices
+    (`graph_balance`) splits along an axis of unlike slices are uneven, in proportion to the
+    slices' speeds, and every cost is per device; `even=True` keeps them even (the `even-split`
+    baseline: the same costs, equal shares)."""
     slowest = min(cluster.devices, key=lambda d: d.peak("float32"))
     if micro is not None:
         mesh = time_axis(mesh, micro.count, slowest)
     assert mesh is not None
     shape = mesh.shape
     strategies = _strategies(graph, shape, micro)
+    balance = graph_balance(graph, mesh, cluster) if micro is None else None
+    if balance is not None and even:
+        balance = replace(balance, shares=tuple(tuple([1.0 / n] * n) for n in shape))
+    elif balance is not None:
+        strategies = _uneven(graph, strategies, shape, balance)
 
     sources = sources_of(graph)
     wanted: dict[int, list[tuple[int, int]]] = {}  # source -> (id of a consumer's list, input)
@@ -241,7 +259,8 @@ def build(graph: Graph, mesh: Mesh | None, cluster: Cluster, micro: Micro | None
         else:
             runs = micro.count if micro is not None else 1  # it arrives in every microbatch
             comp.append(np.array([runs * per_byte * _local_bytes(v, s, shape) for s in specs]))
-        mem.append(np.array([_local_bytes(v, s, shape) if v.is_const else 0.0 for s in specs]))
+        mem.append(np.array([(_local_bytes(v, s, shape) if balance is None else _device_bytes(v, s, shape, balance))
+                             if v.is_const else 0.0 for s in specs]))
     producer: dict[int, tuple[int, int]] = {}  # value id -> (problem node, output index)
     live = peak_live(graph)
     node_costs: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
@@ -250,7 +269,8 @@ def build(graph: Graph, mesh: Mesh | None, cluster: Cluster, micro: Micro | None
         runs = micro.count if micro is not None and phase(n) != OPTIMIZER else 1
         key = (id(strats), held, runs)
         if key not in node_costs:
-            c, m = _node_costs(n, strats, held, shape, slowest)
+            c, m = (_node_costs(n, strats, held, shape, slowest) if balance is None
+                    else _device_costs(n, strats, held, shape, balance))
             node_costs[key] = (c * runs, m)
         c, m = node_costs[key]
         comp.append(c)
@@ -284,7 +304,106 @@ def build(graph: Graph, mesh: Mesh | None, cluster: Cluster, micro: Micro | None
     problem = Problem(tuple(comp), edges, tuple(pair_cost[tuple(e)] for e in edges.tolist()),
                       tuple(mem), None, (),
                       tuple([f"source:{v.name}" for v in sources] + [n.name for n in graph.nodes]))
-    return CostModel(graph, mesh, sources, source_specs, strategies, problem, micro)
+    return CostModel(graph, mesh, sources, source_specs, strategies, problem, micro, balance)
+
+
+def graph_balance(graph: Graph, mesh: Mesh, cluster: Cluster) -> Balance | None:
+    """The shares of a mesh over mixed devices (None when every device on it is alike). The
+    balanced unit is a sample of the batch (the first dim of the first data input; 1,000ths of
+    the work without one); a unit's time on a device is the graph's roofline time there over the
+    units; Whale's memory model: the parameters and optimizer state whole on every device, the
+    activations at the peak in proportion to the load."""
+    if len({cluster.devices[r] for r in mesh.devices}) < 2:
+        return None
+    data = [v for v in sources_of(graph) if not v.is_const and v.shape]
+    units = int(data[0].shape[0]) if data and data[0].shape[0] > 1 else 1000
+    unit_time = {}
+    for d in {cluster.devices[r] for r in mesh.devices}:
+        total = 0.0
+        for n in graph.nodes:
+            rule = get_rule(n)
+            flops = rule.flops(n) if rule is not None else output_elements(n)
+            read, written = rule.bytes_accessed(n) if rule is not None else (0, 0)
+            dtype = next((v.dtype for v in n.outputs if v.dtype is not None), None)
+            total += compute_time(flops, read + written, d, dtype or "float32") - d.launch_floor
+        unit_time[d.name] = total / units
+    live = peak_live(graph)
+    activations = sum(float(v.nbytes) for n in graph.nodes for v in n.outputs if id(v) in live and v.shape is not None)
+    fixed = sum(float(v.nbytes) for v in sources_of(graph) if v.is_const and v.shape is not None)
+    return mesh_balance(mesh, cluster, unit_time, units, activations / units, fixed, float(cluster.min_memory))
+
+
+def _uneven(graph: Graph, strategies: list[list[Strategy]], shape: tuple[int, ...],
+            balance: Balance) -> list[list[Strategy]]:
+    """Each strategy list with its splits along the uneven axes cut by the balance's shares
+    (lists shared by nodes of one signature stay shared)."""
+    axes = {k for k in range(len(shape)) if balance.uneven(k)}
+    done: dict[int, list[Strategy]] = {}
+    out = []
+    for n, strats in zip(graph.nodes, strategies):
+        if id(strats) not in done:
+            done[id(strats)] = [uneven_strategy(n, s, shape, balance.shares, axes) for s in strats]
+        out.append(done[id(strats)])
+    return out
+
+
+def _pieces(spec: ShardSpec | None, shape: tuple[int, ...], k: int) -> np.ndarray | None:
+    """The fractions of an uneven split on mesh axis k of `spec` (None: not uneven there)."""
+    if spec is None:
+        return None
+    ax = spec[k]
+    if isinstance(ax, Split) and ax.sizes is not None:
+        return np.asarray(ax.sizes, dtype=np.float64) / float(sum(ax.sizes))
+    return None
+
+
+def _device_costs(n: Node, strats: list[Strategy], held: tuple[bool, ...], shape: tuple[int, ...],
+                  balance: Balance) -> tuple[np.ndarray, np.ndarray]:
+    """_node_costs on a mesh of mixed devices: a strategy costs its slowest device's roofline
+    time for that device's piece of the work, and its memory is the most any device holds,
+    scaled to the smallest budget (`Balance.budgets`)."""
+    rule = get_rule(n)
+    flops = rule.flops(n) if rule is not None else output_elements(n)
+    read, written = rule.bytes_accessed(n) if rule is not None else (0, 0)
+    dtype = next((v.dtype for v in n.outputs if v.dtype is not None), None) or "float32"
+    comp, mem = [], []
+    for s in strats:
+        f = work_fractions(s, shape)
+        comp.append(max(compute_time(flops * fr, (read + written) * fr, d, dtype)
+                        for fr, d in set(zip(f.tolist(), balance.devices))))
+        mem.append(sum(_device_bytes(v, spec, shape, balance) for v, spec, h in zip(n.outputs, s.outputs, held) if h))
+    return np.array(comp), np.array(mem)
+
+
+def work_fractions(s: Strategy, shape: tuple[int, ...]) -> np.ndarray:
+    """Per mesh position (row-major), the fraction of a node's work a strategy gives it."""
+    f = np.ones(shape)
+    for k, (label, n) in enumerate(zip(s.labels, shape)):
+        if label is None or label == PARTIAL:
+            continue
+        part = next((p for p in (_pieces(spec, shape, k) for spec in (*s.outputs, *s.inputs)) if p is not None),
+                    np.full(n, 1.0 / n))
+        view = [1] * len(shape)
+        view[k] = n
+        f = f * part.reshape(view)
+    return f.ravel()
+
+
+def _device_bytes(v: Value, spec: ShardSpec, shape: tuple[int, ...], balance: Balance) -> float:
+    """The most bytes of v any device of the mesh holds under spec, each device's bytes scaled by
+    the smallest budget over its own (so one budget row checks every device)."""
+    if v.shape is None or v.dtype is None:
+        return 0.0
+    floor = min(balance.budgets)
+    best = 0.0
+    for pos, budget in enumerate(balance.budgets):
+        coords = tuple(int(c) for c in np.unravel_index(pos, shape))
+        try:
+            local = local_shape(v.shape, spec, shape, coords)
+        except Exception:
+            return float(v.nbytes)
+        best = max(best, math.prod(local) * v.dtype.itemsize * floor / budget)
+    return best
 
 
 def sources_of(graph: Graph) -> list[Value]:
@@ -335,12 +454,10 @@ def structure_key(graph: Graph, micro: Micro | None = None, arrivals: Mapping[st
 
 def renamed(model: CostModel, graph: Graph, micro: Micro | None = None) -> CostModel:
     """`model` for `graph`, whose `structure_key` equals that of `model.graph`."""
-    from dataclasses import replace
-
     sources = sources_of(graph)
     names = tuple([f"source:{v.name}" for v in sources] + [n.name for n in graph.nodes])
     return CostModel(graph, model.mesh, sources, model.source_specs, model.strategies,
-                     replace(model.problem, names=names), micro)
+                     replace(model.problem, names=names), micro, model.balance)
 
 
 def _fits(spec: ShardSpec, v: Value, mesh_shape: tuple[int, ...]) -> bool:
@@ -580,3 +697,50 @@ def micro_layout(graph: Graph, cluster: Cluster, count: int) -> Micro:
         strategy = model.strategies[pos][sol.choice[model.node_index(pos)]]
         values += [(v.name, spec) for v, spec in zip(n.outputs, strategy.outputs) if v.name]
     return Micro(count, labels, sources, tuple(values))
+
+
+def per_device(model: CostModel, choice) -> tuple[list[float], list[float]]:
+    """Per mesh position of a mixed mesh (`model.balance`): the compute seconds of its pieces of
+    every node under `choice` and the bytes it holds (parameters, state and the values live at
+    the peak), each against its own device, unscaled."""
+    assert model.balance is not None
+    shape, devices = model.mesh.shape, model.balance.devices
+    compute = np.zeros(len(devices))
+    memory = np.zeros(len(devices))
+    coords = [tuple(int(c) for c in np.unravel_index(pos, shape)) for pos in range(len(devices))]
+
+    def held(v: Value, spec: ShardSpec) -> np.ndarray:
+        if v.shape is None or v.dtype is None:
+            return np.zeros(len(devices))
+        return np.array([math.prod(local_shape(v.shape, spec, shape, c)) * v.dtype.itemsize for c in coords],
+                        dtype=np.float64)
+
+    for k, v in enumerate(model.sources):
+        if v.is_const:
+            memory += held(v, model.source_specs[k][choice[k]])
+    live = peak_live(model.graph)
+    for pos, n in enumerate(model.graph.nodes):
+        s = model.strategies[pos][choice[model.node_index(pos)]]
+        rule = get_rule(n)
+        flops = rule.flops(n) if rule is not None else output_elements(n)
+        read, written = rule.bytes_accessed(n) if rule is not None else (0, 0)
+        dtype = next((v.dtype for v in n.outputs if v.dtype is not None), None) or "float32"
+        f = work_fractions(s, shape)
+        compute += [compute_time(flops * fr, (read + written) * fr, d, dtype) for fr, d in zip(f.tolist(), devices)]
+        for v, spec in zip(n.outputs, s.outputs):
+            if id(v) in live:
+                memory += held(v, spec)
+    return compute.tolist(), memory.tolist()
+
+
+def even_choice(model: CostModel, even: CostModel, choice) -> np.ndarray:
+    """`choice` (in the balanced `model`) in the `even` model of the same mesh: the same
+    strategy per node (the lists correspond one to one), each source at its layout with the
+    uneven splits made even."""
+    out = np.asarray(choice).copy()
+    for k in range(len(model.sources)):
+        spec = model.source_specs[k][choice[k]]
+        plain = ShardSpec(tuple(S(ax.dim) if isinstance(ax, Split) and ax.sizes is not None else ax for ax in spec))
+        specs = even.source_specs[k]
+        out[k] = specs.index(plain) if plain in specs else specs.index(replicated(model.mesh.shape))
+    return out

@@ -28,7 +28,7 @@ from parc.errors import InfeasiblePlanError, UsageError
 from parc.hints import Hints, IneligibleMeshError, check_mesh, hint_pins, warn_once
 from parc.ir.graph import Graph
 from parc.ir.state import OPTIMIZER, bindings, phase
-from parc.passes.spmd.costs import CostModel, Micro, build, micro_layout
+from parc.passes.spmd.costs import CostModel, Micro, build, even_choice, micro_layout, per_device
 from parc.passes.spmd.follow import training_grouping
 from parc.passes.spmd.pool import run_jobs
 from parc.plandir import PLAN_FORMAT_ONE_MESH as FORMAT_VERSION
@@ -98,7 +98,12 @@ class Plan:
             for v, spec in zip(n.outputs, s.outputs):
                 if v.name:
                     specs[v.name], time_specs[v.name] = _device_part(spec, cut), str(spec[0])
-        mem = self.best.memory_bytes
+        mem = [self.best.memory_bytes] * self.best.mesh.num_devices
+        devices = {}
+        if m.balance is not None:
+            compute, mem = per_device(m, x)
+            devices = {"devices": [d.name for d in m.balance.devices], "compute_s_per_device": compute,
+                       "memory_budget_bytes_per_device": list(m.balance.budgets)}
         micro = None if m.micro is None else {
             "count": m.micro.count, "specs": time_specs, "strategies": time_labels}
         return {
@@ -110,8 +115,9 @@ class Plan:
             "mesh": self.best.mesh.to_json(),
             "predicted": {"step_time_s": self.best.solution.cost, "compute_s": self.best.compute_s,
                           "comm_s": self.best.comm_s,
-                          "memory_bytes_per_device": [mem] * self.best.mesh.num_devices,
-                          "memory_budget_bytes": self.budget},
+                          "memory_bytes_per_device": mem,
+                          "memory_budget_bytes": self.budget, **devices},
+            "balance": m.balance.report if m.balance is not None else None,
             "specs": specs,
             "strategies": strategies,
             "solver": {"level": self.level, "time_s": self.time_s, "gap": self.best.solution.gap,
@@ -503,7 +509,7 @@ def plan_graph(graph: Graph, cluster: Cluster, *, level: str = "O3", memory_budg
     if not results:
         if skipped and not failures:
             raise UsageError("no mesh satisfies the hints: " + "; ".join(skipped))
-        raise InfeasiblePlanError(_infeasible_message(graph, budget, failures + skipped))
+        raise InfeasiblePlanError(_infeasible_message(graph, budget, failures + skipped, cluster))
     cheapest = min(r.solution.cost for r in results)
     # ties (within solver noise) go to the mesh with fewer axes, the first in mesh order
     best = next(r for r in sorted(results, key=lambda r: r.mesh.ndim)
@@ -515,8 +521,21 @@ def plan_graph(graph: Graph, cluster: Cluster, *, level: str = "O3", memory_budg
         outcome[job.what, job.mesh] = out
     plan.baselines = {name: {k: v for k, v in outcome[name, m].items() if k != "choice"}
                       for m in meshes for name in names(m)}
+    if best.model.balance is not None and best.model.balance.any_uneven:
+        plan.baselines["even-split"] = even_split_baseline(graph, cluster, best, budget)
     plan.time_s = time.perf_counter() - t0
     return plan
+
+
+def even_split_baseline(graph: Graph, cluster: Cluster, best: MeshResult, budget: float) -> dict:
+    """The plan's own strategy with equal shares on its mixed mesh (Whale's even split): what
+    balancing gains. Costs per device as the plan's; memory per device against each budget."""
+    even = build(graph, best.mesh, cluster, even=True)
+    x = even_choice(best.model, even, best.solution.choice)
+    p = even.problem
+    mem = p.memory(x) if p.mem else 0.0
+    return {"step_time_s": p.cost(x), "memory_bytes_per_device": mem, "feasible": mem <= budget * (1 + 1e-9),
+            "optimizer_s": optimizer_time(even, x)}
 
 
 def _no_worse_than_baselines(sol: Solution | str | None, pins: dict[int, tuple[int, ...]],
@@ -640,8 +659,13 @@ def _device_mesh(mesh: Mesh) -> Mesh:
     return Mesh(mesh.shape[1:], tuple(range(n)), mesh.links[1:], mesh.spans_nodes[1:])
 
 
-def _infeasible_message(graph: Graph, budget: float, failures: list[str]) -> str:
+def _infeasible_message(graph: Graph, budget: float, failures: list[str], cluster: Cluster | None = None) -> str:
     params = sorted((v for v in graph.constants.values() if v.is_const), key=lambda v: -v.nbytes)[:3]
     largest = ", ".join(f"{v.name} ({fmt_bytes(v.nbytes)})" for v in params)
-    return (f"no mesh fits {fmt_bytes(budget)} per device; largest tensors: {largest}; "
+    where = f"{fmt_bytes(budget)} per device"
+    if cluster is not None and not cluster.is_homogeneous:  # each type's own budget (even balanced)
+        where = ", ".join(f"{fmt_bytes(budget * d.memory_bytes / cluster.min_memory)} per {d.name}"
+                          for d in sorted(cluster.device_types, key=lambda d: d.memory_bytes))
+        where += " (balanced by speed and memory)"
+    return (f"no mesh fits {where}; largest tensors: {largest}; "
             f"{failures[0] if failures else ''}")

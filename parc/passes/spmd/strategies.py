@@ -154,3 +154,53 @@ def tensor_specs(v: Value, mesh_shape: tuple[int, ...], wanted: list[ShardSpec])
         if spec is not None and not any(getattr(a, "op", None) for a in spec):
             specs[spec] = None
     return list(specs)[:MAX_STRATEGIES]
+
+
+def uneven_strategy(node: Node, s: Strategy, mesh_shape: tuple[int, ...],
+                    shares: tuple[tuple[float, ...], ...], uneven_axes: set[int]) -> Strategy:
+    """`s` with each label split along an axis of `uneven_axes` cut in proportion to that axis's
+    `shares` (`S(d,[sizes])` on every tensor holding it), or `s` itself where that cannot be
+    expressed: the label on two axes, held inside a dim (a strided piece), sharing a dim with a
+    label another axis splits, or too small to give every device a piece."""
+    rule = sharding_rule(node)
+    if rule is None or not any(k in uneven_axes and lab not in (None, PARTIAL) for k, lab in enumerate(s.labels)):
+        return s
+    from parc.passes.spmd.hetero import split_sizes
+
+    split_labels = [lab for lab in s.labels if lab not in (None, PARTIAL)]
+    tensors = [d for d in (*rule.inputs, *rule.outputs) if d is not None]
+    axes = list(zip(range(len(mesh_shape)), s.labels))
+    ins, outs = list(s.inputs), list(s.outputs)
+    changed = False
+    for k, label in axes:
+        if k not in uneven_axes or label in (None, PARTIAL) or split_labels.count(label) > 1:
+            continue
+        sizes = split_sizes(rule.size(label), shares[k])
+        if sizes is None:
+            continue
+        ok = True
+        for dims in tensors:
+            for dim in dims:
+                if label in dim and (dim.index(label) != 0 or any(o in dim for o in split_labels if o != label)):
+                    ok = False  # strided, or another axis cuts the same dim
+        if not ok:
+            continue
+
+        ins = [_cut(spec, rule.inputs[i] if i < len(rule.inputs) else None, rule, label, k, sizes)
+               for i, spec in enumerate(ins)]
+        outs = [_cut(spec, rule.outputs[i] if i < len(rule.outputs) else None, rule, label, k, sizes)
+                for i, spec in enumerate(outs)]
+        changed = True
+    return Strategy(s.labels, tuple(ins), tuple(outs), s.split) if changed else s
+
+
+def _cut(spec: ShardSpec | None, dims, rule: ShardingRule, label: str, k: int,
+         sizes: tuple[int, ...]) -> ShardSpec | None:
+    """spec with mesh axis k's split of `label` cut into `sizes` (scaled by the dim's inner factors)."""
+    if spec is None or dims is None:
+        return spec
+    held = [d for d, dim in enumerate(dims) if label in dim]
+    if not held:
+        return spec
+    inner = math.prod(rule.size(f) for f in dims[held[0]][1:])
+    return spec.replace(k, S(held[0], sizes=tuple(z * inner for z in sizes)))

@@ -1,0 +1,122 @@
+"""Mixed devices on one mesh (hetero.py): Whale's Algorithm 1, the exact balance, uneven
+strategies and per-device costs."""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import numpy as np
+import pytest
+
+from parc.cluster import enumerate_meshes, resolve_cluster
+from parc.ir import importer
+from parc.passes.spmd.costs import build, even_choice, per_device, work_fractions
+from parc.passes.spmd.hetero import balanced_time, exact_balance, split_sizes, whale_balance
+from parc.sharding.spec import Split
+from tests.helpers import parc
+
+MIXED = resolve_cluster("2xv100-32g+2xp100-16g", None)
+
+
+def test_algorithm1_starts_from_flop_capacity():
+    assert whale_balance(30, [2.0, 1.0], [1e9, 1e9], 1.0) == [20, 10]
+    assert sum(whale_balance(7, [3.0, 2.0, 2.0], [1e9] * 3, 1.0)) == 7
+
+
+def test_algorithm1_shifts_the_overload_to_the_least_loaded_free_device():
+    # device 0 would hold 20 units of 4 bytes (80 > 60): 5 units go to the free device
+    assert whale_balance(30, [2.0, 1.0], [60.0, 100.0], 4.0) == [15, 15]
+    # two free devices: the valley is the one with the lowest FLOP utilisation (load / flops)
+    assert whale_balance(40, [2.0, 1.0, 1.0], [40.0, 100.0, 100.0], 1.0, fixed=[0.0, 0.0, 0.0]) == [20, 10, 10]
+    # the whole excess (8) goes to one valley (the first of the tied ones), as Whale's shift_load
+    # does; the optimum spreads it
+    assert whale_balance(40, [2.0, 1.0, 1.0], [12.0, 100.0, 100.0], 1.0) == [12, 18, 10]
+    assert exact_balance(40, [0.5, 1.0, 1.0], [12.0, 100.0, 100.0], 1.0) == [12, 14, 14]
+    # no room anywhere: the free device fills up and leaves the list; the overload stays
+    assert whale_balance(30, [2.0, 1.0], [60.0, 50.0], 4.0) == [18, 12]
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_exact_balance_is_the_optimum_and_algorithm1_never_beats_it(seed):
+    rng = random.Random(seed)
+    n, units = rng.randint(2, 3), rng.randint(3, 12)
+    t = [rng.uniform(0.5, 3.0) for _ in range(n)]
+    mem = [rng.uniform(2.0, 12.0) for _ in range(n)]
+    a = rng.uniform(0.5, 1.5)
+    best = None
+    for load in itertools.product(range(units + 1), repeat=n):
+        if sum(load) == units and all(x * a <= m for x, m in zip(load, mem)):
+            v = balanced_time(load, t)
+            best = v if best is None else min(best, v)
+    got = exact_balance(units, t, mem, a)
+    if best is None:
+        assert got is None
+        return
+    assert got is not None and sum(got) == units and all(x * a <= m * (1 + 1e-9) for x, m in zip(got, mem))
+    assert balanced_time(got, t) == pytest.approx(best, rel=1e-9)
+    flops = [1.0 / x for x in t]
+    whale = whale_balance(units, flops, mem, a)
+    if all(x * a <= m for x, m in zip(whale, mem)):
+        assert balanced_time(whale, t) >= best * (1 - 1e-9)
+
+
+def test_split_sizes():
+    assert split_sizes(32, [0.3, 0.3, 0.2, 0.2]) in ((10, 10, 6, 6), (9, 9, 7, 7), (10, 9, 7, 6))
+    assert sum(split_sizes(1000, [0.6, 0.4])) == 1000
+    assert split_sizes(3, [0.25] * 4) is None  # too small for a piece each
+    assert split_sizes(8, [0.25] * 4) is None  # even: no uneven split
+    assert min(split_sizes(5, [0.97, 0.01, 0.01, 0.01])) >= 1
+
+
+@pytest.fixture(scope="module")
+def gpt(tmp_path_factory):
+    path = tmp_path_factory.mktemp("hetero") / "gpt.onnx"
+    assert parc("models", "build", "gpt-tiny", "--set", "batch=32", "--train", "adamw", "-o", str(path)).returncode == 0
+    return importer.load(str(path), {})
+
+
+def test_a_mixed_mesh_splits_unevenly_and_prices_its_slowest_device(gpt):
+    mesh = enumerate_meshes(MIXED, max_dims=1)[0]
+    model = build(gpt, mesh, MIXED)
+    b = model.balance
+    assert b is not None and b.uneven(0)
+    assert b.shares[0][0] == b.shares[0][1] > b.shares[0][2] == b.shares[0][3]  # V100s take more
+    uneven = [s for strats in model.strategies for s in strats
+              if any(isinstance(ax, Split) and ax.sizes is not None for spec in s.outputs for ax in spec)]
+    assert uneven
+    for s in uneven[:50]:  # every uneven piece list sums to the dim it splits, fastest first
+        f = work_fractions(s, mesh.shape)
+        assert f.sum() == pytest.approx(1.0) and f[0] >= f[3]
+    even = build(gpt, mesh, MIXED, even=True)
+    # equal shares, the same strategies: the P100s set the step, so every split node costs more
+    for pos in range(len(gpt.nodes)):
+        i = model.node_index(pos)
+        for j, s in enumerate(model.strategies[pos]):
+            if s.split > 1 and s in uneven:
+                assert even.problem.comp[i][j] > model.problem.comp[i][j]
+
+
+def test_the_plan_beats_its_even_split_and_reports_each_device(gpt):
+    from parc.passes.spmd.search import plan_graph
+
+    plan = plan_graph(gpt, MIXED, level="O2", max_mesh_dims=1, jobs=1)
+    d = plan.to_json()
+    even = d["baselines"]["even-split"]
+    assert even["feasible"] and even["step_time_s"] > d["predicted"]["step_time_s"]
+    assert d["predicted"]["devices"] == ["v100-32g", "v100-32g", "p100-16g", "p100-16g"]
+    compute, memory = d["predicted"]["compute_s_per_device"], d["predicted"]["memory_bytes_per_device"]
+    assert len(compute) == len(memory) == 4 and memory[0] > memory[3]  # the V100s hold more samples
+    assert d["balance"]["axes"][0]["optimum"] is not None
+    m = plan.best.model
+    assert per_device(m, plan.best.solution.choice)[1] == memory
+    x = even_choice(m, build(gpt, m.mesh, MIXED, even=True), plan.best.solution.choice)
+    assert len(x) == m.problem.n
+
+
+def test_a_homogeneous_mesh_has_no_balance(gpt):
+    cluster = resolve_cluster("4xv100-32g", None)
+    model = build(gpt, enumerate_meshes(cluster, max_dims=1)[0], cluster)
+    assert model.balance is None
+    plan_keys = np.array([s.split for strats in model.strategies for s in strats])
+    assert plan_keys.max() == 4
