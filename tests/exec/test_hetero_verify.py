@@ -55,3 +55,19 @@ def test_uneven_tensor_parallel_verifies(tmp_path):
     out, plan = _plan(tmp_path, "gpt-tiny", 4, "--hints", str(hints))
     assert any("weight" in k for k in _uneven(plan)), _uneven(plan)[:5]
     _verify(out)
+
+
+def test_heterogeneous_pipeline_verifies(tmp_path):
+    """2 P100 + 2 V100 in two stages: stage 0 on the V100s (the larger memory), with more of the
+    layers than the P100 stage when that is faster."""
+    step = tmp_path / "gpt.onnx"
+    res = parc("models", "build", "gpt-tiny", "--set", "batch=8", "--set", "layers=4", "--train", "sgd",
+               "-o", str(step))
+    assert res.returncode == 0, res.stderr
+    out = tmp_path / "pipe"
+    res = parc("plan", str(step), "--devices", "2xp100-16g+2xv100-32g", "--pipeline", "2", "--jobs", "1",
+               "-o", str(out))
+    assert res.returncode == 0, res.stderr
+    plan = json.loads((out / "plan.json").read_text())
+    assert [s["devices"] for s in plan["stages"]] == [[2, 3], [0, 1]]
+    _verify(out)

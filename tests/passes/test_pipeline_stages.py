@@ -242,7 +242,7 @@ def test_stages_of_the_same_structure_are_searched_once(tmp_path, monkeypatch):
     hints.write_text("scopes:\n" + "".join(f"  - match: '^h\\.{i}\\.'\n    stage: {i // 2}\n" for i in range(8)))
     pins = stage_pins(g, load_hints(hints), 4)
     real_assign = pipeline_plan.assign_stages
-    monkeypatch.setattr(pipeline_plan, "assign_stages", lambda graph, c, k, tol, fixed, tl: real_assign(graph, c, k, tol, pins, tl))
+    monkeypatch.setattr(pipeline_plan, "assign_stages", lambda graph, c, k, tol, fixed, tl, **kw: real_assign(graph, c, k, tol, pins, tl, **kw))
     searches = []
     real = pipeline_plan.plan_graph
     monkeypatch.setattr(pipeline_plan, "plan_graph", lambda *a, **k: searches.append(1) or real(*a, **k))
@@ -330,3 +330,72 @@ def test_more_microbatches_are_tried_while_none_fits(tmp_path, monkeypatch):
     monkeypatch.setattr(pipeline_plan, "_plan_at", lambda *a, **k: (_ for _ in ()).throw(InfeasiblePlanError("no")))
     with pytest.raises(InfeasiblePlanError):
         plan_pipeline(g, CLUSTER, 2, jobs=1)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_stage_ilp_with_capacities_equals_brute_force(seed):
+    """Per-stage capacities (a mixed cluster's stages): stage s's load at most cap * its share."""
+    rng = np.random.default_rng(100 + seed)
+    n = int(rng.integers(4, 8))
+    count = int(rng.integers(2, 4))
+    edges = sorted({(int(i), int(j)) for j in range(1, n) for i in rng.choice(j, size=min(j, 2), replace=False)})
+    volume = [float(v) for v in rng.integers(1, 100, size=len(edges))]
+    weight = rng.uniform(0.5, 2.0, size=n)
+    share = rng.uniform(0.5, 1.5, size=count)
+    share /= share.sum()
+    per = weight.sum() / count
+    cap = 1.4
+    lo, hi = np.zeros(n, dtype=int), np.full(n, count - 1)
+    got = st._stage_ilp(weight / per, edges, volume, count, lo, hi, cap, 10.0, 1.0 / (share * count))
+    caps = cap * per * share * count  # stage s's own bound, in the weights' units
+    best = None
+    for x in itertools.product(range(count), repeat=n):
+        if any(x[j] < x[i] for i, j in edges):
+            continue
+        load = np.bincount(x, weights=weight, minlength=count)
+        if (load > caps + 1e-9).any():
+            continue
+        cut = sum(v for (i, j), v in zip(edges, volume) if x[i] != x[j])
+        best = cut if best is None else min(best, cut)
+    if best is None:
+        assert got is None
+        return
+    x = got[0]
+    assert (np.bincount(x, weights=weight, minlength=count) <= caps + 1e-6).all()
+    assert sum(v for (i, j), v in zip(edges, volume) if x[i] != x[j]) == pytest.approx(best)
+
+
+def test_bounds_with_equal_capacities_are_rhinos():
+    """Equal shares give Rhino's floor bounds exactly; a faster first stage lets later nodes in."""
+    rng = np.random.default_rng(0)
+    n, count = 12, 4
+    weight = rng.uniform(0.5, 2.0, size=n)
+    edges = [(i, i + 1) for i in range(n - 1)]
+    anc = st._ancestors(n, edges)
+    a, d = anc @ weight, weight @ anc + weight
+    per = weight.sum() / count
+    for share in (None, [0.25] * 4):
+        x, _, eps = st._solve(weight, anc, edges, [1.0] * len(edges), count, 0.1, {}, 10.0, True, share)
+        slack = eps + st.BOUND_SLACK
+        lo = np.maximum(np.floor(a / per - slack), 0)
+        hi = np.minimum(count - 1 - np.floor(d / per - slack), count - 1)
+        assert ((x >= lo) & (x <= np.maximum(hi, lo))).all()
+    fast, _, _ = st._solve(weight, anc, edges, [1.0] * len(edges), count, 0.1, {}, 10.0, True, [0.55, 0.15, 0.15, 0.15])
+    even, _, _ = st._solve(weight, anc, edges, [1.0] * len(edges), count, 0.1, {}, 10.0, True, None)
+    assert weight[fast == 0].sum() > weight[even == 0].sum()  # the fast stage takes more layers
+
+
+def test_mixed_cluster_stages_take_the_larger_memories_first_and_balance_speed(tmp_path):
+    from parc.passes.pipeline.plan import stage_blocks, stage_shares
+
+    path = tmp_path / "g.onnx"
+    assert parc("models", "build", "gpt-tiny", "--set", "layers=4", "--train", "sgd", "-o", str(path)).returncode == 0
+    g = importer.load(str(path), {})
+    cluster = resolve_cluster("2xp100-16g+2xv100-32g", None)
+    assert stage_blocks(g, cluster, 2) == [1, 0]  # the V100s (32 GiB) take stage 0
+    shares = stage_shares(g, cluster, 2)
+    assert shares[0] > shares[1] and sum(shares) == pytest.approx(1.0)
+    homo = resolve_cluster("4xv100-32g", None)
+    assert stage_blocks(g, homo, 2) == [0, 1] and stage_shares(g, homo, 2) is None
+    pp = plan_pipeline(g, cluster, 2, micro_batches=2, level="O2", jobs=1)
+    assert pp.stages[0].ranks == (2, 3) and pp.stages[1].ranks == (0, 1)

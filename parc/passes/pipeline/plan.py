@@ -49,6 +49,7 @@ from parc.passes.pipeline.stages import (
     uniform_stages,
 )
 from parc.passes.spmd.costs import CostModel, Micro, micro_layout, renamed, structure_key, warm_strategies
+from parc.passes.spmd.hetero import device_times, stage_capacity, stage_order
 from parc.passes.spmd.search import Plan, optimizer_time, plan_graph
 from parc.plandir import PLAN_FORMAT_PIPELINE as FORMAT_VERSION
 from parc.sharding import ShardSpec
@@ -227,7 +228,7 @@ def plan_pipeline(graph: Graph, cluster: Cluster, stages: int, *, micro_batches:
         raise UsageError(f"--micro-batches {micro_batches}: expected a count that divides the batch ({batch})")
     budget = float(memory_budget if memory_budget is not None else min(d.memory_bytes for d in cluster.devices))
     fixed = stage_pins(graph, hints, stages) if hints is not None else None
-    a = assign_stages(graph, cluster, stages, tolerance, fixed, time_limit)
+    a = assign_stages(graph, cluster, stages, tolerance, fixed, time_limit, capacity=stage_shares(graph, cluster, stages))
     crossing = boundaries(graph, a)
     counts = [micro_batches] if micro_batches is not None else micro_batch_candidates(graph, stages)
     best: PipelinePlan | None = None
@@ -309,7 +310,8 @@ def _plan_at(graph: Graph, cluster: Cluster, stages: int, m: int, a: StageAssign
             for mesh in enumerate_meshes(st.cluster, max_dims=max_mesh_dims):  # the searches' workers inherit them
                 warm_strategies(st.graph, mesh, st.cluster, st.micro)
             try:
-                p = plan_graph(st.graph, st.cluster, level=level, memory_budget=budget, time_limit=time_limit,
+                p = plan_graph(st.graph, st.cluster, level=level, memory_budget=stage_budget(cluster, st.cluster, budget),
+                               time_limit=time_limit,
                                jobs=jobs, micro_batches=m, micro=st.micro, with_baselines=False,
                                max_mesh_dims=max_mesh_dims, hints=_stage_hints(hints, st.graph),
                                arrivals=st.arrivals, kept=st.kept)
@@ -343,17 +345,35 @@ class _StageInput:
         return structure_key(self.graph, self.micro, self.arrivals), repr(self.cluster.to_json()), self.kept
 
 
+def stage_shares(graph: Graph, cluster: Cluster, stages: int) -> list[float] | None:
+    """Each stage's share of the compute on a mixed cluster (`hetero.stage_capacity`, in
+    `stage_order`); None on a homogeneous one (equal shares)."""
+    if cluster.is_homogeneous:
+        return None
+    times = device_times(graph, cluster.device_types, floors=True)
+    return stage_capacity(cluster, stages, stage_order(cluster, stages, times), times)
+
+
+def stage_blocks(graph: Graph, cluster: Cluster, stages: int) -> list[int]:
+    """Which block of N/S consecutive ranks each stage takes: in rank order on a homogeneous
+    cluster, the larger memories (then the faster devices) first on a mixed one (Whale 3.3.2)."""
+    if cluster.is_homogeneous:
+        return list(range(stages))
+    return stage_order(cluster, stages, device_times(graph, cluster.device_types, floors=True))
+
+
 def _stage_inputs(graph: Graph, cluster: Cluster, a: StageAssignment, crossing: list[Boundary],
                   micro: Micro | None, m: int) -> Iterator[_StageInput]:
-    """Each stage's subgraph, device group (stage s: devices s*N/S .. (s+1)*N/S - 1), microbatch
-    layout, arrival prices and kept microbatches."""
+    """Each stage's subgraph, device group (stage s: the block `stage_blocks` gives it, devices
+    b*N/S .. (b+1)*N/S - 1), microbatch layout, arrival prices and kept microbatches."""
     stages = a.count
     group = cluster.num_devices // stages
-    ranks = [tuple(range(s * group, (s + 1) * group)) for s in range(stages)]
+    blocks = stage_blocks(graph, cluster, stages)
+    ranks = [tuple(range(b * group, (b + 1) * group)) for b in blocks]
     for s in range(stages):
         g = stage_graph(graph, a, s, crossing)
         positions = a.nodes_of(s)
-        yield _StageInput(s, ranks[s], g, positions, sub_cluster(cluster, s * group, group),
+        yield _StageInput(s, ranks[s], g, positions, sub_cluster(cluster, blocks[s] * group, group),
                           micro.restricted(g, positions) if micro is not None else None,
                           _arrivals(cluster, crossing, ranks, s), min(stages - s, m))
 
@@ -388,13 +408,20 @@ def _predict(pp: PipelinePlan) -> None:
                                pieces)
         st.memory_bytes = best.memory_bytes  # its search counted the microbatches 1F1B keeps (`kept`)
         st.params = int(sum(v.size for v in st.graph.input_constants if v.is_param))
-        if st.memory_bytes > pp.budget:
+        budget = stage_budget(pp.cluster, st.plan.cluster, pp.budget)
+        if st.memory_bytes > budget * (1 + 1e-9):
             raise InfeasiblePlanError(
                 f"pipeline stage {st.index} of {count} needs {st.memory_bytes / 2**30:.2f} GiB per device "
                 f"({min(count - st.index, m)} microbatches of activations kept by 1F1B), the budget is "
-                f"{pp.budget / 2**30:.2f} GiB")
+                f"{budget / 2**30:.2f} GiB")
     pp.step_s, pp.bubble_s = one_f_one_b_time([st.per_micro_s + st.send_s for st in pp.stages],
                                               [st.apply_s for st in pp.stages], m)
+
+
+def stage_budget(cluster: Cluster, group: Cluster, budget: float) -> float:
+    """A stage's budget per device: the cluster's (the smallest device's, or --mem-limit of it)
+    scaled to the group's smallest device."""
+    return budget * group.min_memory / cluster.min_memory
 
 
 def one_f_one_b_time(per_micro: list[float], apply_s: list[float], m: int) -> tuple[float, float]:

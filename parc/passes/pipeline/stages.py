@@ -89,11 +89,13 @@ def node_costs(graph: Graph, cluster: Cluster) -> np.ndarray:
 
 def assign_stages(graph: Graph, cluster: Cluster, count: int, tolerance: float = DEFAULT_TOLERANCE,
                   fixed: dict[str, tuple[int, str]] | None = None, time_limit: float = 60.0,
-                  tighten: bool = True) -> StageAssignment:
+                  tighten: bool = True, capacity: list[float] | None = None) -> StageAssignment:
     """Split `graph` into `count` stages (see the module docstring). `fixed` pins forward nodes
     (by name) to stages, with where the pin comes from (hints' `stage:` scopes). `tighten=False`
     leaves out Rhino's bounds (every node may take any stage; the load rows stay): the ILP the
-    bounds are measured against (benchmarks/pipeline.py)."""
+    bounds are measured against (benchmarks/pipeline.py). `capacity`: each stage's share of the
+    compute (a mixed cluster's stages on faster or slower device groups, Whale 3.3.2; default
+    equal shares): the load rows and the bounds balance against it."""
     if count < 2:
         raise UsageError(f"--pipeline {count}: a pipeline needs 2 or more stages")
     nodes = graph.nodes
@@ -112,7 +114,7 @@ def assign_stages(graph: Graph, cluster: Cluster, count: int, tolerance: float =
     pins = _pins(graph, fwd, nodes, by_name, fixed or {}, count)
     _check_pins(pins, fwd, nodes, anc, fixed or {})
     t0 = time.perf_counter()
-    x, status, eps = _solve(weight, anc, edges, volume, count, tolerance, pins, time_limit, tighten)
+    x, status, eps = _solve(weight, anc, edges, volume, count, tolerance, pins, time_limit, tighten, capacity)
     return _assignment(graph, costs, count, fwd, x, edges, volume, status, eps, time.perf_counter() - t0)
 
 
@@ -193,10 +195,18 @@ def _check_pins(pins: dict[int, int], fwd: list[int], nodes: list[Node], anc: np
 
 
 def _solve(weight: np.ndarray, anc: np.ndarray, edges: list, volume: list, count: int, tolerance: float,
-           pins: dict[int, int], time_limit: float, tighten: bool = True) -> tuple[np.ndarray, str, float]:
-    """The stage of each forward node, the solver status and the tolerance that was feasible."""
+           pins: dict[int, int], time_limit: float, tighten: bool = True,
+           capacity: list[float] | None = None) -> tuple[np.ndarray, str, float]:
+    """The stage of each forward node, the solver status and the tolerance that was feasible.
+    With `capacity` (per-stage shares) stage s's balanced load is T_s = total * share_s, and a
+    node's bounds count the stages the work before (after) it fills: the first stage it may
+    take is the number of stages whose cumulative capacity its ancestors' work exceeds (less the
+    slack, in mean stages)."""
     total = float(weight.sum()) or 1.0
     per = total / count
+    share = np.full(count, 1.0 / count) if capacity is None else np.asarray(capacity, dtype=np.float64)
+    ends = np.cumsum(share * total)  # where stage s's work ends
+    tails = np.cumsum(share[::-1] * total)  # the work of the last k + 1 stages
     a_cost = anc @ weight  # ancestors' compute
     d_cost = weight @ anc + weight  # its own and its descendants' compute
     # HiGHS works to absolute tolerances (1e-7 on rows, 1e-6 on the objective): loads in units of
@@ -205,13 +215,13 @@ def _solve(weight: np.ndarray, anc: np.ndarray, edges: list, volume: list, count
     eps = tolerance
     for _ in range(8):
         slack = eps + (BOUND_SLACK if tighten else count)  # `count` stages of slack: no bounds
-        lo = np.maximum(np.floor(a_cost / per - slack), 0).astype(int)
-        hi = np.minimum(count - 1 - np.floor(d_cost / per - slack), count - 1).astype(int)
+        lo = np.searchsorted(ends, a_cost - slack * per, side="right").clip(0, count - 1).astype(int)
+        hi = (count - 1 - np.searchsorted(tails, d_cost - slack * per, side="right")).clip(0, count - 1).astype(int)
         hi = np.maximum(hi, lo)
         for k, s in pins.items():
             lo[k] = hi[k] = s
         got = _stage_ilp(weight / per, edges, np.asarray(volume, dtype=np.float64) / vscale, count, lo, hi,
-                         1 + eps, time_limit)
+                         1 + eps, time_limit, 1.0 / (share * count))
         if got is not None:
             return got[0], got[1], eps
         eps *= 2
@@ -233,9 +243,10 @@ def _ancestors(n: int, edges: list) -> np.ndarray:
     return anc
 
 
-def _stage_ilp(weight, edges, volume, count, lo, hi, cap, time_limit) -> tuple[np.ndarray, str] | None:
-    """x_is (n * count columns, node-major), then F_e, then L, the largest stage load; None when
-    infeasible. The objective is the cut, then (as a tie-break worth a tenth of the smallest edge
+def _stage_ilp(weight, edges, volume, count, lo, hi, cap, time_limit,
+               per_stage: np.ndarray | None = None) -> tuple[np.ndarray, str] | None:
+    """x_is (n * count columns, node-major), then F_e, then L, the largest stage load (stage s's
+    load times per_stage[s]: its load against its capacity); None when infeasible. The objective is the cut, then (as a tie-break worth a tenth of the smallest edge
     over the whole range of L) the largest load: among splits that cut the same volume (a chain
     of equal layers cuts the same anywhere) the most even one."""
     n, m = len(weight), len(edges)
@@ -272,7 +283,8 @@ def _stage_ilp(weight, edges, volume, count, lo, hi, cap, time_limit) -> tuple[n
     for s in range(count):
         rows.append(np.full(n + 1, r))
         cols.append(np.concatenate([np.arange(n) * count + s, [X + m]]))
-        vals.append(np.concatenate([np.asarray(weight, dtype=np.float64), [-1.0]]))
+        vals.append(np.concatenate([np.asarray(weight, dtype=np.float64) * (1.0 if per_stage is None else per_stage[s]),
+                                    [-1.0]]))
         rlo.append(np.array([-highspy.kHighsInf]))
         rhi.append(np.array([0.0]))
         r += 1

@@ -26,7 +26,7 @@ from parc.ir.graph import Graph, Node, Value
 from parc.ir.state import OPTIMIZER, bindings, phase
 from parc.ops import get_rule
 from parc.ops.base import output_elements
-from parc.passes.spmd.hetero import Balance, mesh_balance
+from parc.passes.spmd.hetero import Balance, device_times, mesh_balance
 from parc.passes.spmd.strategies import (
     MAX_STRATEGIES,
     PARTIAL,
@@ -317,16 +317,7 @@ def graph_balance(graph: Graph, mesh: Mesh, cluster: Cluster) -> Balance | None:
         return None
     data = [v for v in sources_of(graph) if not v.is_const and v.shape]
     units = int(data[0].shape[0]) if data and data[0].shape[0] > 1 else 1000
-    unit_time = {}
-    for d in {cluster.devices[r] for r in mesh.devices}:
-        total = 0.0
-        for n in graph.nodes:
-            rule = get_rule(n)
-            flops = rule.flops(n) if rule is not None else output_elements(n)
-            read, written = rule.bytes_accessed(n) if rule is not None else (0, 0)
-            dtype = next((v.dtype for v in n.outputs if v.dtype is not None), None)
-            total += compute_time(flops, read + written, d, dtype or "float32") - d.launch_floor
-        unit_time[d.name] = total / units
+    unit_time = {name: t / units for name, t in device_times(graph, [cluster.devices[r] for r in mesh.devices]).items()}
     live = peak_live(graph)
     activations = sum(float(v.nbytes) for n in graph.nodes for v in n.outputs if id(v) in live and v.shape is not None)
     fixed = sum(float(v.nbytes) for v in sources_of(graph) if v.is_const and v.shape is not None)

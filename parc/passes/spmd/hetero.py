@@ -32,6 +32,51 @@ from parc.cluster import Cluster, Mesh
 from parc.cluster.devices import DeviceSpec
 
 
+def device_times(graph, devices, floors: bool = False) -> dict[str, float]:
+    """Per device type (by name), the graph's roofline compute time on one such device; launch
+    floors only with `floors` (they do not shrink with a device's share of a split node, but a
+    pipeline stage pays every one of its nodes' floors)."""
+    from parc.cluster import compute_time
+    from parc.ops import get_rule
+    from parc.ops.base import output_elements
+
+    out = {}
+    for d in set(devices):
+        total = 0.0
+        for n in graph.nodes:
+            rule = get_rule(n)
+            flops = rule.flops(n) if rule is not None else output_elements(n)
+            read, written = rule.bytes_accessed(n) if rule is not None else (0, 0)
+            dtype = next((v.dtype for v in n.outputs if v.dtype is not None), None)
+            total += compute_time(flops, read + written, d, dtype or "float32") - (0.0 if floors else d.launch_floor)
+        out[d.name] = total
+    return out
+
+
+def stage_order(cluster: Cluster, count: int, times: dict[str, float] | None = None) -> list[int]:
+    """Which block of N/count consecutive ranks each pipeline stage takes (Whale 3.3.2): blocks
+    with more memory per device first (earlier stages keep more microbatches under 1F1B), then
+    the faster first; rank order among equals (a homogeneous cluster: 0, 1, 2, ...)."""
+    group = cluster.num_devices // count
+    blocks = [cluster.devices[b * group:(b + 1) * group] for b in range(count)]
+
+    def key(b: int):
+        mem = min(d.memory_bytes for d in blocks[b])
+        slow = max((times or {}).get(d.name, 1.0 / d.peak("float32")) for d in blocks[b])
+        return (-mem, slow, b)
+
+    return sorted(range(count), key=key)
+
+
+def stage_capacity(cluster: Cluster, count: int, order: list[int], times: dict[str, float]) -> list[float]:
+    """Each stage's share of the compute (sums to 1): its block's speed, the block working at its
+    slowest device's pace (its SPMD plan splits evenly over it)."""
+    group = cluster.num_devices // count
+    speed = [group / max(times[d.name] for d in cluster.devices[b * group:(b + 1) * group]) for b in order]
+    total = sum(speed)
+    return [x / total for x in speed]
+
+
 def whale_balance(units: int, flops: Sequence[float], memory: Sequence[float], mem_per_unit: float,
                   fixed: Sequence[float] | None = None) -> list[int]:
     """Whale's Algorithm 1 over devices with FLOP capacity `flops` and memory `memory`: units
@@ -216,5 +261,5 @@ def fractions(balance: Balance, mesh_shape: tuple[int, ...], sizes: Sequence[tup
     return f.ravel()
 
 
-__all__ = ["Balance", "balanced_time", "exact_balance", "fractions", "mesh_balance", "split_sizes",
-           "whale_balance"]
+__all__ = ["Balance", "balanced_time", "device_times", "exact_balance", "fractions", "mesh_balance", "split_sizes",
+           "stage_capacity", "stage_order", "whale_balance"]
