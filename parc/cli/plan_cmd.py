@@ -158,6 +158,9 @@ def plan(model: str, devices: str | None, cluster_file: str | None, level: str, 
                      else {"feasible": False, "error": str(spmd_error)})
         best.tried = tried
         best.baselines["pipeline-uniform"] = pipeline_uniform(best, time_limit, mesh_dims)
+        best.baselines.pop("even-split", None)  # the one-mesh plan's; the pipeline's own follows
+        if best.even_split is not None:
+            best.baselines["even-split"] = best.even_split
         result = best
         stages = len(best.stages)
     elif spmd is not None:

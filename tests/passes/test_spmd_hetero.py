@@ -120,3 +120,22 @@ def test_a_homogeneous_mesh_has_no_balance(gpt):
     assert model.balance is None
     plan_keys = np.array([s.split for strats in model.strategies for s in strats])
     assert plan_keys.max() == 4
+
+
+def test_the_balance_leaves_highs_single_threaded():
+    """HiGHS fixes its thread scheduler at the first solve of a process: a balance solved with
+    the default threads made every later threads=1 solve (the stage ILP) fail with an error."""
+    import subprocess
+    import sys
+
+    code = (
+        "import numpy as np\n"
+        "from parc.passes.spmd.hetero import exact_balance\n"
+        "from parc.passes.pipeline import stages as st\n"
+        "assert exact_balance(8, [1.0, 2.0], [100.0, 100.0], 1.0) is not None\n"
+        "got = st._stage_ilp(np.full(4, 0.5), [(0, 1), (1, 2), (2, 3)], [1.0, 1.0, 1.0], 2, np.zeros(4, int),"
+        " np.ones(4, int), 1.5, 10.0)\n"
+        "assert got is not None\n"
+    )
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr

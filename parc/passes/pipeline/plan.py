@@ -113,6 +113,7 @@ class PipelinePlan:
     spmd: dict | None = None  # the best SPMD-only plan's figures, when it was searched
     tried: list[dict] = field(default_factory=list)  # the stage counts searched
     micro_searched: list[dict] = field(default_factory=list)  # the microbatch counts searched
+    even_split: dict | None = None  # a mixed cluster: the stages cut for equal compute (the baseline)
 
     @property
     def ranks(self) -> int:
@@ -228,7 +229,12 @@ def plan_pipeline(graph: Graph, cluster: Cluster, stages: int, *, micro_batches:
         raise UsageError(f"--micro-batches {micro_batches}: expected a count that divides the batch ({batch})")
     budget = float(memory_budget if memory_budget is not None else min(d.memory_bytes for d in cluster.devices))
     fixed = stage_pins(graph, hints, stages) if hints is not None else None
-    a = assign_stages(graph, cluster, stages, tolerance, fixed, time_limit, capacity=stage_shares(graph, cluster, stages))
+    shares = stage_shares(graph, cluster, stages)
+    a = assign_stages(graph, cluster, stages, tolerance, fixed, time_limit, capacity=shares)
+    # a mixed cluster: the stages cut for equal compute too (Whale's even split), planned beside
+    # the speed-balanced cut at every microbatch count; the faster is the plan, the even one its
+    # `even-split` baseline
+    even = assign_stages(graph, cluster, stages, tolerance, fixed, time_limit) if shares is not None else None
     crossing = boundaries(graph, a)
     counts = [micro_batches] if micro_batches is not None else micro_batch_candidates(graph, stages)
     best: PipelinePlan | None = None
@@ -241,6 +247,9 @@ def plan_pipeline(graph: Graph, cluster: Cluster, stages: int, *, micro_batches:
         try:
             pp = _plan_at(graph, cluster, stages, m, a, crossing, level, budget, time_limit, jobs,
                           max_mesh_dims, hints, given=micro_batches is not None)
+            if even is not None:
+                pp = _with_even_split(pp, graph, cluster, stages, even, level, budget, time_limit, jobs,
+                                      max_mesh_dims, hints, micro_batches is not None)
         except (InfeasiblePlanError, UsageError) as e:
             if micro_batches is not None:
                 raise
@@ -520,6 +529,27 @@ def _arrivals(cluster: Cluster, crossing: list[Boundary], ranks: list[tuple[int,
 def _received_s(model: CostModel, choice) -> float:
     """The `arrivals` part of a solution's cost: its sources' (received values') costs."""
     return float(sum(model.problem.comp[k][choice[k]] for k in range(len(model.sources))))
+
+
+def _with_even_split(pp: PipelinePlan, graph: Graph, cluster: Cluster, stages: int, even: StageAssignment,
+                     level: str, budget: float, time_limit: float, jobs: int | None, max_mesh_dims: int,
+                     hints: Hints | None, given: bool) -> PipelinePlan:
+    """The faster of `pp` (stages cut by the groups' speeds) and the same pipeline with the
+    stages cut for equal compute, with the other's figures as its `even-split` record."""
+    try:
+        other = _plan_at(graph, cluster, stages, pp.micro_batches, even, boundaries(graph, even), level, budget,
+                         time_limit, jobs, max_mesh_dims, hints, given=True)
+    except (InfeasiblePlanError, UsageError) as e:
+        pp.even_split = {"step_time_s": None, "feasible": False, "stages": stages, "error": str(e),
+                         "memory_bytes_per_device": None}
+        return pp
+    record = {"step_time_s": other.step_s, "feasible": True, "stages": stages, "micro_batches": other.micro_batches,
+              "bubble_s": other.bubble_s, "memory_bytes_per_device": None}
+    if other.step_s < pp.step_s:  # equal stages are faster here: the plan is the even split
+        other.even_split = {**record, "step_time_s": other.step_s, "chosen": True}
+        return other
+    pp.even_split = record
+    return pp
 
 
 def pipeline_uniform(pp: PipelinePlan, time_limit: float = 60.0, max_mesh_dims: int = 2) -> dict:

@@ -30,6 +30,7 @@ import numpy as np
 
 from parc.cluster import Cluster, Mesh
 from parc.cluster.devices import DeviceSpec
+from parc.solver.ilp import new_highs
 
 
 def device_times(graph, devices, floors: bool = False) -> dict[str, float]:
@@ -125,8 +126,9 @@ def exact_balance(units: int, unit_time: Sequence[float], memory: Sequence[float
     fixed = list(fixed) if fixed is not None else [0.0] * n
     fixed_time = list(fixed_time) if fixed_time is not None else [0.0] * n
     scale = 1.0 / max(max(unit_time) * units, 1e-300)  # seconds to O(1): HiGHS's tolerances are absolute
-    h = highspy.Highs()
+    h = new_highs()
     h.setOptionValue("output_flag", False)
+    h.setOptionValue("threads", 1)  # as every HiGHS in parc: the first one fixes the process's scheduler
     h.setOptionValue("time_limit", time_limit)
     h.setOptionValue("mip_rel_gap", 0.0)
     inf = highspy.kHighsInf

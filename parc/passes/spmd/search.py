@@ -522,20 +522,30 @@ def plan_graph(graph: Graph, cluster: Cluster, *, level: str = "O3", memory_budg
     plan.baselines = {name: {k: v for k, v in outcome[name, m].items() if k != "choice"}
                       for m in meshes for name in names(m)}
     if best.model.balance is not None and best.model.balance.any_uneven:
-        plan.baselines["even-split"] = even_split_baseline(graph, cluster, best, budget)
+        record, even = even_split(graph, cluster, best, budget)
+        plan.baselines["even-split"] = record
+        if record["feasible"] and record["step_time_s"] < best.solution.cost:
+            log.info("mesh %s: equal shares predict %.6g s against %.6g s balanced: the plan takes them",
+                     best.mesh.shape, record["step_time_s"], best.solution.cost)
+            plan.best = even
     plan.time_s = time.perf_counter() - t0
     return plan
 
 
-def even_split_baseline(graph: Graph, cluster: Cluster, best: MeshResult, budget: float) -> dict:
-    """The plan's own strategy with equal shares on its mixed mesh (Whale's even split): what
-    balancing gains. Costs per device as the plan's; memory per device against each budget."""
+def even_split(graph: Graph, cluster: Cluster, best: MeshResult, budget: float) -> tuple[dict, MeshResult]:
+    """The plan's own strategy with equal shares on its mixed mesh (Whale's even split): its
+    baseline record, and it as a plan (kept when faster: small models, where launch floors and
+    uneven collectives outweigh the balance). Costs per device as the plan's."""
     even = build(graph, best.mesh, cluster, even=True)
     x = even_choice(best.model, even, best.solution.choice)
     p = even.problem
     mem = p.memory(x) if p.mem else 0.0
-    return {"step_time_s": p.cost(x), "memory_bytes_per_device": mem, "feasible": mem <= budget * (1 + 1e-9),
-            "optimizer_s": optimizer_time(even, x)}
+    cost = p.cost(x)
+    lower = min(best.solution.lower_bound, p.trivial_bound(), cost)  # a bound on the better of the two
+    sol = Solution(x, cost, lower, relative_gap(cost, lower), "heuristic", 0.0, f"{best.solution.method}+even")
+    record = {"step_time_s": cost, "memory_bytes_per_device": mem, "feasible": mem <= budget * (1 + 1e-9),
+              "optimizer_s": optimizer_time(even, x)}
+    return record, MeshResult(best.mesh, even, sol)
 
 
 def _no_worse_than_baselines(sol: Solution | str | None, pins: dict[int, tuple[int, ...]],
