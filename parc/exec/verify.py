@@ -147,17 +147,25 @@ def _errors(got: np.ndarray, want: np.ndarray, rtol: float, atol: float,
     return float(diff.max()) / scale if scale else float(diff.max()), float(diff.max()), ok
 
 
+# The first step's scalar outputs (the loss) come from the same initial state on both sides, so
+# only the order of float32 sums differs: a wrong share of a mean (an uneven split averaged as if
+# even: 2.8e-4 on gpt-tiny) passes the default rtol 1e-3 but not this.
+FIRST_STEP_RTOL = 1e-5
+
+
 def compare(want: dict, got: dict, rtol: float, atol: float) -> tuple[list[dict], bool]:
     """One row per output (worst step) and per state tensor: max relative (to the tensor's
-    largest magnitude) and absolute error, and whether every element is within atol + rtol*|want|."""
+    largest magnitude) and absolute error, and whether every element is within atol + rtol*|want|
+    (a scalar output at the first step: within atol + min(rtol, FIRST_STEP_RTOL)*|want|)."""
     rows = []
     for name in want["outputs"][0]:
         worst = (0.0, 0.0, True)
-        for _step, (w, g) in enumerate(zip(want["outputs"], got["outputs"])):
+        for step, (w, g) in enumerate(zip(want["outputs"], got["outputs"])):
             if name not in g:
                 worst = (float("inf"), float("inf"), False)
                 break
-            e = _errors(g[name], w[name], rtol, atol)
+            tight = step == 0 and np.asarray(w[name]).size == 1
+            e = _errors(g[name], w[name], min(rtol, FIRST_STEP_RTOL) if tight else rtol, atol)
             worst = (max(worst[0], e[0]), max(worst[1], e[1]), worst[2] and e[2])
         rows.append({"tensor": name, "max_rel_err": worst[0], "max_abs_err": worst[1], "ok": worst[2]})
     bounds = want.get("bounds", {})

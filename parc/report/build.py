@@ -51,8 +51,19 @@ def explain(plan: Mapping[str, Any], plan_file: str = "plan.json") -> Report:
         parameters=params,
         communication=_communication(plan.get("communication"), step.comm_s), memory=memory,
         baselines=_baselines(plan.get("baselines") or {}, step_s, memory.max_bytes), why=[],
-        pipeline=_pipeline(plan))
+        pipeline=_pipeline(plan), mixed=_mixed(plan))
     return replace(report, why=reasons(report))
+
+
+def _mixed(plan: Mapping[str, Any]) -> dict[str, Any] | None:
+    """A mixed mesh's facts as plan.json states them (docs/heterogeneous.md)."""
+    pred = plan["predicted"]
+    if not pred.get("devices"):
+        return None
+    return {"devices": list(pred["devices"]), "compute_s": list(pred.get("compute_s_per_device") or []),
+            "memory_bytes": list(pred.get("memory_bytes_per_device") or []),
+            "budget_bytes": list(pred.get("memory_budget_bytes_per_device") or []),
+            "axes": list((plan.get("balance") or {}).get("axes") or [])}
 
 
 def _pipeline(plan: Mapping[str, Any]) -> dict[str, Any] | None:

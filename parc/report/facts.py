@@ -187,6 +187,8 @@ class Report:
     why: list[str]
     # a pipelined plan (plan.json format 2): its stages, schedule, transfers and what it beat
     pipeline: dict[str, Any] | None = None
+    # a mesh of mixed devices: per device its type, compute and memory, and the axes' balance
+    mixed: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {"format": REPORT_FORMAT, **asdict(self)}

@@ -17,9 +17,40 @@ def reasons(r: facts.Report) -> list[str]:
     out += _communication(r.communication, r.parameters)
     out += _parameters(r)
     out += _memory(r)
+    out += _mixed(r)
     out += [_baseline(r, b) for b in r.baselines]
     out += _meshes(r.summary)
     out += _solver(r.summary)
+    return out
+
+
+def _mixed(r: facts.Report) -> list[str]:
+    """What a mesh of mixed devices was given: each type's share, compute and memory."""
+    m = r.mixed
+    if not m:
+        return []
+    out = []
+    for a in m["axes"]:
+        kinds: dict[str, list[float]] = {}
+        for name, share in zip(a["slices"], a["shares"]):
+            kinds.setdefault(name, []).append(share)
+        shares = ", ".join(f"{name} {fmt_pct(sum(v) / len(v))} each" for name, v in kinds.items())
+        line = f"mixed devices on mesh axis {a['axis']}: the work is split by speed ({shares})"
+        if a.get("optimum") is not None:
+            line += (f"; the batch of {a['units']} goes {a['optimum']} (exact balance, slowest slice "
+                     f"{fmt_time(a['time_optimum_s'])}), Whale's Algorithm 1 would give {a['algorithm1']} "
+                     f"({fmt_time(a['time_algorithm1_s'])}), an even split {fmt_time(a['time_even_s'])}")
+        out.append(line)
+    types: dict[str, list[int]] = {}
+    for i, name in enumerate(m["devices"]):
+        types.setdefault(name, []).append(i)
+    parts = []
+    for name, idx in types.items():
+        c = max(m["compute_s"][i] for i in idx) if m["compute_s"] else 0.0
+        mem = max(m["memory_bytes"][i] for i in idx) if m["memory_bytes"] else 0.0
+        budget = m["budget_bytes"][idx[0]] if m["budget_bytes"] else 0.0
+        parts.append(f"{name}: compute {fmt_time(c)}, memory {fmt_bytes(mem)} of {fmt_bytes(budget)}")
+    out.append("per device type: " + "; ".join(parts))
     return out
 
 

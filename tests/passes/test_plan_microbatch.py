@@ -94,3 +94,18 @@ def test_a_graph_that_needs_several_microbatches_at_once_is_refused():
                        [inp("x", [8, 4])], [inp("y", [1, 4])], opset=17)
     with pytest.raises(UsageError, match=r"--micro-batches 4: node '.*' needs values of several microbatches"):
         micro_layout(from_model(model), parse_devices("2xa100-80g"), 4)
+
+
+def test_the_refusal_names_the_node_that_cannot_split_the_batch(tmp_path):
+    """BERT's masked-LM loss (SoftmaxCrossEntropyLoss with ignore_index: a mean over the labels
+    not ignored, not equal shares) has no split along the batch: the message names it, not the
+    embedding far upstream whose edge the search first finds forbidden."""
+    from parc.errors import UsageError
+    from parc.ir import importer
+    from tests.helpers import parc
+
+    path = tmp_path / "bert.onnx"
+    assert parc("models", "build", "bert-tiny", "--set", "batch=4", "--train", "sgd", "-o", str(path)).returncode == 0
+    with pytest.raises(UsageError, match=r"node 'loss\.softmax_cross_entropy' \(SoftmaxCrossEntropyLoss\) cannot "
+                                         r"run on part of the batch"):
+        micro_layout(importer.load(str(path), {}), parse_devices("2xa100-80g"), 2)

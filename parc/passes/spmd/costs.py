@@ -23,7 +23,7 @@ from parc.cluster.cost import ring_time
 from parc.cluster.links import LinkSpec
 from parc.errors import UsageError
 from parc.ir.graph import Graph, Node, Value
-from parc.ir.state import OPTIMIZER, bindings, phase
+from parc.ir.state import FORWARD, OPTIMIZER, bindings, phase
 from parc.ops import get_rule
 from parc.ops.base import output_elements
 from parc.passes.spmd.hetero import Balance, device_times, mesh_balance
@@ -673,6 +673,12 @@ def micro_layout(graph: Graph, cluster: Cluster, count: int) -> Micro:
     if sol.cost >= FORBIDDEN:
         x, p = sol.choice, model.problem
         bad = [(v, u) for e, (u, v) in enumerate(p.edges.tolist()) if p.comm[e][x[u], x[v]] >= FORBIDDEN]
+        whole = _whole_batch_nodes(graph, model)
+        if whole:  # the cause, rather than the first edge it forbids (often far upstream)
+            n = graph.nodes[whole[0]]
+            raise UsageError(f"--micro-batches {count}: node '{n.label}' ({n.op_type}) cannot run on part of "
+                             f"the batch (no sharding rule splits it there), so the values it reads need "
+                             f"every microbatch at once; this graph cannot be split into microbatches")
         if bad:
             v, u = min(bad)  # the first consumer in graph order
             n = graph.nodes[v - len(model.sources)]
@@ -688,6 +694,25 @@ def micro_layout(graph: Graph, cluster: Cluster, count: int) -> Micro:
         strategy = model.strategies[pos][sol.choice[model.node_index(pos)]]
         values += [(v.name, spec) for v, spec in zip(n.outputs, strategy.outputs) if v.name]
     return Micro(count, labels, sources, tuple(values))
+
+
+def _whole_batch_nodes(graph: Graph, model: CostModel) -> list[int]:
+    """Positions of forward nodes with no strategy that splits them on the time axis although a
+    value they read can be (its producer, or a data input, splits there): they need every
+    microbatch at once. A SoftmaxCrossEntropyLoss with ignore_index is one (its mean is over the
+    labels not ignored, not equal shares)."""
+    def splits(strats) -> bool:
+        return any(s.labels[0] not in (None, PARTIAL) for s in strats)
+
+    producer = {id(v): pos for pos, n in enumerate(graph.nodes) for v in n.outputs}
+    out = []
+    for pos, n in enumerate(graph.nodes):
+        if phase(n) != FORWARD or splits(model.strategies[pos]):
+            continue
+        if any(v is not None and ((id(v) in producer and splits(model.strategies[producer[id(v)]]))
+                                  or (id(v) not in producer and not v.is_const)) for v in n.inputs):
+            out.append(pos)
+    return out
 
 
 def per_device(model: CostModel, choice) -> tuple[list[float], list[float]]:
