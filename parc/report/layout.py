@@ -69,7 +69,10 @@ def _pipeline(r: Report) -> Section:
         pairs.append(("vs one mesh", f"no SPMD-only plan fits ({spmd.get('error', '')})"))
     if tried:
         pairs.append(("tried", tried))
-    rows = [[str(s["id"]), f"{s['devices'][0]}-{s['devices'][-1]}", fmt_shape(s["mesh"]), str(s["nodes"]),
+    types = {t for s in p["stages"] for t in s.get("device_types", [])}  # named on a mixed cluster
+    rows = [[str(s["id"]), f"{s['devices'][0]}-{s['devices'][-1]}"
+             + (f" ({'+'.join(s['device_types'])})" if s.get("device_types") and len(types) > 1 else ""),
+             fmt_shape(s["mesh"]), str(s["nodes"]),
              fmt_time(s["forward_s"] + s["backward_s"]), fmt_time(s["per_micro_batch_s"]),
              fmt_time(s["optimizer_s"]), fmt_time(s["send_s"]), fmt_bytes(s["memory_bytes_per_device"]),
              f"{s['parameters']:,}"] for s in p["stages"]]

@@ -78,7 +78,10 @@ def test_heterogeneous_pipeline_verifies(tmp_path):
     assert res.returncode == 0, res.stderr
     plan = json.loads((out / "plan.json").read_text())
     assert [s["devices"] for s in plan["stages"]] == [[2, 3], [0, 1]]
+    assert [s["device_types"] for s in plan["stages"]] == [["v100-32g"], ["p100-16g"]]
     _verify(out)
+    res = parc("explain", str(out))
+    assert res.returncode == 0 and "2-3 (v100-32g)" in res.stdout and "0-1 (p100-16g)" in res.stdout
 
 
 def test_an_uneven_checkpoint_reshards_onto_an_even_plan_and_back(tmp_path):

@@ -142,6 +142,7 @@ class PipelinePlan:
                                      *first.best.mesh.to_json().get("spans_nodes", [])]},
             "stages": [{
                 "id": st.index, "devices": list(st.ranks), "mesh": list(st.plan.best.mesh.shape),
+                "device_types": sorted({self.cluster.devices[r].name for r in st.ranks}),
                 "nodes": len(st.positions),
                 "forward_s": float(self.assignment.fwd_cost[st.index]),
                 "backward_s": float(self.assignment.bwd_cost[st.index]),
