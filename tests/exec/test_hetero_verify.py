@@ -106,3 +106,21 @@ def test_an_uneven_checkpoint_reshards_onto_an_even_plan_and_back(tmp_path):
     ck = tmp_path / "ck"
     parts = run(out, 2, ck, False) + run(even, 3, ck, True) + run(out, 4, ck, True)
     assert [float(x) for x in parts] == pytest.approx([float(x) for x in whole], rel=1e-5)
+
+
+def test_a_2d_mesh_uneven_on_its_mixed_axis_verifies(tmp_path):
+    """Two nodes of one V100 and one P100: on the 2 x 2 mesh the axis inside a node joins unlike
+    devices and splits unevenly, the axis between nodes evenly."""
+    step = tmp_path / "gpt.onnx"
+    assert parc("models", "build", "gpt-tiny", "--set", "batch=32", "--train", "sgd", "-o", str(step)).returncode == 0
+    hints = tmp_path / "tp2.yaml"
+    hints.write_text("default: {split: 2}\n")  # on 4 devices only the 2 x 2 mesh holds it
+    out = tmp_path / "mesh2d"
+    res = parc("plan", str(step), "--devices", "2x(v100-32g+p100-16g)", "--pipeline", "off", "--hints", str(hints),
+               "--jobs", "1", "-o", str(out))
+    assert res.returncode == 0, res.stderr
+    plan = json.loads((out / "plan.json").read_text())
+    assert plan["mesh"]["shape"] == [2, 2]
+    assert [a["axis"] for a in plan["balance"]["axes"]] == [1]
+    assert any(v.startswith("R") and "[" in v for v in plan["specs"].values())  # axis 0 even, axis 1 uneven
+    _verify(out)
