@@ -18,7 +18,7 @@ from parc.autodiff.context import PHASE
 from parc.autodiff.engine import differentiate
 from parc.autodiff.optimizers import STEP, OptimizerConfig, apply_update, bias_corrections
 from parc.errors import UsageError
-from parc.ir.graph import Graph, Value
+from parc.ir.graph import Graph, Node, Value
 from parc.ir.state import STATE_KEY, StepState, write_step_state
 from parc.ir.tensor import TensorData
 from parc.passes.fold_shapes import fold_shapes
@@ -83,6 +83,7 @@ def make_training_step(graph: Graph, optimizer: OptimizerConfig, *, loss: str | 
     if graph.opset.get("", 0) < MIN_OPSET:
         graph.opset[""] = MIN_OPSET  # every op's opset-13 form means the same at 16
     loss_v = pick_loss(graph, loss)
+    split_masked_means(graph)
     trainable = pick_params(graph, params, frozen)
     for n in graph.nodes:
         n.meta[PHASE] = "forward"
@@ -138,6 +139,60 @@ def make_training_step(graph: Graph, optimizer: OptimizerConfig, *, loss: str | 
                        optimizer.to_json(), loss_v.name, STEP if step_in is not None else None)
     write_step_state(graph.metadata, record)
     return TrainingStep(loss_v.name, record.params, dict(record.grads), bindings)
+
+
+MASKED_LOSSES = ("SoftmaxCrossEntropyLoss", "NegativeLogLikelihoodLoss")
+
+
+def split_masked_means(graph: Graph) -> int:
+    """Rewrite each SoftmaxCrossEntropyLoss / NegativeLogLikelihoodLoss that takes the mean over
+    the labels not ignored (`ignore_index`, no class weights) as its sum over those labels
+    divided by their count: ReduceSum(Cast(labels != ignore_index)). The value is the same,
+    but both parts are sums, so the batch can be split (across devices and microbatches: each
+    part is summed, then divided once); the mean itself is not a mean of equal shares. Returns
+    how many were rewritten."""
+    from onnx import helper
+
+    done = 0
+    out: list = []
+    for n in graph.nodes:
+        if (n.op_type not in MASKED_LOSSES or n.domain not in ("", "ai.onnx") or n.attr("ignore_index") is None
+                or n.attr("reduction", "mean") != "mean" or n.input(2) is not None or not n.outputs[0].name):
+            out.append(n)
+            continue
+        labels, loss = n.inputs[1], n.outputs[0]
+        assert labels is not None and labels.dtype is not None and loss.dtype is not None
+        total = Value(graph.names.fresh(f"{loss.name}.sum"))
+        attrs = {k: v for k, v in n.attrs.items() if k != "reduction"}
+        attrs["reduction"] = helper.make_attribute("reduction", "sum")
+        summed = Node(n.op_type, list(n.inputs), [total, *n.outputs[1:]], attrs, graph.names.fresh(f"{n.name}.sum"),
+                      n.domain)
+        ignore = _const(graph, np.array(n.attr("ignore_index"), labels.dtype.numpy))
+        steps = [summed]
+
+        equal = _append(graph, steps, n.name, "Equal", [labels, ignore])
+        valid = _append(graph, steps, n.name, "Cast", [_append(graph, steps, n.name, "Not", [equal])],
+                        to=loss.dtype.onnx_type)
+        count = _append(graph, steps, n.name, "ReduceSum", [valid], keepdims=0)
+        n.detach()
+        steps.append(Node("Div", [total, count], [loss], {}, graph.names.fresh(f"{n.name}.mean"), ""))
+        for m in steps:
+            m.meta.update(n.meta)
+            _type(graph, m)
+        out.extend(steps)
+        done += 1
+    graph.nodes = out
+    return done
+
+
+def _append(graph: Graph, steps: list, base: str, op_type: str, inputs: list, **attrs) -> Value:
+    """A new node (not yet in the graph) appended to `steps`; its one output."""
+    from onnx import helper
+
+    v = Value(graph.names.fresh(f"{base}.{op_type.lower()}_out"))
+    steps.append(Node(op_type, inputs, [v], {k: helper.make_attribute(k, a) for k, a in attrs.items()},
+                      graph.names.fresh(f"{base}.{op_type.lower()}"), ""))
+    return v
 
 
 def _rename(graph: Graph, v: Value, name: str) -> Value:

@@ -228,3 +228,37 @@ def test_microbatches_sum_to_the_full_batch_step(forward, tmp_path):
 def test_split_needs_a_training_step(forward):
     with pytest.raises(UsageError, match="not a training step"):
         split_step(load(forward))
+
+
+def test_a_masked_mean_loss_is_split_into_a_sum_over_a_count(tmp_path, monkeypatch):
+    """bert-tiny's masked-LM loss (SoftmaxCrossEntropyLoss, ignore_index, mean) becomes its sum
+    over the labels not ignored divided by their count, so the batch can be split; the loss and
+    every gradient equal those of the step built from the op as it was."""
+    import parc.autodiff.step as step_module
+    from parc.ir.state import step_state
+
+    path = build_model("bert-tiny", tmp_path / "bert.onnx")
+    cfg = OptimizerConfig("sgd")
+    graph, _, split = step_of(path, cfg)
+    assert [n.op_type for n in graph.nodes if n.name.startswith("loss.softmax_cross_entropy.")][:6] == \
+        ["SoftmaxCrossEntropyLoss", "Equal", "Not", "Cast", "ReduceSum", "Div"]
+    sce = next(n for n in graph.nodes if n.op_type == "SoftmaxCrossEntropyLoss")
+    assert sce.attr("reduction") == "sum"
+    monkeypatch.setattr(step_module, "split_masked_means", lambda g: 0)
+    plain_graph, _, plain = step_of(path, cfg)
+    assert any(n.op_type == "SoftmaxCrossEntropyLoss" and n.attr("reduction", "mean") == "mean"
+               for n in plain_graph.nodes)
+    rng = np.random.default_rng(0)
+    feeds = {}
+    for v in onnx.load(str(path)).graph.input:
+        shape = [d.dim_value for d in v.type.tensor_type.shape.dim]
+        feeds[v.name] = rng.integers(0, 2 if "type" in v.name else 64, size=shape).astype(np.int64)
+    labels = next(k for k in feeds if "label" in k)
+    feeds[labels][0, :5] = -100  # some ignored positions
+    ignore = next(n for n in plain_graph.nodes if n.op_type == "SoftmaxCrossEntropyLoss").attr("ignore_index")
+    feeds[labels][feeds[labels] == -100] = ignore
+    grads = tuple(step_state(graph.metadata).grads.values())
+    got, want = run(split, feeds, grads), run(plain, feeds, grads)
+    assert got["loss"] == pytest.approx(want["loss"], rel=1e-6)
+    for g in grads:
+        np.testing.assert_allclose(got[g], want[g], rtol=1e-5, atol=1e-7)
