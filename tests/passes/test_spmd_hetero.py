@@ -139,3 +139,19 @@ def test_the_balance_leaves_highs_single_threaded():
     )
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
+
+
+def test_a_slice_of_several_devices_splits_a_units_activations_over_them():
+    """On a 2 x 4 mesh over a V100 node and a P100 node, the node axis balances slices of four
+    devices: a sample's activations are spread over the four, so a P100 slice (4 x 16 GiB) holds
+    64 samples of 1 GiB, not 16."""
+    from parc.passes.spmd.hetero import mesh_balance
+
+    cluster = resolve_cluster("4xv100-32g+4xp100-16g", None)
+    mesh = next(m for m in enumerate_meshes(cluster, max_dims=2) if m.shape == (2, 4))
+    gib = float(2**30)
+    b = mesh_balance(mesh, cluster, {"v100-32g": 1.0, "p100-16g": 1.5}, 100, gib, 0.0, float(cluster.min_memory))
+    axis = b.report["axes"][0]
+    assert axis["axis"] == 0 and axis["optimum"] is not None
+    assert sum(axis["optimum"]) == 100 and axis["optimum"][1] <= 64
+    assert b.shares[0][0] > b.shares[0][1]

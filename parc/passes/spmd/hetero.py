@@ -227,16 +227,18 @@ def mesh_balance(mesh: Mesh, cluster: Cluster, unit_time: dict[str, float], unit
         if len(set(t)) == 1 and len(set(mem)) == 1:
             shares.append(tuple([1.0 / n] * n))
             continue
+        # a slice of `size` devices: each holds the fixed part, a unit's activations are split over
+        # them, so size * fixed + n_units * mem_per_unit <= size * (its smallest budget)
         fixed = [fixed_bytes * size] * n
         # the shares: the exact balance in thousandths (each label then rounds its own extent)
         fine = exact_balance(SHARE_UNITS, [x * units / SHARE_UNITS for x in t], mem,
-                             mem_per_unit * size * units / SHARE_UNITS, fixed)
+                             mem_per_unit * units / SHARE_UNITS, fixed)
         if fine is None:  # no split fits every slice's memory: Algorithm 1's best effort
-            fine = whale_balance(SHARE_UNITS, flops, mem, mem_per_unit * size * units / SHARE_UNITS, fixed)
+            fine = whale_balance(SHARE_UNITS, flops, mem, mem_per_unit * units / SHARE_UNITS, fixed)
         shares.append(tuple(c / SHARE_UNITS for c in fine))
         # what plan.json reports: the batch's samples by Algorithm 1, by the optimum and evenly
-        opt = exact_balance(units, t, mem, mem_per_unit * size, fixed)
-        whale = whale_balance(units, flops, mem, mem_per_unit * size, fixed)
+        opt = exact_balance(units, t, mem, mem_per_unit, fixed)
+        whale = whale_balance(units, flops, mem, mem_per_unit, fixed)
         even = [units // n + (1 if i < units % n else 0) for i in range(n)]
         report["axes"].append({
             "axis": k, "slices": names, "shares": list(shares[-1]), "units": units,
