@@ -5,6 +5,6 @@ replicate-only.
 """
 
 from parc.ops import conv, elementwise, index, matmul, norm, reduce, shape  # noqa: F401  (registration)
-from parc.ops.base import RULES, OpRule, RuleBuilder, ShardingRule, get_rule, sharding_rule
+from parc.ops.base import RULES, OpRule, RuleBuilder, ShardingRule, get_rule, node_work, sharding_rule
 
-__all__ = ["RULES", "OpRule", "RuleBuilder", "ShardingRule", "get_rule", "sharding_rule"]
+__all__ = ["RULES", "OpRule", "RuleBuilder", "ShardingRule", "get_rule", "node_work", "sharding_rule"]

@@ -22,6 +22,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -264,6 +265,16 @@ def get_rule(node: Node) -> OpRule | None:
     if node.domain not in ("", "ai.onnx"):
         return None
     return RULES.get(node.op_type)
+
+
+def node_work(node: Node) -> tuple[float, float, Any]:
+    """(FLOPs, bytes read and written, the element type it computes in) of one node: what the
+    roofline prices. An op without a rule counts one FLOP per output element and no traffic."""
+    rule = get_rule(node)
+    flops = rule.flops(node) if rule is not None else output_elements(node)
+    read, written = rule.bytes_accessed(node) if rule is not None else (0, 0)
+    dtype = next((v.dtype for v in node.outputs if v.dtype is not None), None) or "float32"
+    return flops, read + written, dtype
 
 
 def sharding_rule(node: Node, opset: int | None = None) -> ShardingRule | None:

@@ -366,36 +366,42 @@ def test_stage_ilp_with_capacities_equals_brute_force(seed):
 
 
 def test_bounds_with_equal_capacities_are_rhinos():
-    """Equal shares give Rhino's floor bounds exactly; a faster first stage lets later nodes in."""
+    """Equal loads give Rhino's floor bounds exactly; a faster first stage lets later nodes in."""
     rng = np.random.default_rng(0)
-    n, count = 12, 4
+    n, count = 40, 4
     weight = rng.uniform(0.5, 2.0, size=n)
     edges = [(i, i + 1) for i in range(n - 1)]
     anc = st._ancestors(n, edges)
     a, d = anc @ weight, weight @ anc + weight
     per = weight.sum() / count
-    for share in (None, [0.25] * 4):
-        x, _, eps = st._solve(weight, anc, edges, [1.0] * len(edges), count, 0.1, {}, 10.0, True, share)
-        slack = eps + st.BOUND_SLACK
-        lo = np.maximum(np.floor(a / per - slack), 0)
-        hi = np.minimum(count - 1 - np.floor(d / per - slack), count - 1)
-        assert ((x >= lo) & (x <= np.maximum(hi, lo))).all()
+    for slack in (0.0, 0.6, 1.3):
+        lo, hi = st.stage_bounds(a, d, np.full(count, per), slack * per)
+        want_lo = np.maximum(np.floor(a / per - slack), 0)
+        want_hi = np.minimum(count - 1 - np.floor(d / per - slack), count - 1)
+        assert (lo == want_lo).all() and (hi == np.maximum(want_hi, want_lo)).all()
+    fast_lo, _ = st.stage_bounds(a, d, np.array([0.55, 0.15, 0.15, 0.15]) * weight.sum(), 0.0)
+    even_lo, _ = st.stage_bounds(a, d, np.full(count, per), 0.0)
+    assert (fast_lo <= even_lo).all() and (fast_lo < even_lo).any()
     fast, _, _ = st._solve(weight, anc, edges, [1.0] * len(edges), count, 0.1, {}, 10.0, True, [0.55, 0.15, 0.15, 0.15])
     even, _, _ = st._solve(weight, anc, edges, [1.0] * len(edges), count, 0.1, {}, 10.0, True, None)
     assert weight[fast == 0].sum() > weight[even == 0].sum()  # the fast stage takes more layers
 
 
 def test_mixed_cluster_stages_take_the_larger_memories_first_and_balance_speed(tmp_path):
-    from parc.passes.pipeline.plan import stage_blocks, stage_shares
+    from parc.passes.pipeline.plan import stage_shares
+    from parc.passes.spmd.hetero import stage_order
 
     path = tmp_path / "g.onnx"
     assert parc("models", "build", "gpt-tiny", "--set", "layers=4", "--train", "sgd", "-o", str(path)).returncode == 0
     g = importer.load(str(path), {})
     cluster = resolve_cluster("2xp100-16g+2xv100-32g", None)
-    assert stage_blocks(g, cluster, 2) == [1, 0]  # the V100s (32 GiB) take stage 0
+    assert stage_order(cluster, 2) == [1, 0]  # the V100s (32 GiB) take stage 0
     shares = stage_shares(g, cluster, 2)
     assert shares[0] > shares[1] and sum(shares) == pytest.approx(1.0)
     homo = resolve_cluster("4xv100-32g", None)
-    assert stage_blocks(g, homo, 2) == [0, 1] and stage_shares(g, homo, 2) is None
+    assert stage_order(homo, 2) == [0, 1] and stage_shares(g, homo, 2) is None
+    same_memory = resolve_cluster("2xv100-16g+2xp100-16g", None)
+    assert stage_order(same_memory, 2) == [0, 1]  # equal memories: the faster first, in rank order here
+    assert stage_order(resolve_cluster("2xp100-16g+2xv100-16g", None), 2) == [1, 0]
     pp = plan_pipeline(g, cluster, 2, micro_batches=2, level="O2", jobs=1)
     assert pp.stages[0].ranks == (2, 3) and pp.stages[1].ranks == (0, 1)

@@ -361,24 +361,16 @@ def stage_shares(graph: Graph, cluster: Cluster, stages: int) -> list[float] | N
     if cluster.is_homogeneous:
         return None
     times = device_times(graph, cluster.device_types, floors=True)
-    return stage_capacity(cluster, stages, stage_order(cluster, stages, times), times)
-
-
-def stage_blocks(graph: Graph, cluster: Cluster, stages: int) -> list[int]:
-    """Which block of N/S consecutive ranks each stage takes: in rank order on a homogeneous
-    cluster, the larger memories (then the faster devices) first on a mixed one (Whale 3.3.2)."""
-    if cluster.is_homogeneous:
-        return list(range(stages))
-    return stage_order(cluster, stages, device_times(graph, cluster.device_types, floors=True))
+    return stage_capacity(cluster, stages, stage_order(cluster, stages), times)
 
 
 def _stage_inputs(graph: Graph, cluster: Cluster, a: StageAssignment, crossing: list[Boundary],
                   micro: Micro | None, m: int) -> Iterator[_StageInput]:
-    """Each stage's subgraph, device group (stage s: the block `stage_blocks` gives it, devices
+    """Each stage's subgraph, device group (stage s: the block `stage_order` gives it, devices
     b*N/S .. (b+1)*N/S - 1), microbatch layout, arrival prices and kept microbatches."""
     stages = a.count
     group = cluster.num_devices // stages
-    blocks = stage_blocks(graph, cluster, stages)
+    blocks = stage_order(cluster, stages)
     ranks = [tuple(range(b * group, (b + 1) * group)) for b in blocks]
     for s in range(stages):
         g = stage_graph(graph, a, s, crossing)

@@ -43,8 +43,7 @@ from parc.cluster import Cluster, compute_time
 from parc.errors import InfeasiblePlanError, UsageError
 from parc.ir.graph import Graph, Node, Value
 from parc.ir.state import BACKWARD, FORWARD, OPTIMIZER, bindings, phase, step_state, write_step_state
-from parc.ops import get_rule
-from parc.ops.base import output_elements
+from parc.ops import node_work
 from parc.solver.ilp import new_highs, rowwise_lp
 
 DEFAULT_TOLERANCE = 0.1  # eps of the bound tightening and the load rows (docs/pipeline.md)
@@ -79,11 +78,8 @@ def node_costs(graph: Graph, cluster: Cluster) -> np.ndarray:
     slowest = min(cluster.devices, key=lambda d: d.peak("float32"))
     out = np.empty(len(graph.nodes))
     for pos, n in enumerate(graph.nodes):
-        rule = get_rule(n)
-        flops = rule.flops(n) if rule is not None else output_elements(n)
-        read, written = rule.bytes_accessed(n) if rule is not None else (0, 0)
-        dtype = next((v.dtype for v in n.outputs if v.dtype is not None), None)
-        out[pos] = compute_time(flops, read + written, slowest, dtype or "float32")
+        flops, nbytes, dtype = node_work(n)
+        out[pos] = compute_time(flops, nbytes, slowest, dtype)
     return out
 
 
@@ -140,8 +136,7 @@ def uniform_stages(graph: Graph, cluster: Cluster, count: int) -> StageAssignmen
     cut into `count` pieces of equal forward FLOPs; the other nodes follow as in assign_stages."""
     nodes = graph.nodes
     fwd = [pos for pos, n in enumerate(nodes) if phase(n) == FORWARD]
-    flops = np.array([float(get_rule(nodes[pos]).flops(nodes[pos])) if get_rule(nodes[pos]) is not None
-                      else float(output_elements(nodes[pos])) for pos in fwd])
+    flops = np.array([float(node_work(nodes[pos])[0]) for pos in fwd])
     total = float(flops.sum()) or 1.0
     middle = np.cumsum(flops) - flops / 2
     x = np.minimum((middle / (total / count)).astype(int), count - 1)
@@ -205,8 +200,6 @@ def _solve(weight: np.ndarray, anc: np.ndarray, edges: list, volume: list, count
     total = float(weight.sum()) or 1.0
     per = total / count
     share = np.full(count, 1.0 / count) if capacity is None else np.asarray(capacity, dtype=np.float64)
-    ends = np.cumsum(share * total)  # where stage s's work ends
-    tails = np.cumsum(share[::-1] * total)  # the work of the last k + 1 stages
     a_cost = anc @ weight  # ancestors' compute
     d_cost = weight @ anc + weight  # its own and its descendants' compute
     # HiGHS works to absolute tolerances (1e-7 on rows, 1e-6 on the objective): loads in units of
@@ -215,9 +208,7 @@ def _solve(weight: np.ndarray, anc: np.ndarray, edges: list, volume: list, count
     eps = tolerance
     for _ in range(8):
         slack = eps + (BOUND_SLACK if tighten else count)  # `count` stages of slack: no bounds
-        lo = np.searchsorted(ends, a_cost - slack * per, side="right").clip(0, count - 1).astype(int)
-        hi = (count - 1 - np.searchsorted(tails, d_cost - slack * per, side="right")).clip(0, count - 1).astype(int)
-        hi = np.maximum(hi, lo)
+        lo, hi = stage_bounds(a_cost, d_cost, share * total, slack * per)
         for k, s in pins.items():
             lo[k] = hi[k] = s
         got = _stage_ilp(weight / per, edges, np.asarray(volume, dtype=np.float64) / vscale, count, lo, hi,
@@ -227,6 +218,18 @@ def _solve(weight: np.ndarray, anc: np.ndarray, edges: list, volume: list, count
         eps *= 2
     raise InfeasiblePlanError(f"no balanced split into {count} stages (tolerance up to {eps:g}); "
                               f"the pinned stages may contradict the graph's order")
+
+
+def stage_bounds(before: np.ndarray, after: np.ndarray, loads: np.ndarray,
+                 slack: float) -> tuple[np.ndarray, np.ndarray]:
+    """Each node's first and last stage: with stage s balanced at loads[s], the first is the
+    number of stages the work before it (`before`, less `slack`) fills, the last is the mirror
+    from the end with the node's own and later work (`after`). With equal loads T these are
+    Rhino's floor(before / T - slack / T) and S - 1 - floor(after / T - slack / T)."""
+    count = len(loads)
+    lo = np.searchsorted(np.cumsum(loads), before - slack, side="right").clip(0, count - 1).astype(int)
+    hi = (count - 1 - np.searchsorted(np.cumsum(loads[::-1]), after - slack, side="right")).clip(0, count - 1)
+    return lo, np.maximum(hi.astype(int), lo)
 
 
 def _ancestors(n: int, edges: list) -> np.ndarray:

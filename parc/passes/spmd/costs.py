@@ -24,8 +24,7 @@ from parc.cluster.links import LinkSpec
 from parc.errors import UsageError
 from parc.ir.graph import Graph, Node, Value
 from parc.ir.state import FORWARD, OPTIMIZER, bindings, phase
-from parc.ops import get_rule
-from parc.ops.base import output_elements
+from parc.ops import node_work
 from parc.passes.spmd.hetero import Balance, device_times, mesh_balance
 from parc.passes.spmd.strategies import (
     MAX_STRATEGIES,
@@ -34,7 +33,7 @@ from parc.passes.spmd.strategies import (
     node_strategies,
     replicated,
     tensor_specs,
-    uneven_strategy,
+    uneven_strategies,
 )
 from parc.sharding import R, S, ShardSpec, ShardSpecError, local_shape, reshard
 from parc.sharding.spec import Partial, Split
@@ -217,7 +216,8 @@ def build(graph: Graph, mesh: Mesh | None, cluster: Cluster, micro: Micro | None
     assert mesh is not None
     shape = mesh.shape
     strategies = _strategies(graph, shape, micro)
-    balance = graph_balance(graph, mesh, cluster) if micro is None else None
+    live = peak_live(graph)
+    balance = graph_balance(graph, mesh, cluster, live) if micro is None else None
     if balance is not None and even:
         balance = replace(balance, shares=tuple(tuple([1.0 / n] * n) for n in shape))
     elif balance is not None:
@@ -262,7 +262,6 @@ def build(graph: Graph, mesh: Mesh | None, cluster: Cluster, micro: Micro | None
         mem.append(np.array([(_local_bytes(v, s, shape) if balance is None else _device_bytes(v, s, shape, balance))
                              if v.is_const else 0.0 for s in specs]))
     producer: dict[int, tuple[int, int]] = {}  # value id -> (problem node, output index)
-    live = peak_live(graph)
     node_costs: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
     for pos, (n, strats) in enumerate(zip(graph.nodes, strategies)):
         held = tuple(id(v) in live for v in n.outputs)
@@ -307,7 +306,7 @@ def build(graph: Graph, mesh: Mesh | None, cluster: Cluster, micro: Micro | None
     return CostModel(graph, mesh, sources, source_specs, strategies, problem, micro, balance)
 
 
-def graph_balance(graph: Graph, mesh: Mesh, cluster: Cluster) -> Balance | None:
+def graph_balance(graph: Graph, mesh: Mesh, cluster: Cluster, live: set[int]) -> Balance | None:
     """The shares of a mesh over mixed devices (None when every device on it is alike). The
     balanced unit is a sample of the batch (the first dim of the first data input; 1,000ths of
     the work without one); a unit's time on a device is the graph's roofline time there over the
@@ -318,10 +317,9 @@ def graph_balance(graph: Graph, mesh: Mesh, cluster: Cluster) -> Balance | None:
     data = [v for v in sources_of(graph) if not v.is_const and v.shape]
     units = int(data[0].shape[0]) if data and data[0].shape[0] > 1 else 1000
     unit_time = {name: t / units for name, t in device_times(graph, [cluster.devices[r] for r in mesh.devices]).items()}
-    live = peak_live(graph)
     activations = sum(float(v.nbytes) for n in graph.nodes for v in n.outputs if id(v) in live and v.shape is not None)
     fixed = sum(float(v.nbytes) for v in sources_of(graph) if v.is_const and v.shape is not None)
-    return mesh_balance(mesh, cluster, unit_time, units, activations / units, fixed, float(cluster.min_memory))
+    return mesh_balance(mesh, cluster, unit_time, units, activations / units, fixed)
 
 
 def _uneven(graph: Graph, strategies: list[list[Strategy]], shape: tuple[int, ...],
@@ -333,7 +331,7 @@ def _uneven(graph: Graph, strategies: list[list[Strategy]], shape: tuple[int, ..
     out = []
     for n, strats in zip(graph.nodes, strategies):
         if id(strats) not in done:
-            done[id(strats)] = [uneven_strategy(n, s, shape, balance.shares, axes) for s in strats]
+            done[id(strats)] = uneven_strategies(n, strats, shape, balance.shares, axes)
         out.append(done[id(strats)])
     return out
 
@@ -353,14 +351,11 @@ def _device_costs(n: Node, strats: list[Strategy], held: tuple[bool, ...], shape
     """_node_costs on a mesh of mixed devices: a strategy costs its slowest device's roofline
     time for that device's piece of the work, and its memory is the most any device holds,
     scaled to the smallest budget (`Balance.budgets`)."""
-    rule = get_rule(n)
-    flops = rule.flops(n) if rule is not None else output_elements(n)
-    read, written = rule.bytes_accessed(n) if rule is not None else (0, 0)
-    dtype = next((v.dtype for v in n.outputs if v.dtype is not None), None) or "float32"
+    flops, nbytes, dtype = node_work(n)
     comp, mem = [], []
     for s in strats:
         f = work_fractions(s, shape)
-        comp.append(max(compute_time(flops * fr, (read + written) * fr, d, dtype)
+        comp.append(max(compute_time(flops * fr, nbytes * fr, d, dtype)
                         for fr, d in set(zip(f.tolist(), balance.devices))))
         mem.append(sum(_device_bytes(v, spec, shape, balance) for v, spec, h in zip(n.outputs, s.outputs, held) if h))
     return np.array(comp), np.array(mem)
@@ -385,6 +380,8 @@ def _device_bytes(v: Value, spec: ShardSpec, shape: tuple[int, ...], balance: Ba
     the smallest budget over its own (so one budget row checks every device)."""
     if v.shape is None or v.dtype is None:
         return 0.0
+    if not any(isinstance(ax, Split) and ax.sizes is not None for ax in spec):
+        return _local_bytes(v, spec, shape)  # the same bytes on every device, the smallest budget binds
     floor = min(balance.budgets)
     best = 0.0
     for pos, budget in enumerate(balance.budgets):
@@ -508,12 +505,8 @@ def _const_key(v: Value) -> bytes | None:
 def _node_costs(n: Node, strats: list[Strategy], held: tuple[bool, ...], shape: tuple[int, ...],
                 slowest) -> tuple[np.ndarray, np.ndarray]:
     """(compute seconds, bytes of its outputs live at the peak) per strategy of node n."""
-    rule = get_rule(n)
-    flops = rule.flops(n) if rule is not None else output_elements(n)
-    read, written = rule.bytes_accessed(n) if rule is not None else (0, 0)
-    dtype = next((v.dtype for v in n.outputs if v.dtype is not None), None)
-    comp = np.array([compute_time(flops / s.split, (read + written) / s.split, slowest, dtype or "float32")
-                     for s in strats])
+    flops, nbytes, dtype = node_work(n)
+    comp = np.array([compute_time(flops / s.split, nbytes / s.split, slowest, dtype) for s in strats])
     mem = np.array([sum(_local_bytes(v, spec, shape) for v, spec, h in zip(n.outputs, s.outputs, held) if h)
                     for s in strats])
     return comp, mem
@@ -737,12 +730,9 @@ def per_device(model: CostModel, choice) -> tuple[list[float], list[float]]:
     live = peak_live(model.graph)
     for pos, n in enumerate(model.graph.nodes):
         s = model.strategies[pos][choice[model.node_index(pos)]]
-        rule = get_rule(n)
-        flops = rule.flops(n) if rule is not None else output_elements(n)
-        read, written = rule.bytes_accessed(n) if rule is not None else (0, 0)
-        dtype = next((v.dtype for v in n.outputs if v.dtype is not None), None) or "float32"
+        flops, nbytes, dtype = node_work(n)
         f = work_fractions(s, shape)
-        compute += [compute_time(flops * fr, (read + written) * fr, d, dtype) for fr, d in zip(f.tolist(), devices)]
+        compute += [compute_time(flops * fr, nbytes * fr, d, dtype) for fr, d in zip(f.tolist(), devices)]
         for v, spec in zip(n.outputs, s.outputs):
             if id(v) in live:
                 memory += held(v, spec)

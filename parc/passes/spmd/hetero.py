@@ -15,8 +15,8 @@ slices:
 
 The planner uses the exact shares and reports Algorithm 1's against them (plan.json
 `balance`). Per device, a node's share costs that device's roofline time, and a step's node
-costs its slowest device (`node_times`); memory is checked per device against its own budget by
-scaling each device's bytes to the smallest budget (`memory_scale`).
+costs its slowest device (`costs._device_costs`); memory is checked per device against its own budget by
+scaling each device's bytes to the smallest budget (`costs._device_bytes`).
 """
 
 from __future__ import annotations
@@ -28,8 +28,9 @@ from dataclasses import dataclass
 import highspy
 import numpy as np
 
-from parc.cluster import Cluster, Mesh
+from parc.cluster import Cluster, Mesh, compute_time
 from parc.cluster.devices import DeviceSpec
+from parc.ops import node_work
 from parc.solver.ilp import new_highs
 
 
@@ -37,36 +38,20 @@ def device_times(graph, devices, floors: bool = False) -> dict[str, float]:
     """Per device type (by name), the graph's roofline compute time on one such device; launch
     floors only with `floors` (they do not shrink with a device's share of a split node, but a
     pipeline stage pays every one of its nodes' floors)."""
-    from parc.cluster import compute_time
-    from parc.ops import get_rule
-    from parc.ops.base import output_elements
-
-    out = {}
-    for d in set(devices):
-        total = 0.0
-        for n in graph.nodes:
-            rule = get_rule(n)
-            flops = rule.flops(n) if rule is not None else output_elements(n)
-            read, written = rule.bytes_accessed(n) if rule is not None else (0, 0)
-            dtype = next((v.dtype for v in n.outputs if v.dtype is not None), None)
-            total += compute_time(flops, read + written, d, dtype or "float32") - (0.0 if floors else d.launch_floor)
-        out[d.name] = total
-    return out
+    work = [node_work(n) for n in graph.nodes]  # once, then priced on each type
+    return {d.name: sum(compute_time(flops, nbytes, d, dtype) for flops, nbytes, dtype in work)
+            - (0.0 if floors else d.launch_floor * len(work)) for d in set(devices)}
 
 
-def stage_order(cluster: Cluster, count: int, times: dict[str, float] | None = None) -> list[int]:
+def stage_order(cluster: Cluster, count: int) -> list[int]:
     """Which block of N/count consecutive ranks each pipeline stage takes (Whale 3.3.2): blocks
     with more memory per device first (earlier stages keep more microbatches under 1F1B), then
-    the faster first; rank order among equals (a homogeneous cluster: 0, 1, 2, ...)."""
+    the higher peak float32 FLOP/s first; rank order among equals (a homogeneous cluster: 0, 1,
+    2, ...)."""
     group = cluster.num_devices // count
     blocks = [cluster.devices[b * group:(b + 1) * group] for b in range(count)]
-
-    def key(b: int):
-        mem = min(d.memory_bytes for d in blocks[b])
-        slow = max((times or {}).get(d.name, 1.0 / d.peak("float32")) for d in blocks[b])
-        return (-mem, slow, b)
-
-    return sorted(range(count), key=key)
+    return sorted(range(count), key=lambda b: (-min(d.memory_bytes for d in blocks[b]),
+                                               -min(d.peak("float32") for d in blocks[b]), b))
 
 
 def stage_capacity(cluster: Cluster, count: int, order: list[int], times: dict[str, float]) -> list[float]:
@@ -206,7 +191,7 @@ SHARE_UNITS = 1000  # an axis's shares are thousandths of its work
 
 
 def mesh_balance(mesh: Mesh, cluster: Cluster, unit_time: dict[str, float], units: int,
-                 mem_per_unit: float, fixed_bytes: float, budget: float) -> Balance:
+                 mem_per_unit: float, fixed_bytes: float) -> Balance:
     """The shares of `mesh`'s axes. For each axis, its coordinates are slices of devices; a
     slice's time per unit is its slowest member's `unit_time` (seconds per unit of the whole
     work, by device name) divided by the slice's size, its memory the smallest member's budget
@@ -214,7 +199,7 @@ def mesh_balance(mesh: Mesh, cluster: Cluster, unit_time: dict[str, float], unit
     its own extent to them); the batch's `units` as Algorithm 1 (over FLOP capacity), the exact
     balance and the even split give them are reported."""
     devices = tuple(cluster.devices[r] for r in mesh.devices)
-    budgets = tuple(min(float(d.memory_bytes), budget * d.memory_bytes / cluster.min_memory) for d in devices)
+    budgets = tuple(float(d.memory_bytes) for d in devices)
     grid = np.arange(len(devices)).reshape(mesh.shape)
     shares, report = [], {"axes": []}
     for k, n in enumerate(mesh.shape):
@@ -249,21 +234,5 @@ def mesh_balance(mesh: Mesh, cluster: Cluster, unit_time: dict[str, float], unit
     return Balance(tuple(shares), devices, budgets, report)
 
 
-def fractions(balance: Balance, mesh_shape: tuple[int, ...], sizes: Sequence[tuple[int, ...] | None],
-              splits: Sequence[int]) -> np.ndarray:
-    """Per mesh position, the fraction of a node's work it does: along each axis, its piece of
-    the label split there (`sizes[k]`, uneven) or 1/splits[k] (even; 1 where replicated)."""
-    f = np.ones(mesh_shape)
-    for k, n in enumerate(mesh_shape):
-        shape = [1] * len(mesh_shape)
-        shape[k] = n
-        if sizes[k] is not None:
-            part = np.asarray(sizes[k], dtype=np.float64) / float(sum(sizes[k]))  # type: ignore[arg-type]
-        else:
-            part = np.full(n, 1.0 / splits[k])
-        f = f * part.reshape(shape)
-    return f.ravel()
-
-
-__all__ = ["Balance", "balanced_time", "device_times", "exact_balance", "fractions", "mesh_balance", "split_sizes",
+__all__ = ["Balance", "balanced_time", "device_times", "exact_balance", "mesh_balance", "split_sizes",
            "stage_capacity", "stage_order", "whale_balance"]

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from parc.ir.graph import Node, Value
 from parc.ops import sharding_rule
 from parc.ops.base import ShardingRule
+from parc.passes.spmd.hetero import split_sizes
 from parc.sharding import P, R, S, ShardSpec, ShardSpecError, shard_spec_for_labels
 
 MAX_STRATEGIES = 32  # per node; label combinations beyond this are dropped, largest splits kept
@@ -156,17 +157,23 @@ def tensor_specs(v: Value, mesh_shape: tuple[int, ...], wanted: list[ShardSpec])
     return list(specs)[:MAX_STRATEGIES]
 
 
-def uneven_strategy(node: Node, s: Strategy, mesh_shape: tuple[int, ...],
-                    shares: tuple[tuple[float, ...], ...], uneven_axes: set[int]) -> Strategy:
-    """`s` with each label split along an axis of `uneven_axes` cut in proportion to that axis's
-    `shares` (`S(d,[sizes])` on every tensor holding it), or `s` itself where that cannot be
-    expressed: the label on two axes, held inside a dim (a strided piece), sharing a dim with a
-    label another axis splits, or too small to give every device a piece."""
+def uneven_strategies(node: Node, strats: list[Strategy], mesh_shape: tuple[int, ...],
+                      shares: tuple[tuple[float, ...], ...], uneven_axes: set[int]) -> list[Strategy]:
+    """Each of node's strategies with every label split along an axis of `uneven_axes` cut in
+    proportion to that axis's `shares` (`S(d,[sizes])` on every tensor holding it), kept as it
+    is where that cannot be expressed: the label on two axes, held inside a dim (a strided
+    piece), sharing a dim with a label another axis splits, or too small to give every device a
+    piece."""
     rule = sharding_rule(node)
-    if rule is None or not any(k in uneven_axes and lab not in (None, PARTIAL) for k, lab in enumerate(s.labels)):
-        return s
-    from parc.passes.spmd.hetero import split_sizes
+    if rule is None:
+        return strats
+    return [_uneven(rule, s, mesh_shape, shares, uneven_axes) for s in strats]
 
+
+def _uneven(rule: ShardingRule, s: Strategy, mesh_shape: tuple[int, ...], shares: tuple[tuple[float, ...], ...],
+            uneven_axes: set[int]) -> Strategy:
+    if not any(k in uneven_axes and lab not in (None, PARTIAL) for k, lab in enumerate(s.labels)):
+        return s
     split_labels = [lab for lab in s.labels if lab not in (None, PARTIAL)]
     tensors = [d for d in (*rule.inputs, *rule.outputs) if d is not None]
     axes = list(zip(range(len(mesh_shape)), s.labels))
