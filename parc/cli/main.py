@@ -63,7 +63,16 @@ def cli(verbose: bool) -> None:
 
 
 def _register() -> None:
-    from parc.cli import explain_cmd, grad_cmd, inspect_cmd, models_cmd, plan_cmd, run_cmd
+    from parc.cli import (
+        explain_cmd,
+        grad_cmd,
+        inspect_cmd,
+        models_cmd,
+        plan_cmd,
+        profile_cmd,
+        run_cmd,
+        simulate_cmd,
+    )
 
     cli.add_command(grad_cmd.grad)
     cli.add_command(plan_cmd.plan)
@@ -73,6 +82,8 @@ def _register() -> None:
     cli.add_command(run_cmd.run)
     cli.add_command(run_cmd.verify)
     cli.add_command(run_cmd.export)
+    cli.add_command(simulate_cmd.simulate)
+    cli.add_command(profile_cmd.profile)
 
 
 _register()

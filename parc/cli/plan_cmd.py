@@ -41,6 +41,8 @@ def _progress() -> Iterator[Callable[[str, int, int], None] | None]:
 @click.argument("model", type=click.Path(dir_okay=False))
 @click.option("--devices", help="Devices, e.g. 8xv100-32g, 2x8xa100-80g, 4xv100-32g+4xp100-16g.")
 @click.option("--cluster", "cluster_file", type=click.Path(dir_okay=False), help="Cluster YAML file.")
+@click.option("--calibration", "calibration_file", type=click.Path(dir_okay=False), metavar="FILE",
+              help="Calibration YAML (`parc profile -o FILE`): measured constants over the catalogue's.")
 @click.option("-O2", "level", flag_value="O2", help="Segments between critical nodes, stitched by DP.")
 @click.option("-O3", "level", flag_value="O3", default=True, help="One ILP over the whole graph (default).")
 @click.option("--mem-limit", type=float, metavar="GIB", help="Memory per device (default: the device's).")
@@ -65,7 +67,7 @@ def _progress() -> Iterator[Callable[[str, int, int], None] | None]:
 @click.option("--programs/--no-programs", default=True, show_default=True,
               help="Write the per-rank programs and taskgraph.json (what `parc run` needs).")
 @click.option("-o", "--output", required=True, type=click.Path(file_okay=False), help="Plan directory.")
-def plan(model: str, devices: str | None, cluster_file: str | None, level: str, mem_limit: float | None,
+def plan(model: str, devices: str | None, cluster_file: str | None, calibration_file: str | None, level: str, mem_limit: float | None,
          time_limit: float, hints_file: str | None, jobs: int | None, micro_batches: int | None,
          pipeline: str, pipeline_tolerance: float, mesh_dims: int, dims: tuple[str, ...], programs: bool,
          output: str) -> None:
@@ -96,6 +98,12 @@ def plan(model: str, devices: str | None, cluster_file: str | None, level: str, 
     hints = load_hints(hints_file) if hints_file else Hints()
     hints = hints.merged(read_annotations(model))  # the model's own ONNX multi-device annotations
     cluster = resolve_cluster(devices, cluster_file)
+    if calibration_file is not None:
+        from parc.cluster.clusterfile import load_constants
+
+        if not Path(calibration_file).is_file():
+            raise UsageError(f"--calibration {calibration_file}: no such file")
+        cluster = load_constants(calibration_file).apply(cluster)
     graph = importer.load(model, importer.parse_dims(dims))
     budget = mem_limit * 2**30 if mem_limit is not None else None
     from parc.errors import InfeasiblePlanError
@@ -181,15 +189,21 @@ def plan(model: str, devices: str | None, cluster_file: str | None, level: str, 
         if not stages:
             doc["solver"]["pipelines"] = tried  # what --pipeline auto tried, and why it lost
         doc["model"] = {"path": str(Path(model).resolve()), "sha256": sha256_file(Path(model))}
-        write_plan(stage, doc)
         if programs and stages:
             from parc.passes.pipeline.emit import write_pipeline_programs
 
-            write_pipeline_programs(result, stage)  # type: ignore[arg-type]
+            taskgraph = write_pipeline_programs(result, stage)  # type: ignore[arg-type]
         elif programs:
             from parc.passes.emit import write_programs
 
-            write_programs(result, stage)
+            taskgraph = write_programs(result, stage)
+        else:  # the stages' figures only: enough to simulate, not to run
+            from parc.passes.emit import write_taskgraph
+            from parc.passes.timing import stage_taskgraph
+
+            taskgraph = write_taskgraph(stage_taskgraph(result), stage)
+        doc["simulation"] = _simulated(taskgraph)
+        write_plan(stage, doc)
         if not stages:  # the annotated model of a one-mesh plan (a pipeline's stages have a mesh each)
             write_sharded_model(model, doc["specs"], tuple(doc["mesh"]["shape"]), stage / "model.sharded.onnx",
                                 shapes={v.name: v.shape for v in graph.values() if v.shape is not None})
@@ -204,15 +218,25 @@ def plan(model: str, devices: str | None, cluster_file: str | None, level: str, 
                             for st in doc["stages"])
         click.echo(f"wrote {out / 'plan.json'}: pipeline of {len(doc['stages'])} stages x "
                    f"{doc['schedule']['micro_batches']} microbatches (1F1B), predicted step "
-                   f"{p['step_time_s'] * 1e3:.3f} ms (bubble {p['bubble_s'] * 1e3:.3f}), "
+                   f"{p['step_time_s'] * 1e3:.3f} ms (bubble {p['bubble_s'] * 1e3:.3f}; simulated "
+                   f"{doc['simulation']['step_time_s'] * 1e3:.3f}), "
                    f"{max(p['memory_bytes_per_device']) / 2**30:.2f} GiB/device max; {shapes}; baselines: "
                    + _baselines_text(doc["baselines"]))
         return
     base = _baselines_text(doc["baselines"])
     click.echo(f"wrote {out / 'plan.json'}: mesh {tuple(doc['mesh']['shape'])}, predicted step "
                f"{p['step_time_s'] * 1e3:.3f} ms (compute {p['compute_s'] * 1e3:.3f}, comm "
-               f"{p['comm_s'] * 1e3:.3f}), {p['memory_bytes_per_device'][0] / 2**30:.2f} GiB/device; "
+               f"{p['comm_s'] * 1e3:.3f}; simulated {doc['simulation']['step_time_s'] * 1e3:.3f}), "
+               f"{p['memory_bytes_per_device'][0] / 2**30:.2f} GiB/device; "
                f"baselines: {base}")
+
+
+def _simulated(taskgraph: dict) -> dict:
+    """plan.json's `simulation`: one step of the task graph replayed (`parc.exec.stepsim`)."""
+    from parc.exec.stepsim import simulate_graph
+    from parc.exec.taskgraph import check_taskgraph
+
+    return simulate_graph(check_taskgraph(taskgraph)).to_json()
 
 
 def _baselines_text(baselines: dict) -> str:

@@ -29,6 +29,9 @@ def precheck(plan_dir: str, force: bool) -> tuple[dict, int]:
     if not (root / TASKGRAPH_FILE).is_file():
         raise PlanFormatError(f"{root}: no {TASKGRAPH_FILE} (planned with --no-programs? plan again without it)")
     graph = load_taskgraph(root / TASKGRAPH_FILE)
+    if graph.represents():
+        raise PlanFormatError(f"{root}: planned with --no-programs (its task graph is per stage, for "
+                              "`parc simulate`): plan again without --no-programs to run it")
     for r in range(graph.ranks):
         load_program(root, r)
     cap = min(t["memory_bytes"] for t in plan["cluster"]["device_types"].values())

@@ -42,12 +42,14 @@ _PEAK_KEYS = {"fp64_tflops": "float64", "fp32_tflops": "float32", "tf32_tflops":
 # YAML key -> (DeviceSpec field, scale to SI). Scales below 1 divide (by 1e6 rather than times
 # 1e-6), so 3.4 us is exactly 3.4e-6 s.
 _DEVICE_UNITS = {"memory_gib": ("memory_bytes", GiB), "bandwidth_gbs": ("memory_bandwidth", GB),
-                 "launch_floor_us": ("launch_floor", 1e-6)}
-_DEVICE_SI = ("memory_bytes", "memory_bandwidth", "launch_floor", "compute_efficiency", "memory_efficiency")
+                 "launch_floor_us": ("launch_floor", 1e-6), "task_overhead_us": ("task_overhead", 1e-6)}
+_DEVICE_SI = ("memory_bytes", "memory_bandwidth", "launch_floor", "compute_efficiency", "memory_efficiency",
+              "task_overhead")
 _DEVICE_KEYS = (*_PEAK_KEYS, *_DEVICE_UNITS, *_DEVICE_SI, "peak_flops", "default_link")
+_MAY_BE_ZERO = ("launch_floor", "task_overhead")
 _LINK_UNITS = {"bandwidth_gbps": ("bandwidth", 1e9 / 8), "bandwidth_gbs": ("bandwidth", GB),
-               "latency_us": ("latency", 1e-6)}
-_LINK_KEYS = (*_LINK_UNITS, "bandwidth", "latency")
+               "latency_us": ("latency", 1e-6), "handoff_us": ("handoff", 1e-6)}
+_LINK_KEYS = (*_LINK_UNITS, "bandwidth", "latency", "handoff")
 _NAME = re.compile(r"^[a-z][a-z0-9._-]*$")
 
 
@@ -64,6 +66,9 @@ class Calibration:
     links: tuple[tuple[str, tuple[tuple[str, float], ...]], ...] = ()
     constants: tuple[tuple[str, tuple[tuple[str, float], ...]], ...] = ()
     source: str = ""
+    # (n, overrides) for a node of n devices sharing one host (CPU ranks): what each gets when
+    # its neighbours run too (`parc profile` measures it); applied over the rest
+    sharing: tuple[tuple[int, Calibration], ...] = ()
 
     def section(self, name: str) -> dict[str, float]:
         """The overrides of constants section `name` (empty if the file has none)."""
@@ -83,9 +88,21 @@ class Calibration:
         def link(spec: LinkSpec) -> LinkSpec:
             return override_fields(spec, links.get(spec.name, {}), f"{self.source}: links.{spec.name}")
 
-        nodes = tuple(Node(tuple(device(d) for d in node.devices), link(node.intra_link), node.nics)
-                      for node in cluster.nodes)
-        return Cluster(nodes, link(cluster.inter_link))
+        nodes = []
+        for node in cluster.nodes:
+            node = Node(tuple(device(d) for d in node.devices), link(node.intra_link), node.nics)
+            shared = self.shared(len(node.devices))
+            if shared is not None:
+                node = shared.apply(Cluster((node,), cluster.inter_link)).nodes[0]
+            nodes.append(node)
+        return Cluster(tuple(nodes), link(cluster.inter_link))
+
+    def shared(self, n: int) -> Calibration | None:
+        """The overrides for a node of n devices: the measured count nearest n (the larger of
+        two as near); None for one device or when nothing was measured."""
+        if n <= 1 or not self.sharing:
+            return None
+        return min(self.sharing, key=lambda entry: (abs(entry[0] - n), -entry[0]))[1]
 
 
 def override_fields(obj, overrides: Mapping[str, object], where: str):
@@ -178,9 +195,9 @@ def _device_overrides(fields: dict[str, Entry]) -> dict[str, object]:
                 put(peaks, dtype_key(dtype), v.number(), v)
         elif key in _DEVICE_UNITS:
             field, scale = _DEVICE_UNITS[key]
-            put(out, field, _scaled(value.number(positive=field != "launch_floor"), scale), value)
+            put(out, field, _scaled(value.number(positive=field not in _MAY_BE_ZERO), scale), value)
         elif key in _DEVICE_SI:
-            put(out, key, value.number(positive=key != "launch_floor"), value)
+            put(out, key, value.number(positive=key not in _MAY_BE_ZERO), value)
         elif key == "default_link":
             put(out, key, lookup_link(value.string(), _where(value)).name, value)
     if "memory_bytes" in out:
@@ -225,7 +242,7 @@ def _link(entry: Entry, role: str) -> LinkSpec:
 def _link_overrides(fields: dict[str, Entry]) -> dict[str, float]:
     values: dict[str, float] = {}
     for key, value in fields.items():
-        if key in _LINK_UNITS or key in ("bandwidth", "latency"):
+        if key in _LINK_UNITS or key in ("bandwidth", "latency", "handoff"):
             field, scale = _LINK_UNITS.get(key, (key, 1.0))
             if field in values:
                 raise value.fail(f"{field} given twice")
@@ -233,8 +250,8 @@ def _link_overrides(fields: dict[str, Entry]) -> dict[str, float]:
     return values
 
 
-def _calibration(entry: Entry, extra: Mapping[str, DeviceSpec]) -> Calibration:
-    fields = entry.mapping(("devices", "links", "constants"))
+def _calibration(entry: Entry, extra: Mapping[str, DeviceSpec], nested: bool = False) -> Calibration:
+    fields = entry.mapping(("devices", "links") if nested else ("devices", "links", "constants", "sharing"))
     devices, links, constants = [], [], []
     for name, spec in (fields["devices"].items() if "devices" in fields else {}).items():
         device = lookup_device(name, _where(spec), extra)
@@ -252,7 +269,12 @@ def _calibration(entry: Entry, extra: Mapping[str, DeviceSpec]) -> Calibration:
         links.append((link.name, tuple(overrides.items())))
     for section, values in (fields["constants"].items() if "constants" in fields else {}).items():
         constants.append((section, tuple((k, v.number(positive=False)) for k, v in values.items().items())))
-    return Calibration(tuple(devices), tuple(links), tuple(constants), entry.file)
+    sharing = []
+    for count, body in (fields["sharing"].items() if "sharing" in fields else {}).items():
+        if not str(count).isdigit() or int(count) < 2:
+            raise body.fail(f"sharing: '{count}' should be a count of devices sharing a node (an int >= 2)")
+        sharing.append((int(count), _calibration(body, extra, nested=True)))
+    return Calibration(tuple(devices), tuple(links), tuple(constants), entry.file, tuple(sorted(sharing)))
 
 
 def _check(entry: Entry, spec, overrides: dict[str, object]) -> None:

@@ -53,6 +53,7 @@ class DeviceSpec:
     compute_efficiency: float = 1.0  # fraction of peak FLOP/s an op reaches (calibrate)
     memory_efficiency: float = 1.0  # fraction of peak memory bandwidth an op reaches (calibrate)
     default_link: str = "pcie4"  # the catalogue link joining devices of this type in one node
+    task_overhead: float = 0.0  # seconds the executor spends per task beyond its kernels (calibrate)
 
     def __post_init__(self) -> None:
         name = str(self.name).strip().lower()
@@ -75,6 +76,7 @@ class DeviceSpec:
         object.__setattr__(self, "memory_bandwidth", _positive(f"device {name}: memory bandwidth",
                                                                self.memory_bandwidth))
         object.__setattr__(self, "launch_floor", _non_negative(f"device {name}: launch floor", self.launch_floor))
+        object.__setattr__(self, "task_overhead", _non_negative(f"device {name}: task overhead", self.task_overhead))
         for field in ("compute_efficiency", "memory_efficiency"):
             value = _positive(f"device {name}: {field}", getattr(self, field))
             if value > 1.0:
@@ -91,7 +93,7 @@ class DeviceSpec:
         return {"name": self.name, "peak_flops": dict(self.peak_flops), "memory_bytes": self.memory_bytes,
                 "memory_bandwidth": self.memory_bandwidth, "launch_floor": self.launch_floor,
                 "compute_efficiency": self.compute_efficiency, "memory_efficiency": self.memory_efficiency,
-                "default_link": self.default_link}
+                "default_link": self.default_link, "task_overhead": self.task_overhead}
 
     @staticmethod
     def from_json(data: Mapping) -> DeviceSpec:

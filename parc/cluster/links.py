@@ -22,12 +22,16 @@ class LinkSpec:
     name: str
     bandwidth: float  # bytes/s, per direction, per device
     latency: float  # seconds per message / collective step
+    # seconds the first collective or message after compute costs more than one in a burst: the
+    # wait until every member runs again. 0 on dedicated devices; large on a host whose ranks
+    # outnumber its cores (`parc profile` measures it)
+    handoff: float = 0.0
 
     def __post_init__(self) -> None:
         name = str(self.name).strip().lower()
         if not name:
             raise ValueError("a link needs a name")
-        for field in ("bandwidth", "latency"):
+        for field in ("bandwidth", "latency", "handoff"):
             value = getattr(self, field)
             if isinstance(value, bool) or not isinstance(value, int | float):
                 raise ValueError(f"link {name}: {field} must be a number, got {value!r}")
@@ -42,7 +46,8 @@ class LinkSpec:
         return (self.bandwidth, -self.latency) < (other.bandwidth, -other.latency)
 
     def to_json(self) -> dict:
-        return {"name": self.name, "bandwidth": self.bandwidth, "latency": self.latency}
+        return {"name": self.name, "bandwidth": self.bandwidth, "latency": self.latency,
+                **({"handoff": self.handoff} if self.handoff else {})}
 
     @staticmethod
     def from_json(data: Mapping) -> LinkSpec:

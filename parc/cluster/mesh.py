@@ -150,7 +150,8 @@ def shared_link(link: LinkSpec, streams: int, nics: int) -> LinkSpec:
     if share == 1:
         return link
     suffix = f"/{share.denominator}" if share.numerator == 1 else f"*{share}"
-    return LinkSpec(f"{link.name}{suffix}", link.bandwidth * float(share), link.latency)
+    return LinkSpec(f"{link.name}{suffix}", link.bandwidth * float(share), link.latency,
+                    link.handoff)
 
 
 def _bottleneck(links: list[LinkSpec]) -> LinkSpec:
@@ -159,4 +160,5 @@ def _bottleneck(links: list[LinkSpec]) -> LinkSpec:
     worst = max(links, key=lambda link: link.latency)
     if worst.latency <= low.latency:
         return low
-    return LinkSpec(f"{low.name}+{worst.name}", low.bandwidth, worst.latency)
+    return LinkSpec(f"{low.name}+{worst.name}", low.bandwidth, worst.latency,
+                    max(link.handoff for link in links))

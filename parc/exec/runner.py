@@ -118,6 +118,11 @@ def to_host(x) -> np.ndarray:
     return x.get() if hasattr(x, "get") and not isinstance(x, np.ndarray) else np.asarray(x)
 
 
+def rank_threads(ranks: int) -> int:
+    """Threads each of `ranks` ranks on this host gives its engine: the host's CPUs shared out."""
+    return max(1, (os.cpu_count() or 1) // ranks)
+
+
 def _is_even(ax) -> bool:
     return isinstance(ax, Split) and ax.is_even
 
@@ -142,7 +147,7 @@ class Rank:
             import cupy
 
             self.xp = cupy
-        threads = threads or max(1, (os.cpu_count() or 1) // self.graph.ranks)
+        threads = threads or rank_threads(self.graph.ranks)
         self.engines: dict[str, Any] = {}
         for t in self.order:
             if t["kind"] == "compute" and t["module"] not in self.engines:

@@ -48,6 +48,7 @@ COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broa
 # that is 1 for microbatch 0 only.
 MB_START, MB_END, MB_FIRST = "parc.mb.start", "parc.mb.end", "parc.mb.first"
 WHOLE = "whole"  # a recv's `layout` when the value arrives whole
+TASK, STAGE = "task", "stage"  # granularities
 
 
 @dataclass(frozen=True)
@@ -61,13 +62,23 @@ class TaskGraph:
     edges: tuple[tuple[str, str], ...]
     order: Mapping[int, tuple[str, ...]]
     mesh: tuple[int, ...] = ()  # the device mesh of an SPMD plan (ranks row-major); () if none
+    # "task": one rank per device, modules to run; "stage" (`parc plan --no-programs`): one
+    # rank per stage standing for the stage's `devices`, for the simulator only
+    granularity: str = TASK
 
     def to_json(self) -> dict[str, Any]:
         return {"format": FORMAT, "ranks": self.ranks, "micro_batches": self.micro_batches,
                 "stages": list(self.stages), "tasks": list(self.tasks.values()),
                 "edges": [list(e) for e in self.edges],
                 "order": {str(r): list(ids) for r, ids in sorted(self.order.items())},
-                **({"mesh": list(self.mesh)} if self.mesh else {})}
+                **({"mesh": list(self.mesh)} if self.mesh else {}),
+                **({"granularity": self.granularity} if self.granularity != TASK else {})}
+
+    def represents(self) -> dict[int, list[int]]:
+        """A stage-level graph's simulated rank -> the devices it stands for ({} if task-level)."""
+        if self.granularity != STAGE:
+            return {}
+        return {r: list(s["devices"]) for s in self.stages for r in s["ranks"]}
 
 
 def ranks_of(task: Mapping[str, Any]) -> tuple[int, ...]:
@@ -137,7 +148,13 @@ def check_taskgraph(doc: Any, where: str = TASKGRAPH_FILE) -> TaskGraph:
     if not (isinstance(mesh, list) and all(isinstance(n, int) and n >= 1 for n in mesh)
             and (not mesh or int(np.prod(mesh)) == ranks)):
         raise fail(f"mesh: expected a list of axis sizes whose product is {ranks}, found {mesh!r}")
-    return TaskGraph(ranks, micro, tuple(doc.get("stages", [])), tasks, tuple(edges), order, tuple(mesh))
+    granularity = doc.get("granularity", TASK)
+    if granularity not in (TASK, STAGE):
+        raise fail(f"granularity: expected {TASK!r} or {STAGE!r}, found {granularity!r}")
+    stages = tuple(doc.get("stages", []))
+    if granularity == STAGE and not all(isinstance(s, dict) and isinstance(s.get("devices"), list) for s in stages):
+        raise fail("a stage-level task graph needs the devices each stage stands for (stages[].devices)")
+    return TaskGraph(ranks, micro, stages, tasks, tuple(edges), order, tuple(mesh), granularity)
 
 
 def _check_acyclic(tasks, edges, fail) -> None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 from collections import defaultdict
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -25,11 +26,14 @@ import onnx
 from onnx import helper
 
 from parc import plandir
+from parc.cluster.devices import DEVICES, DeviceSpec
+from parc.cluster.links import LINKS, LinkSpec
 from parc.exec.taskgraph import FORMAT, check_taskgraph
 from parc.ir.graph import Graph
 from parc.ir.state import step_state
 from parc.passes.lower import APPLY, MICRO, Comm, RankProgram, bindings, loss_name, lower_rank, rules_of
 from parc.passes.spmd.pool import run_jobs
+from parc.passes.timing import annotate, module_times
 from parc.sharding.layout import shard_index
 from parc.sharding.spec import ShardSpec
 
@@ -172,10 +176,15 @@ def _write_sparse(f, offset: int, shard: np.ndarray) -> None:
             f.write(chunk.tobytes())
 
 
-def write_rank_files(p: RankProgram, graph: Graph, rank_dir: Path) -> list[dict]:
-    """A rank's modules, init.onnx and weights.bin in `rank_dir`; its module tasks."""
+def write_rank_files(p: RankProgram, graph: Graph, rank_dir: Path, device: DeviceSpec) -> list[dict]:
+    """A rank's modules, init.onnx and weights.bin in `rank_dir`; its module tasks, each with
+    its time on `device` and its outputs' bytes (`timing.module_times`)."""
     rank_dir.mkdir(parents=True, exist_ok=True)
     mod_tasks, models = build_modules(p, graph)
+    times = module_times(models, device, p.info)
+    for t in mod_tasks:
+        t["time_s"] = times[t["name"]]["time_s"]
+        t["out_bytes"] = [times[t["name"]]["out_bytes"].get(o, 0) for o in t["outputs"]]
     for name, model in models.items():
         onnx.save(model, rank_dir / f"{name}.onnx")
     _write_init(p, graph, rank_dir)
@@ -195,15 +204,21 @@ PARALLEL_LOWERING_NODES = 20_000  # graph nodes x ranks from which ranks are low
 def write_programs(plan, out: Path) -> dict:
     """Lower every rank of `plan`; write its modules, init and program, and taskgraph.json
     (returned)."""
-    return write_programs_for(*plan_inputs(plan), out)
+    mesh = plan.best.mesh
+    return write_programs_for(*plan_inputs(plan), out, devices=[plan.cluster.devices[d] for d in mesh.devices],
+                              links=mesh.links)
 
 
 def write_programs_for(graph: Graph, mesh: tuple[int, ...], strategies: list, specs: dict[str, ShardSpec],
-                       micro: int, out: Path) -> dict:
+                       micro: int, out: Path, devices: Sequence[DeviceSpec] | None = None,
+                       links: Sequence[LinkSpec] | None = None) -> dict:
     """`write_programs` from its parts: the graph, the model's mesh, a Strategy per node, each
-    source's layout and the microbatch count."""
+    source's layout and the microbatch count; `devices` (per rank) and `links` (per device mesh
+    axis) price the tasks (default: CPU ranks over shared memory)."""
     device_mesh = mesh[1:] if micro > 1 else mesh
     ranks = int(np.prod(device_mesh))
+    devices = list(devices) if devices is not None else [DEVICES["cpu"]] * ranks
+    links = list(links) if links is not None else [LINKS["shm"]] * len(device_mesh)
     binds = bindings(graph)
     tasks: list[dict] = []
     edges: list[list[str]] = []
@@ -214,7 +229,7 @@ def write_programs_for(graph: Graph, mesh: tuple[int, ...], strategies: list, sp
 
     def write_rank(g: Graph, r: int) -> tuple[RankProgram, list[dict]]:
         p = lower_rank(g, mesh, r, strategies, specs, micro, rules)
-        mod_tasks = write_rank_files(p, g, plandir.rank_dir(out, r))
+        mod_tasks = write_rank_files(p, g, plandir.rank_dir(out, r), devices[r])
         plandir.write_program(out, plandir.Program(
             rank=r, coords=p.coords, mesh=mesh, micro_batches=micro, residents=residents_json(p, stats),
             outputs=p.outputs, accumulate=p.accumulate, bindings=binds, loss=loss_name(g)))
@@ -230,6 +245,7 @@ def write_programs_for(graph: Graph, mesh: tuple[int, ...], strategies: list, sp
     doc = {"format": FORMAT, "ranks": ranks, "micro_batches": micro, "mesh": list(device_mesh),
            "stages": [{"id": 0, "ranks": list(range(ranks))}],
            "tasks": tasks, "edges": edges, "order": order}
+    annotate(doc, devices, lambda t: links[t["axis"]], lambda a, b: links[0])
     return write_taskgraph(doc, out)
 
 
@@ -320,6 +336,7 @@ def _part_tasks(r, p, part, mod_tasks, comms_at, device_mesh, shift, suffix, mb,
                 tid = f"r{g(r)}.{t['name']}{suffix}"
                 tasks.append({"id": tid, "kind": "compute", "rank": g(r), "module": f"rank_{g(r)}/{t['name']}.onnx",
                               "phase": part, "inputs": t["inputs"], "outputs": t["outputs"],
+                              "time_s": t["time_s"], "out_bytes": t["out_bytes"],
                               **({"pass": phase} if phase else {}), **extra})
                 add_edges(tid, t["inputs"])
                 ids.append(tid)

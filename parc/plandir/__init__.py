@@ -75,6 +75,9 @@ _PLAN_KEYS: tuple[tuple[str, Any, bool], ...] = (
     ("solver.meshes", list, False),
     ("communication", list, False),
     ("baselines", dict, False),
+    ("simulation", dict, False),
+    ("simulation.step_time_s", _NUMBER, False),
+    ("simulation.timeline", dict, False),
 )
 
 

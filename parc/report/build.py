@@ -13,8 +13,10 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
+from parc.errors import PlanFormatError
 from parc.report import scopes
 from parc.report.facts import (
+    SPAN_KINDS,
     Baseline,
     CommStat,
     Communication,
@@ -26,6 +28,8 @@ from parc.report.facts import (
     Parameter,
     Parameters,
     Report,
+    SimRank,
+    Simulation,
     Step,
     Summary,
 )
@@ -51,7 +55,7 @@ def explain(plan: Mapping[str, Any], plan_file: str = "plan.json") -> Report:
         parameters=params,
         communication=_communication(plan.get("communication"), step.comm_s), memory=memory,
         baselines=_baselines(plan.get("baselines") or {}, step_s, memory.max_bytes), why=[],
-        pipeline=_pipeline(plan), mixed=_mixed(plan))
+        pipeline=_pipeline(plan), mixed=_mixed(plan), simulation=_simulation(plan.get("simulation"), plan_file))
     return replace(report, why=reasons(report))
 
 
@@ -64,6 +68,43 @@ def _mixed(plan: Mapping[str, Any]) -> dict[str, Any] | None:
             "memory_bytes": list(pred.get("memory_bytes_per_device") or []),
             "budget_bytes": list(pred.get("memory_budget_bytes_per_device") or []),
             "axes": list((plan.get("balance") or {}).get("axes") or [])}
+
+
+def _simulation(sim: Any, where: str) -> Simulation | None:
+    """plan.json's optional `simulation`, checked key by key (`load_plan` does not look inside it)."""
+    if sim is None:
+        return None
+
+    def need(ok: bool, key: str, expected: str, found: Any) -> None:
+        if not ok:
+            raise PlanFormatError(f"{where}: simulation.{key} should be {expected}, found {found!r}"[:300])
+
+    def number(value: Any, key: str) -> float:
+        need(isinstance(value, int | float) and not isinstance(value, bool), key, "a number", value)
+        return float(value)
+
+    need(isinstance(sim, Mapping), "", "an object", type(sim).__name__)
+    ranks = []
+    for k, r in enumerate(sim.get("ranks") or []):
+        need(isinstance(r, Mapping) and isinstance(r.get("rank"), int), f"ranks[{k}]", "an object with an int rank", r)
+        peak = r.get("peak_bytes")
+        need(peak is None or isinstance(peak, int | float), f"ranks[{k}].peak_bytes", "bytes or null", peak)
+        ranks.append(SimRank(r["rank"], *(number(r.get(f), f"ranks[{k}].{f}") for f in
+                                          ("busy_s", "compute_s", "comm_s", "wait_s")),
+                             None if peak is None else int(peak)))
+    timeline: dict[str, list[tuple[float, float, str, str]]] = {}
+    for rank, spans in (sim.get("timeline") or {}).items():
+        need(isinstance(spans, list), f"timeline.{rank}", "a list of spans", type(spans).__name__)
+        rows = []
+        for k, span in enumerate(spans):
+            key = f"timeline.{rank}[{k}]"
+            need(isinstance(span, list | tuple) and len(span) == 4, key, "[start_s, end_s, kind, label]", span)
+            start, end, kind, label = span
+            need(kind in SPAN_KINDS, key + "[2]", " or ".join(SPAN_KINDS), kind)
+            rows.append((number(start, key + "[0]"), number(end, key + "[1]"), kind, str(label)))
+        timeline[str(rank)] = rows
+    return Simulation(*(number(sim.get(f), f) for f in ("step_time_s", "bubble_s", "exposed_comm_s", "hidden_comm_s")),
+                      ranks, timeline, [str(t) for t in sim.get("critical_path") or []])
 
 
 def _pipeline(plan: Mapping[str, Any]) -> dict[str, Any] | None:

@@ -169,6 +169,35 @@ class Baseline:
     memory_ratio: float | None  # baseline / plan memory per device
 
 
+SPAN_KINDS = ("compute", "comm", "wait")  # what a rank does in a span of the simulated step
+
+
+@dataclass(frozen=True)
+class SimRank:
+    """One rank's share of the simulated step."""
+
+    rank: int
+    busy_s: float
+    compute_s: float
+    comm_s: float
+    wait_s: float
+    peak_bytes: int | None  # None: the simulation does not track memory
+
+
+@dataclass(frozen=True)
+class Simulation:
+    """One step replayed on the task graph, as plan.json's `simulation` records it."""
+
+    step_time_s: float
+    bubble_s: float
+    exposed_comm_s: float  # communication no compute overlaps
+    hidden_comm_s: float  # communication that overlaps compute
+    ranks: list[SimRank]
+    # rank (a string, as in JSON) -> spans (start_s, end_s, kind in SPAN_KINDS, label); at most 16 ranks
+    timeline: dict[str, list[tuple[float, float, str, str]]]
+    critical_path: list[str]  # task ids
+
+
 @dataclass(frozen=True)
 class Report:
     """Everything `parc explain` says about one plan."""
@@ -189,6 +218,8 @@ class Report:
     pipeline: dict[str, Any] | None = None
     # a mesh of mixed devices: per device its type, compute and memory, and the axes' balance
     mixed: dict[str, Any] | None = None
+    # plan.json's `simulation`: the step replayed task by task (None: the plan has none)
+    simulation: Simulation | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {"format": REPORT_FORMAT, **asdict(self)}

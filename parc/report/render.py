@@ -7,11 +7,14 @@ import io
 import json
 import re
 
+from parc.report import figures
 from parc.report.facts import Report
 from parc.report.layout import Section, Table, document
+from parc.report.units import fmt_bytes, fmt_time
 
 FORMATS = ("text", "md", "html", "json")
 TEXT_WIDTH = 140  # columns of text written to a file or pipe, so it is the same everywhere
+SIM_RANK_ROWS = 32  # ranks listed under the simulated timeline; the JSON has them all
 
 
 def render(report: Report, fmt: str) -> str:
@@ -106,13 +109,16 @@ th,td{border:1px solid #ccc;padding:.25em .6em;text-align:left;vertical-align:to
 th{background:#f0f0f0}td.num{text-align:right;font-variant-numeric:tabular-nums}
 caption{caption-side:bottom;text-align:left;font-size:.85em;color:#666;padding-top:.3em}
 dl{display:grid;grid-template-columns:max-content auto;gap:.2em 1em}dt{font-weight:bold}dd{margin:0}
-code,.mono{font-family:ui-monospace,monospace}"""
+code,.mono{font-family:ui-monospace,monospace}
+figure{margin:1em 0}figure svg{display:block;max-width:100%;height:auto}
+figcaption{font-size:.85em;color:#555;max-width:60em;margin-top:.3em}p.note{color:#555;font-style:italic}"""
 
 
 def html_page(report: Report) -> str:
-    """A self-contained page: inline CSS, no scripts, no external assets."""
+    """A self-contained page: inline CSS and SVG charts, no scripts, no external assets."""
     title, sections = document(report)
     e = html.escape
+    charts = _charts(report)
     parts = ["<!DOCTYPE html>", '<html lang="en">', "<head>", '<meta charset="utf-8">',
              f"<title>{e(title)}</title>", f"<style>{_CSS}</style>", "</head>", "<body>", f"<h1>{e(title)}</h1>"]
     for s in sections:
@@ -120,13 +126,37 @@ def html_page(report: Report) -> str:
         if s.pairs:
             parts.append("<dl>" + "".join(f"<dt>{e(k)}</dt><dd class=\"mono\">{e(v)}</dd>" for k, v in s.pairs)
                          + "</dl>")
+        parts += charts.get(s.title, [])
         for t in s.tables:
             parts.append(_html_table(t))
         if s.bullets:
             parts.append("<ul>" + "".join(f"<li>{e(b)}</li>" for b in s.bullets) + "</ul>")
         parts.append("</section>")
+        if s.title == "Summary":
+            parts.append(_simulated_step(report))
     parts += ["</body>", "</html>", ""]
     return "\n".join(parts)
+
+
+def _charts(report: Report) -> dict[str, list[str]]:
+    """The charts by the title of the section they illustrate."""
+    mesh = "Pipeline" if report.pipeline and report.pipeline.get("stages") else "Summary"
+    return {mesh: [figures.stages_figure(report)], "Memory": [figures.memory_figure(report)],
+            "Against baselines": [figures.baselines_figure(report)]}
+
+
+def _simulated_step(report: Report) -> str:
+    """A section of its own: the timeline of the simulated step and each rank's totals."""
+    sim = report.simulation
+    parts = ["<section><h2>Simulated step</h2>", figures.timeline_figure(report)]
+    if sim is not None and sim.ranks:
+        rows = [[str(x.rank), fmt_time(x.busy_s), fmt_time(x.compute_s), fmt_time(x.comm_s), fmt_time(x.wait_s),
+                 fmt_bytes(x.peak_bytes)] for x in sim.ranks[:SIM_RANK_ROWS]]
+        more = len(sim.ranks) - SIM_RANK_ROWS
+        note = f"simulated step {fmt_time(sim.step_time_s)}" + (f"; {more} more ranks in --format json" if more > 0 else "")
+        parts.append(_html_table(Table(["rank", "busy", "compute", "communication", "waiting", "peak memory"],
+                                       rows, frozenset({1, 2, 3, 4, 5}), note)))
+    return "\n".join(parts + ["</section>"])
 
 
 def _html_table(t: Table) -> str:

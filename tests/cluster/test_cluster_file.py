@@ -220,7 +220,7 @@ ERRORS = [
     ("nodes: [{gpus: t4}]\ncalibration:\n  links:\n    100gbe: {latency_us: 1}\n    net-100g: {latency_us: 2}\n",
      ":5: calibration.links.net-100g: link net-100g is calibrated twice"),
     ("nodes: [{gpus: t4}]\ncalibration:\n  link: {}\n",
-     ":3: calibration.link: unknown key (expected one of devices, links, constants)"),
+     ":3: calibration.link: unknown key (expected one of devices, links, constants, sharing)"),
     ("nodes: [{gpus: t4}]\ncalibration:\n  constants:\n    memory: {factor: big}\n",
      ":4: calibration.constants.memory.factor: expected a number, found 'big'"),
 ]
@@ -257,3 +257,49 @@ def test_calibration_is_a_frozen_value():
     assert all(d.launch_floor == 1e-6 for d in cluster.devices)
     with pytest.raises(dataclasses.FrozenInstanceError):
         calibration.source = "x"  # type: ignore[misc]
+
+
+SHARED = """\
+devices:
+  cpu: {fp32_tflops: 0.2, bandwidth_gbs: 30, task_overhead_us: 5}
+links:
+  shm: {latency_us: 10, bandwidth_gbs: 2}
+sharing:
+  "2":
+    devices:
+      cpu: {fp32_tflops: 0.1, bandwidth_gbs: 20}
+    links:
+      shm: {latency_us: 20, handoff_us: 300}
+  "4":
+    devices:
+      cpu: {fp32_tflops: 0.05, bandwidth_gbs: 10}
+"""
+
+
+def test_sharing_applies_the_figures_of_the_nearest_count_of_devices_per_node(tmp_path):
+    calibration = load_constants(write(tmp_path, SHARED, "calib.yaml"))
+    alone = calibration.apply(parse_devices("1xcpu")).devices[0]
+    assert (alone.peak("float32"), alone.memory_bandwidth, alone.task_overhead) == (0.2e12, 30e9, 5e-6)
+    two = calibration.apply(parse_devices("2xcpu"))
+    assert two.devices[0].peak("float32") == 0.1e12 and two.devices[0].task_overhead == 5e-6  # over the base
+    assert two.nodes[0].intra_link == LinkSpec("shm", 2e9, 20e-6, 300e-6)
+    four = calibration.apply(parse_devices("4xcpu"))
+    assert four.devices[0].memory_bandwidth == 10e9 and four.nodes[0].intra_link.handoff == 0.0
+    assert calibration.apply(parse_devices("3xcpu")).devices[0].peak("float32") == 0.05e12  # 3: nearest is 4 (tie)
+    assert calibration.apply(parse_devices("16xcpu")).devices[0].peak("float32") == 0.05e12
+    mixed = calibration.apply(parse_devices("2x2xcpu"))  # each node of 2
+    assert {d.peak("float32") for d in mixed.devices} == {0.1e12}
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ('sharing:\n  "1": {devices: {cpu: {fp32_tflops: 1}}}\n', "an int >= 2"),
+    ('sharing:\n  two: {devices: {cpu: {fp32_tflops: 1}}}\n', "an int >= 2"),
+    ('sharing:\n  "2": {constants: {x: {y: 1}}}\n', "unknown key"),
+    ('links:\n  shm: {handoff_us: -1}\n', "handoff"),
+    ('devices:\n  cpu: {task_overhead_us: -1}\n', "task_overhead"),
+])
+def test_sharing_errors_name_the_key(tmp_path, text, message):
+    path = write(tmp_path, text, "calib.yaml")
+    with pytest.raises(UsageError, match=message) as e:
+        load_constants(path)
+    assert "calib.yaml" in str(e.value)

@@ -75,9 +75,11 @@ def test_weight_shards_hold_only_the_rank_s_piece(step):
     assert split
 
 
-def test_no_programs_writes_only_the_plan(step):
+def test_no_programs_writes_the_plan_and_a_stage_level_task_graph(step):
     out = _plan(step, "bare", "--no-programs")
-    assert sorted(p.name for p in out.iterdir()) == ["manifest.json", "model.sharded.onnx", "plan.json"]
+    assert sorted(p.name for p in out.iterdir()) == ["manifest.json", "model.sharded.onnx", "plan.json",
+                                                     "taskgraph.json"]
+    assert load_taskgraph(out / "taskgraph.json").granularity == "stage"
 
 
 def test_microbatch_task_graph_runs_forward_backward_per_microbatch(step):

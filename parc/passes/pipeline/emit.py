@@ -36,8 +36,9 @@ from parc.passes.emit import (
     write_taskgraph,
 )
 from parc.passes.lower import APPLY, MICRO, PASSES, bindings, layout_key, loss_name, lower_rank, rules_of
-from parc.passes.pipeline.plan import PipelinePlan, transfer_routes
+from parc.passes.pipeline.plan import PipelinePlan, stage_link, transfer_routes
 from parc.passes.pipeline.stages import stage_outputs
+from parc.passes.timing import annotate
 
 TAG_LIMIT = 32767  # the largest MPI tag every implementation accepts
 
@@ -60,7 +61,7 @@ def write_pipeline_programs(pp: PipelinePlan, out: Path) -> dict:
         rules = rules_of(graph)
         for local, rank in enumerate(st.ranks):
             p = lower_rank(graph, mesh, local, strategies, specs, micro, rules, sends, received, not_outputs)
-            progs[rank] = (st, p, write_rank_files(p, graph, plandir.rank_dir(out, rank)))
+            progs[rank] = (st, p, write_rank_files(p, graph, plandir.rank_dir(out, rank), pp.cluster.devices[rank]))
     tasks: list[dict] = []
     edges: list[list[str]] = []
     collectives: dict[str, dict] = {}
@@ -90,6 +91,9 @@ def write_pipeline_programs(pp: PipelinePlan, out: Path) -> dict:
            "stages": [{"id": st.index, "ranks": list(st.ranks), "mesh": list(st.plan.best.mesh.shape)}
                       for st in pp.stages],
            "tasks": tasks, "edges": edges, "order": order}
+    stage_of = {rank: st for st in pp.stages for rank in st.ranks}
+    annotate(doc, pp.cluster.devices, lambda t: stage_of[t["group"][0]].plan.best.mesh.links[t["axis"]],
+             lambda a, b: stage_link(pp.cluster, a, b))
     return write_taskgraph(doc, out)
 
 

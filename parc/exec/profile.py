@@ -1,0 +1,321 @@
+"""`parc profile`: measure what the cost model needs on this machine, write a calibration file.
+
+For each count k of ranks sharing this host (1, 2, 4, ... up to `--ranks`), one MPI job of k
+ranks runs the same microbenchmarks on every rank at once, with the engine and the threads per
+rank `parc run` gives a plan of k ranks (`runner.rank_threads`), so each figure is what a rank
+gets while its neighbours work too:
+
+- per node of an onnxruntime module: a chain of tiny Adds gives the launch floor (the slope over
+  the chain's length) and the task overhead (what one `session.run` costs beyond its nodes);
+  chains of large Adds give memory bandwidth (bytes moved over the time above the floor) and
+  chains of MatMuls float32 FLOP/s. Sizes span what a model's local tensors are, and the figure
+  kept is the geometric mean of the sizes' rates, the value that minimises the squared log
+  error of the roofline over them;
+- collectives (k >= 2): all-reduces of 64 B to 4 MiB through parc's communicator, fitted to the
+  ring formula `2(k-1) alpha + 2(k-1)/k B / beta` (least squares on the relative error).
+
+The file (docs/cluster.md, "Calibration") holds the figures of one rank alone under `devices`,
+and those of k ranks per node under `sharing."k"`, which `parc plan --calibration` applies to
+nodes of k devices. The raw timings are written as comments.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+
+BUDGET = 0.6  # default seconds each benchmark runs (per rank, all ranks at once)
+CHAIN = 16  # nodes in a chain of tiny Adds (and 1): the slope is the per-node floor
+POOL_BYTES = 96 << 20  # inputs rotate through this many bytes, more than a CPU's last-level cache
+# memory-bound ops as training graphs have them, on [rows, 256] float32 tensors: plain and
+# broadcast elementwise, a transpose, reductions over the leading axis (bias gradients) and the
+# last one, softmax and layer normalisation
+MEMORY_OPS = ("Add", "MulBroadcast", "Transpose", "ReduceSumFirst", "ReduceMeanLast", "Softmax", "LayerNorm")
+MEMORY_ROWS = (1024, 4096, 16384)  # x 256 columns: 1, 4 and 16 MiB per tensor
+# matmuls as training graphs have them: ([batch...], m, k, n)
+MATMULS = (((), 2048, 256, 768), ((), 2048, 768, 256), ((), 256, 2048, 768), ((8, 4), 64, 64, 64),
+           ((), 4096, 1024, 1024), ((16,), 128, 64, 256))
+ALL_REDUCE_BYTES = (64, 65536, 1 << 20, 4 << 20)
+ARRIVALS, ARRIVAL_STEP, BURST = 12, 1e-3, 6  # rounds per size, seconds between arrivals, all-reduces per round
+
+
+def _model(nodes, inputs: dict[str, tuple], output: str, inits=()):
+    from onnx import TensorProto, helper
+
+    g = helper.make_graph(nodes, "bench", [helper.make_tensor_value_info(n, TensorProto.FLOAT, list(s))
+                                           for n, s in inputs.items()],
+                          [helper.make_tensor_value_info(output, TensorProto.FLOAT, None)], list(inits))
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def _chain(length: int):
+    """`length` tiny Adds in a chain: the launch floor is the slope of its time over length."""
+    from onnx import helper
+
+    nodes, prev = [], "x"
+    for i in range(length):
+        nodes.append(helper.make_node("Add", [prev, "x"], [f"y{i}"]))
+        prev = f"y{i}"
+    return _model(nodes, {"x": (1,)}, prev)
+
+
+def _memory_op(op: str, rows: int, cols: int = 256):
+    """(model, input shapes, bytes read and written) of one memory-bound op on [rows, cols]."""
+    from onnx import helper, numpy_helper
+
+    x = {"x": (rows, cols)}
+    n = rows * cols * 4
+    if op == "Add":
+        return _model([helper.make_node("Add", ["x", "z"], ["y"])], {**x, "z": (rows, cols)}, "y"), 3 * n
+    if op == "MulBroadcast":
+        w = numpy_helper.from_array(np.ones(cols, np.float32), "w")
+        return _model([helper.make_node("Mul", ["x", "w"], ["y"])], x, "y", [w]), 2 * n
+    if op == "Transpose":
+        shape = (rows // 64, 64, 4, cols // 4)
+        return _model([helper.make_node("Transpose", ["x"], ["y"], perm=[0, 2, 1, 3])], {"x": shape}, "y"), 2 * n
+    if op == "ReduceSumFirst":
+        shape = (rows // 64, 64, cols)
+        axes = numpy_helper.from_array(np.array([0, 1], np.int64), "axes")
+        return _model([helper.make_node("ReduceSum", ["x", "axes"], ["y"], keepdims=0)], {"x": shape}, "y",
+                      [axes]), n
+    if op == "ReduceMeanLast":
+        return _model([helper.make_node("ReduceMean", ["x"], ["y"], axes=[-1])], x, "y"), n
+    if op == "Softmax":
+        return _model([helper.make_node("Softmax", ["x"], ["y"], axis=-1)], x, "y"), 2 * n
+    if op == "LayerNorm":
+        w = numpy_helper.from_array(np.ones(cols, np.float32), "w")
+        b = numpy_helper.from_array(np.zeros(cols, np.float32), "b")
+        return _model([helper.make_node("LayerNormalization", ["x", "w", "b"], ["y"], axis=-1)], x, "y",
+                      [w, b]), 2 * n
+    raise ValueError(op)
+
+
+def _matmul(batch: tuple, m: int, k: int, n: int):
+    from onnx import helper
+
+    return _model([helper.make_node("MatMul", ["a", "b"], ["y"])], {"a": (*batch, m, k), "b": (*batch, k, n)}, "y")
+
+
+def _session(model, threads: int):
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = threads
+    opts.inter_op_num_threads = 1
+    opts.log_severity_level = 3
+    return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+
+
+def _seconds(session, feeds: list[dict], budget: float = BUDGET, least: int = 5) -> float:
+    """Mean seconds of one run over about `budget` seconds, the feeds taken in turn (so that
+    inputs come from memory, not from a cache warmed by the run before). The mean, not the
+    median: ranks sharing cores are descheduled for whole time slices, and a short run either
+    escapes that or takes all of it; the mean charges each run its share, as a step sees it."""
+    session.run(None, feeds[0])
+    times: list[float] = []
+    spent = 0.0
+    while len(times) < least or spent < budget:
+        f = feeds[len(times) % len(feeds)]
+        t0 = time.perf_counter()
+        session.run(None, f)
+        dt = time.perf_counter() - t0
+        times.append(dt)
+        spent += dt
+        if len(times) >= 2000:
+            break
+    return statistics.fmean(times)
+
+
+def _feeds(session) -> list[dict]:
+    rng = np.random.default_rng(0)
+    shapes = {i.name: tuple(i.shape) for i in session.get_inputs()}
+    one = sum(int(np.prod(s)) * 4 for s in shapes.values())
+    copies = max(1, min(64, POOL_BYTES // max(one, 1)))
+    return [{n: rng.standard_normal(s).astype(np.float32) for n, s in shapes.items()} for _ in range(copies)]
+
+
+def _geomean(values: list[float]) -> float:
+    return math.exp(sum(math.log(v) for v in values) / len(values))
+
+
+def measure_rank(comm, threads: int, budget: float = BUDGET) -> dict:
+    """This rank's figures (every rank of the job runs it at the same time), each benchmark run
+    for about `budget` seconds."""
+    barrier = comm.barrier if comm.size > 1 else (lambda: None)
+
+    def timed(model) -> float:
+        s = _session(model, threads)
+        feeds = _feeds(s)
+        barrier()  # every rank measures at once
+        return _seconds(s, feeds, budget)
+
+    one, many = timed(_chain(1)), timed(_chain(CHAIN))
+    floor = max((many - one) / (CHAIN - 1), 1e-9)
+    overhead = max(one - floor, 0.0)
+    rows = {"launch_floor_s": floor, "task_overhead_s": overhead, "memory": [], "matmul": []}
+    for op in MEMORY_OPS:
+        for r in MEMORY_ROWS:
+            model, nbytes = _memory_op(op, r)
+            t = timed(model) - overhead
+            rows["memory"].append({"op": op, "bytes": nbytes, "s": t, "bytes_per_s": nbytes / max(t - floor, 1e-9)})
+    for batch, m, k, n in MATMULS:
+        t = timed(_matmul(batch, m, k, n)) - overhead
+        flops = 2 * int(np.prod(batch, dtype=np.int64)) * m * k * n
+        rows["matmul"].append({"shape": [*batch, m, k, n], "s": t, "flops_per_s": flops / max(t - floor, 1e-9)})
+    if comm.size > 1:
+        rows["all_reduce"] = _all_reduces(comm, threads)
+    return rows
+
+
+def _all_reduces(comm, threads: int) -> list[dict]:
+    """Seconds of all-reduces over the whole job and over pairs of ranks, as the last member to
+    arrive sees them: the first after compute (an onnxruntime matmul, the members arriving 1 ms
+    apart, as in a step), then a burst of them back to back (as a step's gradients are). On a
+    host whose ranks outnumber its cores the first is mostly the wait for a core (the link's
+    handoff). Every rank gets the rows (from the last rank)."""
+    busy = _session(_matmul((), 128, 128, 128), threads)
+    feed = _feeds(busy)[0]
+
+    def compute(seconds: float) -> None:
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < seconds:
+            busy.run(None, feed)
+
+    r, k = comm.rank, comm.size
+    groups = [comm] + ([comm.for_ranks((r - r % 2, r - r % 2 + 1))] if k > 2 else [])
+    rows = []
+    for group in groups:
+        for nbytes in ALL_REDUCE_BYTES:
+            x = np.ones(nbytes // 4, np.float32)
+            first, burst = [], []
+            for _ in range(ARRIVALS):
+                comm.barrier()
+                compute(ARRIVAL_STEP * (group.rank + 1))
+                for i in range(BURST):
+                    t0 = time.perf_counter()
+                    group.all_reduce(x)
+                    (burst if i else first).append(time.perf_counter() - t0)
+            rows.append({"n": group.size, "bytes": nbytes, "first_s": statistics.fmean(first),
+                         "s": statistics.fmean(burst)})
+    return comm.comm.bcast(rows, root=k - 1)
+
+
+def fit(rows: dict, k: int) -> dict:
+    """Calibration fields (SI) from one rank's measured rows."""
+    out = {"peak_float32": _geomean([r["flops_per_s"] for r in rows["matmul"]]),
+           "memory_bandwidth": _geomean([r["bytes_per_s"] for r in rows["memory"]]),
+           "launch_floor": rows["launch_floor_s"], "task_overhead": rows["task_overhead_s"]}
+    if k > 1 and rows.get("all_reduce"):
+        # in a burst, t = a * steps + b * volume, with steps = 2(n-1) and volume = 2(n-1)/n B
+        # (least squares weighted by 1/t); the first after compute costs the handoff more
+        measured = rows["all_reduce"]
+        a_col = np.array([2 * (r["n"] - 1) / r["s"] for r in measured])
+        b_col = np.array([2 * (r["n"] - 1) / r["n"] * r["bytes"] / r["s"] for r in measured])
+        (alpha, inv_beta), *_ = np.linalg.lstsq(np.stack([a_col, b_col], 1), np.ones(len(a_col)), rcond=None)
+        out["latency"] = max(float(alpha), 1e-7)
+        out["bandwidth"] = 1.0 / max(float(inv_beta), 1e-12)
+        out["handoff"] = max(0.0, statistics.fmean(r["first_s"] - r["s"] for r in measured))
+    return out
+
+
+def worker(out: str, budget: float) -> None:
+    """One rank of a profiling job (run under mpiexec by `profile`): rank 0 writes the rows."""
+    from parc.exec.comm import MpiComm
+    from parc.exec.runner import rank_threads
+
+    comm = MpiComm(timeout=600.0)
+    rows = measure_rank(comm, rank_threads(comm.size), budget)
+    if comm.rank == 0:
+        Path(out).write_text(json.dumps(rows))
+
+
+def profile(output: Path, max_ranks: int, budget: float = BUDGET, device: str = "cpu", link: str = "shm",
+            echo=print) -> dict[int, dict]:
+    """Measure with 1, 2, 4, ... ranks (up to `max_ranks`) and write the calibration file."""
+    import tempfile
+
+    from parc.exec.launch import launch
+    from parc.exec.runner import RunError, rank_threads
+
+    counts = [1]
+    while counts[-1] * 2 <= max_ranks:
+        counts.append(counts[-1] * 2)
+    if max_ranks not in counts:
+        counts.append(max_ranks)
+    measured: dict[int, dict] = {}
+    with tempfile.TemporaryDirectory(prefix="parc-profile-") as tmp:
+        for k in counts:
+            path = Path(tmp) / f"rows.{k}.json"
+            echo(f"measuring {k} rank{'s' if k > 1 else ''} ({rank_threads(k)} thread{'s' if rank_threads(k) > 1 else ''} "
+                 f"each) ...")
+            if k == 1:
+                measured[k] = measure_rank(_Solo(), rank_threads(1), budget)
+            else:
+                rc = launch(k, ["profile", "--worker", str(path), "--seconds", str(budget)])
+                if rc:
+                    raise RunError(f"the profiling job of {k} ranks failed (exit {rc})")
+                measured[k] = json.loads(path.read_text())
+    write_calibration(output, {k: fit(rows, k) for k, rows in measured.items()}, measured, device, link)
+    return measured
+
+
+class _Solo:
+    """The communicator of a one-rank measurement (nothing to wait for)."""
+
+    size, rank = 1, 0
+
+    def barrier(self) -> None:
+        pass
+
+
+def _device_yaml(f: dict) -> dict:
+    return {"fp32_tflops": f["peak_float32"] / 1e12, "bandwidth_gbs": f["memory_bandwidth"] / 1e9,
+            "launch_floor_us": f["launch_floor"] * 1e6, "task_overhead_us": f["task_overhead"] * 1e6,
+            "compute_efficiency": 1.0, "memory_efficiency": 1.0}
+
+
+def _link_yaml(f: dict) -> dict:
+    return {"latency_us": f["latency"] * 1e6, "bandwidth_gbs": f["bandwidth"] / 1e9, "handoff_us": f["handoff"] * 1e6}
+
+
+def write_calibration(output: Path, fitted: dict[int, dict], measured: dict[int, dict], device: str,
+                      link: str) -> None:
+    """The calibration YAML (`parc.cluster.clusterfile` reads it), atomically."""
+    import onnxruntime
+    import yaml
+
+    body: dict = {"devices": {device: _device_yaml(fitted[1])}}
+    pair = min((k for k in fitted if k > 1 and "latency" in fitted[k]), default=None)
+    if pair is not None:
+        body["links"] = {link: _link_yaml(fitted[pair])}
+    sharing = {}
+    for k, f in sorted(fitted.items()):
+        if k > 1:
+            sharing[str(k)] = {"devices": {device: _device_yaml(f)},
+                               **({"links": {link: _link_yaml(f)}} if "latency" in f else {})}
+    if sharing:
+        body["sharing"] = sharing
+    head = [f"# parc profile: {platform.node()}, {os.cpu_count()} CPUs ({platform.processor() or platform.machine()}), "
+            f"onnxruntime {onnxruntime.__version__}, {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}",
+            "# figures of one rank alone (devices, links) and per rank when k ranks share this host (sharing)",
+            "# measured (seconds per node; all-reduce seconds per call):"]
+    for k, rows in sorted(measured.items()):
+        mem = ", ".join(f"{r['op']} {r['bytes'] >> 20} MiB: {r['s']:.3g}" for r in rows["memory"])
+        mm = ", ".join(f"{'x'.join(map(str, r['shape']))}: {r['s']:.3g}" for r in rows["matmul"])
+        head.append(f"#  {k} rank(s): floor {rows['launch_floor_s']:.3g}, run overhead {rows['task_overhead_s']:.3g}")
+        head.append(f"#    memory-bound {mem}")
+        head.append(f"#    MatMul {mm}")
+        if "all_reduce" in rows:
+            head.append("#    all_reduce (first after compute / in a burst) " + ", ".join(
+                f"{r['n']} ranks {r['bytes']} B: {r['first_s']:.3g} / {r['s']:.3g}" for r in rows["all_reduce"]))
+    text = "\n".join(head) + "\n" + yaml.safe_dump(body, sort_keys=False)
+    tmp = output.with_name(output.name + ".tmp")
+    tmp.write_text(text)
+    tmp.replace(output)

@@ -1,0 +1,265 @@
+"""The step simulator: a discrete-event replay of taskgraph.json (`parc simulate`).
+
+It runs every rank's static order the way the executor (`parc.exec.runner`) does, with each
+task's `time_s` from `parc plan` (`parc.passes.timing`):
+
+- a rank runs its tasks one at a time, in its order: compute, collectives and receives block it;
+- a collective starts when every member has reached it, and ends for all of them together;
+  the first communication after compute also pays its link's handoff (`handoff_s`: on a host
+  whose ranks outnumber its cores, the wait until every member runs again);
+- a send is posted and the rank goes on; its message moves once the receiver has posted the
+  matching recv (rendezvous, as MPI does for large messages) and the recv ends when it has
+  arrived; a rank's step ends when its last task has and its sends have completed (the executor
+  waits for them at the end of the step);
+- sources and sinks take no time.
+
+So communication overlaps compute only where the task graph lets it: a send's transfer runs while
+its sender computes (hidden); a collective or a recv holds its rank (exposed).
+
+It reports the step time (the last rank's end), per rank busy (compute, communication), the time
+each rank waits (for a peer, a message or the end of the step: the bubble), communication exposed
+and hidden, the critical path (the chain of tasks that ends last, back to the start), and per
+rank peak memory when the plan has its programs (`peak_bytes`: the resident state plus the values
+alive, freed after their last reader as the executor frees them).
+
+Plans written with `--no-programs` have a stage-level task graph (`granularity: stage`, from
+`parc.passes.timing.stage_taskgraph`): one simulated rank per stage stands for the stage's ranks,
+which run the same program; the report expands it back to every rank.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict, deque
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from parc.errors import PlanFormatError
+from parc.exec.taskgraph import TaskGraph
+
+COMPUTE, COMM, WAIT = "compute", "comm", "wait"
+TIMELINE_RANKS = 16  # ranks whose timeline `to_json` keeps (the first of each stage first)
+
+
+@dataclass
+class RankStats:
+    rank: int
+    end_s: float = 0.0
+    compute_s: float = 0.0
+    comm_s: float = 0.0  # collectives and receives: the rank is held (exposed)
+    hidden_s: float = 0.0  # its sends' transfers, while it went on
+    peak_bytes: int | None = None
+
+    @property
+    def busy_s(self) -> float:
+        return self.compute_s + self.comm_s
+
+
+@dataclass
+class Simulation:
+    step_time_s: float
+    ranks: list[RankStats]
+    spans: dict[int, list[tuple[float, float, str, str]]]  # rank -> (start, end, kind, task id)
+    critical_path: list[str]
+    stage_of: dict[int, int] = field(default_factory=dict)
+    represents: dict[int, list[int]] = field(default_factory=dict)  # simulated rank -> real ranks
+
+    @property
+    def wait_s(self) -> list[float]:
+        return [self.step_time_s - r.busy_s for r in self.ranks]
+
+    @property
+    def bubble_s(self) -> float:
+        """The mean time a rank is not busy within the step."""
+        return sum(self.wait_s) / len(self.ranks)
+
+    @property
+    def exposed_comm_s(self) -> float:
+        return max(r.comm_s for r in self.ranks)
+
+    @property
+    def hidden_comm_s(self) -> float:
+        return max(r.hidden_s for r in self.ranks)
+
+    def to_json(self, timeline_ranks: int = TIMELINE_RANKS) -> dict[str, Any]:
+        """Stable keys (docs/simulate.md). Per-rank figures of every real rank; the timeline of at
+        most `timeline_ranks` simulated ranks."""
+        rows = []
+        for r in self.ranks:
+            for real in self.represents.get(r.rank, [r.rank]):
+                rows.append({"rank": real, "stage": self.stage_of.get(r.rank, 0), "busy_s": r.busy_s,
+                             "compute_s": r.compute_s, "comm_s": r.comm_s, "hidden_comm_s": r.hidden_s,
+                             "wait_s": self.step_time_s - r.busy_s, "end_s": r.end_s, "peak_bytes": r.peak_bytes})
+        rows.sort(key=lambda row: row["rank"])
+        shown = sorted(self.spans, key=lambda r: (r not in _stage_leads(self.stage_of), r))[:timeline_ranks]
+        timeline = {str(self.represents.get(r, [r])[0]): [[a, b, kind, label] for a, b, kind, label in self.spans[r]]
+                    for r in sorted(shown)}
+        return {"step_time_s": self.step_time_s, "bubble_s": self.bubble_s,
+                "exposed_comm_s": self.exposed_comm_s, "hidden_comm_s": self.hidden_comm_s,
+                "ranks": rows, "timeline": timeline, "critical_path": self.critical_path,
+                "granularity": "stage" if self.represents else "task"}
+
+
+def _stage_leads(stage_of: Mapping[int, int]) -> set[int]:
+    first: dict[int, int] = {}
+    for r, s in sorted(stage_of.items()):
+        first.setdefault(s, r)
+    return set(first.values())
+
+
+def _key(src: int, dst: int, t: Mapping) -> tuple:
+    return (src, dst, t["tensor"], t.get("micro_batch"))
+
+
+def simulate(graph: TaskGraph, residents: Mapping[int, int] | None = None, keep_spans: bool = True) -> Simulation:
+    """Replay one step of `graph` (see the module docstring). `residents[r]`: rank r's resident
+    bytes (its state), which turns on the memory count; `keep_spans`: record every task's span."""
+    tasks = graph.tasks
+    for tid, t in tasks.items():
+        if "time_s" not in t:
+            raise PlanFormatError(f"taskgraph.json: task {tid!r} has no time_s (a plan from an older parc: "
+                                  "plan it again with this parc)")
+    ranks = sorted(graph.order)
+    orders = {r: graph.order[r] for r in ranks}
+    pos = dict.fromkeys(ranks, 0)
+    clock = dict.fromkeys(ranks, 0.0)
+    stats = {r: RankStats(r) for r in ranks}
+    spans: dict[int, list] = {r: [] for r in ranks}
+    cause: dict[str, str | None] = {}  # task (per rank for collectives: id@rank) -> the task that let it start
+    last: dict[int, str | None] = dict.fromkeys(ranks, None)  # each rank's last finished task
+    arrived: dict[str, list[tuple[int, float]]] = defaultdict(list)
+    posted: dict[tuple, tuple[float, str | None]] = {}  # send key -> (post time, what preceded it)
+    waiting: dict[tuple, int] = {}  # send key -> the rank blocked on its recv
+    send_done: dict[int, list[tuple[float, str]]] = defaultdict(list)
+    ready = deque(ranks)
+
+    def span(r: int, a: float, b: float, kind: str, label: str) -> None:
+        if keep_spans and b > a:
+            spans[r].append((a, b, kind, label))
+
+    def from_compute(r: int) -> bool:
+        """Whether rank r comes to its current task from compute (not from communication)."""
+        p = pos[r] - 1
+        while p >= 0 and tasks[orders[r][p]]["kind"] in ("source", "sink", "send"):
+            p -= 1
+        return p < 0 or tasks[orders[r][p]]["kind"] == "compute"
+
+    def finish_recv(r: int, t: Mapping, tid: str) -> None:
+        key = _key(t["peer"], r, t)
+        sent_at, sent_cause = posted[key]
+        begin = max(sent_at, clock[r])
+        end = begin + t["time_s"] + (t.get("handoff_s", 0.0) if from_compute(r) else 0.0)
+        span(r, clock[r], begin, WAIT, tid)
+        span(r, begin, end, COMM, tid)
+        stats[r].comm_s += t["time_s"]
+        stats[t["peer"]].hidden_s += t["time_s"]
+        send_done[t["peer"]].append((end, f"{tid}<-send"))
+        cause[tid] = sent_cause if sent_at >= clock[r] else last[r]
+        clock[r] = end
+        last[r] = tid
+        pos[r] += 1
+
+    while ready:
+        r = ready.popleft()
+        order = orders[r]
+        while pos[r] < len(order):
+            tid = order[pos[r]]
+            t = tasks[tid]
+            kind = t["kind"]
+            if kind == "collective":
+                members = t["group"]
+                if len(members) == 1:
+                    arrivals = [(r, clock[r])]
+                else:
+                    arrivals = arrived[tid]
+                    if all(m != r for m, _ in arrivals):
+                        arrivals.append((r, clock[r]))
+                    if len(arrivals) < len(members):
+                        break  # wait for the others; the last to arrive completes it for all
+                    del arrived[tid]
+                start = max(at for _, at in arrivals)
+                handoff = any(from_compute(m) for m, _ in arrivals)
+                end = start + t["time_s"] + (t.get("handoff_s", 0.0) if handoff else 0.0)
+                latest = max(arrivals, key=lambda x: x[1])[0]
+                for m, at in arrivals:
+                    span(m, at, start, WAIT, tid)
+                    span(m, start, end, COMM, tid)
+                    stats[m].comm_s += t["time_s"]
+                    cause[f"{tid}@{m}"] = f"{last[latest]}" if last[latest] is not None else None
+                    clock[m] = end
+                    last[m] = f"{tid}@{m}"
+                    pos[m] += 1
+                    if m != r:
+                        ready.append(m)
+                continue
+            if kind == "recv":
+                key = _key(t["peer"], r, t)
+                if key not in posted:
+                    waiting[key] = r
+                    break
+                finish_recv(r, t, tid)
+                continue
+            if kind == "send":
+                key = _key(r, t["peer"], t)
+                posted[key] = (clock[r], last[r])
+                cause[tid] = last[r]
+                pos[r] += 1
+                if key in waiting:
+                    peer = waiting.pop(key)
+                    rt_id = orders[peer][pos[peer]]
+                    finish_recv(peer, tasks[rt_id], rt_id)
+                    ready.append(peer)
+                continue
+            d = t["time_s"]
+            if kind == "compute":
+                span(r, clock[r], clock[r] + d, COMPUTE, tid)
+                stats[r].compute_s += d
+            cause[tid] = last[r]
+            clock[r] += d
+            last[r] = tid
+            pos[r] += 1
+    stuck = [r for r in ranks if pos[r] < len(orders[r])]
+    if stuck:
+        r = stuck[0]
+        raise PlanFormatError(f"taskgraph.json: rank {r} never gets past task {orders[r][pos[r]]!r} (the orders deadlock)")
+    ends: dict[int, tuple[float, str | None]] = {}
+    for r in ranks:
+        end, what = clock[r], last[r]
+        for at, label in send_done.get(r, []):
+            if at > end:
+                end, what = at, label
+        span(r, clock[r], end, WAIT, "sends")
+        stats[r].end_s = end
+        ends[r] = (end, what)
+    step = max(end for end, _ in ends.values())
+    for r in ranks:
+        span(r, ends[r][0], step, WAIT, "end of step")
+    path: list[str] = []
+    node = max(ends.values(), key=lambda e: e[0])[1]
+    while node is not None and len(path) < 1_000_000:
+        path.append(node)
+        node = cause.get(node.removesuffix("<-send"))
+    path.reverse()
+    return Simulation(step, [stats[r] for r in ranks], spans, [p.split("@")[0] for p in path])
+
+
+def simulate_plan(plan_dir, keep_spans: bool = True) -> Simulation:
+    """Simulate the task graph of a plan directory (see the module docstring)."""
+    from pathlib import Path
+
+    from parc.exec.taskgraph import load_taskgraph
+    from parc.plandir import TASKGRAPH_FILE, plan_path
+
+    plan_path(plan_dir)  # a missing or wrong directory says so first
+    path = Path(plan_dir) / TASKGRAPH_FILE
+    if not path.is_file():
+        raise PlanFormatError(f"{plan_dir}: no {TASKGRAPH_FILE} (a plan from an older parc: plan it again)")
+    return simulate_graph(load_taskgraph(path), keep_spans)
+
+
+def simulate_graph(graph: TaskGraph, keep_spans: bool = True) -> Simulation:
+    """`simulate`, with the stages and (a stage-level graph) the devices each rank stands for."""
+    sim = simulate(graph, keep_spans=keep_spans)
+    sim.stage_of = {r: s["id"] for s in graph.stages for r in s["ranks"]}
+    sim.represents = graph.represents()
+    return sim

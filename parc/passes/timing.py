@@ -1,0 +1,188 @@
+"""Task times: what each task of a task graph costs, from the cost model (DESIGN: task times).
+
+`parc plan` writes `time_s` on every compute, collective, send and recv task of taskgraph.json,
+so that the step simulator (`parc.exec.stepsim`) needs nothing but the plan directory:
+
+- a compute task: the roofline (`parc.cluster.cost.compute_time`) of every node of its ONNX
+  module on its local shapes, on its rank's device, plus the device's `task_overhead` (what the
+  executor spends per task: calibrated by `parc profile`). Modules of the same content (the
+  ranks of an even mesh) are priced once.
+- a collective: the ring formula of its step (`ring_time`) on its mesh axis's link, with a whole
+  collective's latency: the executor runs collectives one by one, not in fused buckets;
+- a send and its recv: one message of the received shard's bytes on the link between the two
+  ranks (the pipeline planner's `p2p_link`);
+- a collective or recv on a link with a `handoff` carries it as `handoff_s`: what the first
+  communication after compute costs more (the simulator charges it there).
+
+A compute task also gets `out_bytes`: the bytes of each value it hands on (the module's
+outputs), which the simulator needs for memory.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Mapping, Sequence
+
+import numpy as np
+import onnx
+from onnx import helper
+
+from parc.cluster.cost import compute_time, ring_time, send_recv_time
+from parc.cluster.devices import DeviceSpec
+from parc.cluster.links import LinkSpec
+from parc.sharding.reshard import LOCAL_KINDS, Collective
+
+_MODULE_SECONDS: dict[tuple[str, str], float] = {}  # (module digest, device) -> seconds
+
+
+def _digest(model: onnx.ModelProto) -> str:
+    """The module's content without its name (ranks of an even mesh differ only in the name)."""
+    g = onnx.GraphProto()
+    g.CopyFrom(model.graph)
+    g.name = ""
+    return hashlib.sha256(g.SerializeToString(deterministic=True)).hexdigest()
+
+
+def module_seconds(model: onnx.ModelProto, device: DeviceSpec, info: Mapping[str, tuple[int, tuple]]) -> float:
+    """Roofline seconds of every node of an ONNX module on `device`; `info`: each value's (ONNX
+    type, local shape), as the lowering knows them (a module's slices of microbatches have
+    shapes that depend on data, which shape inference cannot see)."""
+    key = (_digest(model), repr(device))
+    if key not in _MODULE_SECONDS:
+        from parc.ir.dtypes import DType
+        from parc.ir.graph import Node, Value
+        from parc.ops.base import node_work
+
+        shapes = dict(info)
+        for init in model.graph.initializer:
+            shapes[init.name] = (init.data_type, tuple(init.dims))
+        values: dict[str, Value] = {}
+
+        def value(name: str) -> Value | None:
+            if not name:
+                return None
+            if name not in values:
+                dtype, shape = shapes.get(name, (None, None))
+                values[name] = Value(name, DType.from_numpy(helper.tensor_dtype_to_np_dtype(dtype))
+                                     if dtype else None, tuple(shape) if shape is not None else None)
+            return values[name]
+
+        total = 0.0
+        for proto in model.graph.node:
+            node = Node(proto.op_type, [value(i) for i in proto.input], [value(o) for o in proto.output],
+                        {a.name: a for a in proto.attribute}, proto.name, proto.domain)
+            try:
+                flops, nbytes, dtype = node_work(node)
+            except (AssertionError, TypeError, ValueError, KeyError, IndexError):  # a shape it cannot see
+                flops, nbytes, dtype = 0.0, 0.0, "float32"
+            total += compute_time(flops, nbytes, device, dtype)
+        _MODULE_SECONDS[key] = total
+    return _MODULE_SECONDS[key]
+
+
+def output_bytes(model: onnx.ModelProto) -> dict[str, int]:
+    """Bytes of each output of a module (its declared shape and type)."""
+    out = {}
+    for vi in model.graph.output:
+        t = vi.type.tensor_type
+        dims = [d.dim_value for d in t.shape.dim]
+        out[vi.name] = int(np.prod(dims, dtype=np.int64)) * helper.tensor_dtype_to_np_dtype(t.elem_type).itemsize
+    return out
+
+
+def _itemsize(onnx_type: int) -> int:
+    return helper.tensor_dtype_to_np_dtype(onnx_type).itemsize
+
+
+def collective_seconds(step: Mapping, link: LinkSpec, device: DeviceSpec) -> float:
+    """One collective task's seconds: its ring time, or a local slice's memory traffic."""
+    c = Collective.from_json(dict(step))
+    if c.kind in LOCAL_KINDS:
+        return compute_time(0.0, c.bytes_per_device, device)
+    return ring_time(c.kind, link, c.n, c.bytes_per_device)
+
+
+def module_times(models: Mapping[str, onnx.ModelProto], device: DeviceSpec,
+                 info: Mapping[str, tuple[int, tuple]]) -> dict[str, dict]:
+    """Per module name: its `time_s` on `device` (its nodes and the executor's task overhead) and
+    its outputs' bytes (`out_bytes`, by name)."""
+    return {name: {"time_s": module_seconds(model, device, info) + device.task_overhead,
+                   "out_bytes": output_bytes(model)}
+            for name, model in models.items()}
+
+
+def annotate(doc: dict, devices: Sequence[DeviceSpec], axis_link: Callable[[dict], LinkSpec],
+             p2p_link: Callable[[int, int], LinkSpec]) -> dict:
+    """Write `time_s` on every communication, source and sink task of task graph `doc` (compute
+    tasks have theirs from `module_times`).
+
+    `devices[r]`: rank r's device; `axis_link(collective task)`: the link of its mesh axis;
+    `p2p_link(src, dst)`: the link a message from rank src to rank dst takes."""
+    recv_bytes: dict[tuple[int, int, str, object], int] = {}
+    for t in doc["tasks"]:
+        if t["kind"] == "recv":
+            n = int(np.prod(t["shape"], dtype=np.int64)) * _itemsize(t["dtype"])
+            recv_bytes[t["peer"], t["rank"], t["tensor"], t.get("micro_batch")] = n
+    for t in doc["tasks"]:
+        kind = t["kind"]
+        if kind == "compute":
+            assert "time_s" in t, t["id"]
+        elif kind == "collective":
+            link = axis_link(t)
+            t["time_s"] = collective_seconds(t["step"], link, devices[t["group"][0]])
+            if link.handoff and len(t["group"]) > 1:
+                t["handoff_s"] = link.handoff
+        elif kind in ("send", "recv"):
+            src, dst = (t["rank"], t["peer"]) if kind == "send" else (t["peer"], t["rank"])
+            nbytes = recv_bytes.get((src, dst, t["tensor"], t.get("micro_batch")), 0)
+            link = p2p_link(src, dst)
+            t["bytes"] = nbytes
+            t["time_s"] = send_recv_time(link, 2, nbytes)
+            if kind == "recv" and link.handoff:
+                t["handoff_s"] = link.handoff
+        else:
+            t["time_s"] = 0.0
+    return doc
+
+
+def stage_taskgraph(result) -> dict:
+    """The stage-level task graph of a plan written without programs (`--no-programs`): one
+    simulated rank per stage standing for its devices (they run the same program), 1F1B over the
+    microbatches (`pipeline_taskgraph`) with the planner's figures per stage: a microbatch's
+    forward and backward (split as the stage search's costs split them), the optimizer, and the
+    stage's sends per microbatch, half with the activations and half with their gradients. A
+    one-mesh plan is one stage: its compute, then its communication as one collective."""
+    from parc.exec.taskgraph import FORMAT, STAGE, pipeline_taskgraph
+    from parc.passes.pipeline.plan import PipelinePlan
+
+    if not isinstance(result, PipelinePlan):
+        best = result.best
+        devices = [int(d) for d in best.mesh.devices]
+        compute = float(np.sum(best.compute_s))
+        return {"format": FORMAT, "ranks": 1, "micro_batches": 1, "granularity": STAGE,
+                "stages": [{"id": 0, "ranks": [0], "devices": devices, "mesh": list(best.mesh.shape)}],
+                "tasks": [{"id": "step", "kind": "compute", "rank": 0, "module": "", "time_s": compute},
+                          {"id": "communication", "kind": "collective", "group": [0], "op": "all_reduce",
+                           "tensor": "", "time_s": float(best.comm_s)}],
+                "edges": [["step", "communication"]], "order": {"0": ["step", "communication"]}}
+    count, m = len(result.stages), result.micro_batches
+    doc = pipeline_taskgraph(count, m)
+    a = result.assignment
+    for t in doc["tasks"]:
+        st = result.stages[t["rank"]]
+        fwd, bwd = float(a.fwd_cost[st.index]), float(a.bwd_cost[st.index])
+        share = fwd / (fwd + bwd) if fwd + bwd > 0 else 0.5
+        if t["kind"] == "compute":
+            t["time_s"] = {"forward": share * st.per_micro_s, "backward": (1 - share) * st.per_micro_s,
+                           "apply": st.apply_s}[t["phase"]]
+        elif t["kind"] == "send":
+            t["time_s"] = st.send_s / 2
+        else:
+            t["time_s"] = 0.0
+    for t in doc["tasks"]:  # a recv takes its send's time
+        if t["kind"] == "recv":
+            t["time_s"] = result.stages[t["peer"]].send_s / 2
+    doc["granularity"] = STAGE
+    doc["stages"] = [{"id": st.index, "ranks": [st.index], "devices": list(st.ranks),
+                      "mesh": list(st.plan.best.mesh.shape)} for st in result.stages]
+    return doc

@@ -1,0 +1,75 @@
+"""`parc profile`: the fit of its measurements, the calibration file it writes (which `parc plan
+--calibration` reads back), and a short real run over 1 and 2 ranks."""
+
+from __future__ import annotations
+
+import pytest
+
+from parc.cluster import load_constants, parse_devices
+from parc.exec import profile as prof
+from tests.exec.test_run_verify import MPIEXEC
+from tests.helpers import assert_one_line_error, parc
+
+
+def _rows(alpha: float, beta: float, handoff: float, k: int) -> dict:
+    """Rows a machine with these figures would measure (the ring formula exactly)."""
+    reduces = []
+    for n in sorted({k, 2}):
+        for b in prof.ALL_REDUCE_BYTES:
+            t = 2 * (n - 1) * alpha + 2 * (n - 1) / n * b / beta
+            reduces.append({"n": n, "bytes": b, "s": t, "first_s": t + handoff})
+    return {"launch_floor_s": 1e-6, "task_overhead_s": 4e-6,
+            "memory": [{"op": "Add", "bytes": 1 << 20, "s": 1e-4, "bytes_per_s": 10e9},
+                       {"op": "Softmax", "bytes": 1 << 20, "s": 1e-4, "bytes_per_s": 40e9}],
+            "matmul": [{"shape": [8, 8, 8], "s": 1e-3, "flops_per_s": 1e11}],
+            "all_reduce": reduces}
+
+
+def test_fit_recovers_the_figures_of_the_formula():
+    f = prof.fit(_rows(20e-6, 3e9, 5e-4, 4), 4)
+    assert f["latency"] == pytest.approx(20e-6, rel=1e-6) and f["bandwidth"] == pytest.approx(3e9, rel=1e-6)
+    assert f["handoff"] == pytest.approx(5e-4)
+    assert f["memory_bandwidth"] == pytest.approx(20e9)  # geometric mean of 10 and 40
+    assert (f["peak_float32"], f["launch_floor"], f["task_overhead"]) == pytest.approx((1e11, 1e-6, 4e-6))
+
+
+def test_the_file_written_is_the_calibration_plan_reads(tmp_path):
+    measured = {1: _rows(0, 1, 0, 1), 2: _rows(20e-6, 3e9, 5e-4, 2), 4: _rows(40e-6, 1e9, 1e-3, 4)}
+    del measured[1]["all_reduce"]
+    fitted = {k: prof.fit(rows, k) for k, rows in measured.items()}
+    out = tmp_path / "calib.yaml"
+    prof.write_calibration(out, fitted, measured, "cpu", "shm")
+    assert out.read_text().startswith("# parc profile: ")
+    calibration = load_constants(out)
+    one = calibration.apply(parse_devices("1xcpu")).devices[0]
+    assert one.peak("float32") == pytest.approx(1e11) and one.task_overhead == pytest.approx(4e-6)
+    four = calibration.apply(parse_devices("4xcpu"))
+    link = four.nodes[0].intra_link
+    assert (link.latency, link.bandwidth, link.handoff) == pytest.approx((40e-6, 1e9, 1e-3))
+    two = calibration.apply(parse_devices("2xcpu")).nodes[0].intra_link
+    assert two.handoff == pytest.approx(5e-4)
+
+
+def test_a_rank_alone_measures_every_class_of_op():
+    rows = prof.measure_rank(prof._Solo(), 1, budget=0.005)
+    assert rows["launch_floor_s"] > 0 and rows["task_overhead_s"] >= 0
+    assert {r["op"] for r in rows["memory"]} == set(prof.MEMORY_OPS)
+    assert len(rows["matmul"]) == len(prof.MATMULS) and all(r["flops_per_s"] > 0 for r in rows["matmul"])
+    assert "all_reduce" not in rows
+
+
+@pytest.mark.skipif(MPIEXEC is None, reason="no mpiexec (install the mpich wheel)")
+def test_profile_over_two_ranks_writes_a_calibration_plan_accepts(tmp_path):
+    out = tmp_path / "calib.yaml"
+    res = parc("profile", "-o", str(out), "--ranks", "2", "--seconds", "0.01", timeout=300)
+    assert res.returncode == 0, res.stderr
+    calibration = load_constants(out)
+    assert [n for n, _ in calibration.sharing] == [2]
+    assert calibration.apply(parse_devices("2xcpu")).nodes[0].intra_link.name == "shm"
+
+
+def test_bad_profile_flags_are_one_line_errors(tmp_path):
+    assert_one_line_error(parc("profile"), "-o FILE")
+    assert_one_line_error(parc("profile", "-o", str(tmp_path)), "is a directory")
+    assert_one_line_error(parc("profile", "-o", str(tmp_path / "c.yaml"), "--seconds", "0"), "--seconds")
+    assert_one_line_error(parc("profile", "-o", str(tmp_path / "c.yaml"), "--ranks", "0"), "--ranks")

@@ -1,0 +1,162 @@
+"""The step simulator (`parc.exec.stepsim`): its rules on small task graphs, against the 1F1B
+formula, and on real plans (`parc plan` writes the task times, `parc simulate` replays them)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from parc.errors import PlanFormatError
+from parc.exec.stepsim import simulate, simulate_graph
+from parc.exec.taskgraph import FORMAT, check_taskgraph, pipeline_taskgraph
+from parc.passes.pipeline.plan import one_f_one_b_time
+
+
+def _graph(tasks: list[dict], order: dict[int, list[str]], edges=()) -> object:
+    ranks = 1 + max(order)
+    return check_taskgraph({"format": FORMAT, "ranks": ranks, "micro_batches": 1, "tasks": tasks,
+                            "edges": [list(e) for e in edges], "order": {str(r): ids for r, ids in order.items()}})
+
+
+def _compute(tid: str, rank: int, seconds: float) -> dict:
+    return {"id": tid, "kind": "compute", "rank": rank, "module": "", "time_s": seconds}
+
+
+def _all_reduce(tid: str, group: list[int], seconds: float, **extra) -> dict:
+    return {"id": tid, "kind": "collective", "group": group, "op": "all_reduce", "tensor": "g",
+            "time_s": seconds, **extra}
+
+
+def test_a_collective_starts_when_its_last_member_arrives():
+    g = _graph([_compute("a0", 0, 1.0), _compute("a1", 1, 3.0), _all_reduce("c", [0, 1], 0.5)],
+               {0: ["a0", "c"], 1: ["a1", "c"]})
+    sim = simulate(g)
+    assert sim.step_time_s == pytest.approx(3.5)
+    assert [r.compute_s for r in sim.ranks] == [1.0, 3.0]
+    assert [r.comm_s for r in sim.ranks] == [0.5, 0.5]
+    assert sim.wait_s == pytest.approx([2.0, 0.0])  # rank 0 waited for rank 1
+    assert sim.critical_path == ["a1", "c"]
+    assert ("wait" in {kind for _, _, kind, _ in sim.spans[0]}) and sim.spans[0][-1][1] == pytest.approx(3.5)
+
+
+def test_a_send_overlaps_its_senders_compute_and_a_recv_waits_for_it():
+    tasks = [_compute("f", 0, 1.0), {"id": "s", "kind": "send", "rank": 0, "peer": 1, "tensor": "x", "time_s": 0.0},
+             _compute("more", 0, 2.0),
+             {"id": "r", "kind": "recv", "rank": 1, "peer": 0, "tensor": "x", "time_s": 0.5}, _compute("g", 1, 1.0)]
+    sim = simulate(_graph(tasks, {0: ["f", "s", "more"], 1: ["r", "g"]}, [("f", "s"), ("s", "r"), ("r", "g")]))
+    assert sim.step_time_s == pytest.approx(3.0)  # rank 0: 1 + 2 (its send went on meanwhile)
+    assert sim.ranks[1].end_s == pytest.approx(2.5)  # 1 (send posted) + 0.5 transfer + 1
+    assert sim.ranks[0].hidden_s == pytest.approx(0.5) and sim.ranks[1].comm_s == pytest.approx(0.5)
+    assert sim.critical_path == ["f", "more"]
+
+
+def test_a_rank_ends_when_its_sends_have_arrived():
+    tasks = [_compute("f", 0, 1.0), {"id": "s", "kind": "send", "rank": 0, "peer": 1, "tensor": "x", "time_s": 0.0},
+             _compute("late", 1, 3.0), {"id": "r", "kind": "recv", "rank": 1, "peer": 0, "tensor": "x", "time_s": 0.5}]
+    sim = simulate(_graph(tasks, {0: ["f", "s"], 1: ["late", "r"]}, [("f", "s"), ("s", "r")]))
+    # the message moves once rank 1 posts its recv (at 3), so rank 0's send completes at 3.5
+    assert sim.ranks[0].end_s == pytest.approx(3.5) and sim.step_time_s == pytest.approx(3.5)
+
+
+@pytest.mark.parametrize(("stages", "micro"), [(1, 1), (2, 4), (4, 8), (3, 2)])
+def test_uniform_1f1b_matches_the_formula(stages, micro):
+    doc = pipeline_taskgraph(stages, micro)
+    for t in doc["tasks"]:
+        t["time_s"] = {"forward": 1.0, "backward": 2.0, "apply": 0.25}.get(t.get("phase"), 0.0)
+    sim = simulate(check_taskgraph(doc))
+    step, bubble = one_f_one_b_time([3.0] * stages, [0.25] * stages, micro)
+    assert sim.step_time_s == pytest.approx(step)
+    assert sim.bubble_s == pytest.approx(bubble)
+
+
+def test_the_handoff_is_paid_by_the_first_communication_after_compute():
+    tasks = [_compute("a0", 0, 1.0), _compute("a1", 1, 1.0),
+             _all_reduce("c1", [0, 1], 0.1, handoff_s=0.5), _all_reduce("c2", [0, 1], 0.1, handoff_s=0.5)]
+    sim = simulate(_graph(tasks, {0: ["a0", "c1", "c2"], 1: ["a1", "c1", "c2"]}))
+    assert sim.step_time_s == pytest.approx(1.0 + 0.6 + 0.1)
+
+
+def test_a_task_without_time_is_refused_with_how_to_fix():
+    g = _graph([{"id": "a", "kind": "compute", "rank": 0, "module": ""}], {0: ["a"]})
+    with pytest.raises(PlanFormatError, match="plan it again"):
+        simulate(g)
+
+
+def test_json_has_stable_keys_and_expands_a_stage_graph():
+    doc = pipeline_taskgraph(2, 2)
+    for t in doc["tasks"]:
+        t["time_s"] = 1.0 if t["kind"] == "compute" else 0.0
+    doc["granularity"] = "stage"
+    doc["stages"] = [{"id": 0, "ranks": [0], "devices": [0, 1, 2]}, {"id": 1, "ranks": [1], "devices": [3, 4, 5]}]
+    out = simulate_graph(check_taskgraph(doc)).to_json()
+    assert {"step_time_s", "bubble_s", "exposed_comm_s", "hidden_comm_s", "ranks", "timeline",
+            "critical_path", "granularity"} <= set(out)
+    assert [r["rank"] for r in out["ranks"]] == [0, 1, 2, 3, 4, 5]
+    assert [r["stage"] for r in out["ranks"]] == [0, 0, 0, 1, 1, 1]
+    assert set(out["timeline"]) == {"0", "3"} and out["granularity"] == "stage"
+
+
+@pytest.fixture(scope="module")
+def gpt_train(tmp_path_factory):
+    from click.testing import CliRunner
+
+    from parc.cli.main import cli
+
+    path = tmp_path_factory.mktemp("sim") / "g.train.onnx"
+    res = CliRunner().invoke(cli, ["models", "build", "gpt-tiny", "--set", "batch=8", "--train", "momentum",
+                                   "-o", str(path)])
+    assert res.exit_code == 0, res.output
+    return path
+
+
+def _plan(model, out, *args):
+    from click.testing import CliRunner
+
+    from parc.cli.main import cli
+
+    res = CliRunner().invoke(cli, ["plan", str(model), "-o", str(out), *args])
+    assert res.exit_code == 0, res.output
+    return json.loads((out / "plan.json").read_text())
+
+
+@pytest.mark.parametrize("args", [["--devices", "2xcpu"], ["--devices", "4xcpu", "--pipeline", "2"]])
+def test_plans_carry_task_times_and_their_simulation(gpt_train, tmp_path, args):
+    from click.testing import CliRunner
+
+    from parc.cli.main import cli
+
+    plan = _plan(gpt_train, tmp_path / "p", *args)
+    tg = json.loads((tmp_path / "p" / "taskgraph.json").read_text())
+    assert all(t["time_s"] > 0 for t in tg["tasks"] if t["kind"] in ("compute", "collective", "recv"))
+    res = CliRunner().invoke(cli, ["simulate", str(tmp_path / "p"), "--json"])
+    assert res.exit_code == 0, res.output
+    sim = json.loads(res.output)
+    assert sim["step_time_s"] == pytest.approx(plan["simulation"]["step_time_s"])
+    # the same cost model, replayed instead of summed: close to the planner's own figure
+    assert sim["step_time_s"] == pytest.approx(plan["predicted"]["step_time_s"], rel=0.15)
+    assert sim["critical_path"] and sim["granularity"] == "task"
+
+
+def test_a_plan_without_programs_simulates_per_stage_and_does_not_run(gpt_train, tmp_path):
+    from click.testing import CliRunner
+
+    from parc.cli.main import cli
+
+    plan = _plan(gpt_train, tmp_path / "p", "--devices", "4xcpu", "--pipeline", "2", "--no-programs")
+    assert not (tmp_path / "p" / "rank_0").exists()
+    res = CliRunner().invoke(cli, ["simulate", str(tmp_path / "p"), "--json"])
+    sim = json.loads(res.output)
+    assert sim["granularity"] == "stage" and len(sim["ranks"]) == 4
+    assert sim["step_time_s"] == pytest.approx(plan["predicted"]["step_time_s"], rel=0.15)
+    res = CliRunner().invoke(cli, ["run", str(tmp_path / "p"), "--steps", "1"])
+    assert res.exit_code == 2 and "--no-programs" in res.output
+
+
+def test_simulate_names_a_missing_or_old_plan(tmp_path):
+    from click.testing import CliRunner
+
+    from parc.cli.main import cli
+
+    res = CliRunner().invoke(cli, ["simulate", str(tmp_path / "nowhere")])
+    assert res.exit_code == 2 and "no such plan directory" in res.output
