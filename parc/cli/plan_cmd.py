@@ -202,7 +202,7 @@ def plan(model: str, devices: str | None, cluster_file: str | None, calibration_
             from parc.passes.timing import stage_taskgraph
 
             taskgraph = write_taskgraph(stage_taskgraph(result), stage)
-        doc["simulation"] = _simulated(taskgraph)
+        doc["simulation"] = _simulated(taskgraph, stage if programs else None)
         write_plan(stage, doc)
         if not stages:  # the annotated model of a one-mesh plan (a pipeline's stages have a mesh each)
             write_sharded_model(model, doc["specs"], tuple(doc["mesh"]["shape"]), stage / "model.sharded.onnx",
@@ -231,12 +231,16 @@ def plan(model: str, devices: str | None, cluster_file: str | None, calibration_
                f"baselines: {base}")
 
 
-def _simulated(taskgraph: dict) -> dict:
-    """plan.json's `simulation`: one step of the task graph replayed (`parc.exec.stepsim`)."""
+def _simulated(taskgraph: dict, programs_dir: Path | None) -> dict:
+    """plan.json's `simulation`: one step of the task graph replayed (`parc.exec.stepsim`), with
+    the memory each rank holds when the programs are written in `programs_dir`."""
     from parc.exec.stepsim import simulate_graph
     from parc.exec.taskgraph import check_taskgraph
+    from parc.plandir import load_program
 
-    return simulate_graph(check_taskgraph(taskgraph)).to_json()
+    graph = check_taskgraph(taskgraph)
+    programs = {r: load_program(programs_dir, r) for r in range(graph.ranks)} if programs_dir else None
+    return simulate_graph(graph, programs=programs).to_json()
 
 
 def _baselines_text(baselines: dict) -> str:

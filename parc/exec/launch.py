@@ -137,7 +137,7 @@ def train(plan_dir: Path, *, steps: int, seed: int, engine: str, data: str | Non
     from parc.exec.comm import MpiComm
     from parc.exec.runner import Rank, pick_engine, to_host
 
-    comm = MpiComm(timeout=timeout)
+    comm = mpi = MpiComm(timeout=timeout)
     rank = comm.rank
     gpu = pick_engine(engine)[1] == "gpu"
     if gpu:  # one GPU per rank on each node; NCCL between them
@@ -175,8 +175,13 @@ def train(plan_dir: Path, *, steps: int, seed: int, engine: str, data: str | Non
             runner.synchronize()  # GPU work is asynchronous: the step ends when the device is done
             dt = time.perf_counter() - t0
             loss = float(to_host(outs[loss_name]).reshape(-1)[0]) if loss_name in outs else None
+            last = step == steps - 1  # every rank's peak of tensors held, gathered after the last step
+            peaks = (mpi.comm.gather(runner.peak_bytes, root=reporter) if mpi.size > 1 else [runner.peak_bytes]
+                     ) if last else None
             if rank == reporter and dump is None:
                 record = {"step": step + 1, "loss": loss, "step_time_s": dt, "samples_per_s": batch_size / dt}
+                if last:
+                    record["peak_bytes_per_rank"] = peaks
                 if gpu:
                     record["device_bytes"] = runner.device_bytes()
                 if as_json:
@@ -184,6 +189,8 @@ def train(plan_dir: Path, *, steps: int, seed: int, engine: str, data: str | Non
                 else:
                     shown = f"loss {loss:.6f}  " if loss is not None else ""  # forward-only plans have none
                     echo(f"step {step + 1:>4}/{steps}  {shown}{dt * 1e3:8.2f} ms  {batch_size / dt:9.1f} samples/s")
+                    if last:
+                        echo("tensors held at peak, per rank: " + ", ".join(f"{b / 2**20:.1f} MiB" for b in peaks))
             if dump is not None:
                 dumped.append({k: to_host(v) for k, v in outs.items()
                                if k not in runner.program.bindings})

@@ -31,7 +31,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from parc.errors import ParcError, PlanFormatError
-from parc.exec.taskgraph import MB_END, MB_FIRST, MB_START, WHOLE, load_taskgraph
+from parc.exec.taskgraph import MB_END, MB_FIRST, MB_START, WHOLE, last_uses, load_taskgraph
 from parc.plandir import TASKGRAPH_FILE, load_program, rank_dir
 from parc.sharding.layout import shard_index
 from parc.sharding.reshard import Collective
@@ -118,6 +118,24 @@ def to_host(x) -> np.ndarray:
     return x.get() if hasattr(x, "get") and not isinstance(x, np.ndarray) else np.asarray(x)
 
 
+def held_bytes(*holders) -> int:
+    """Bytes of the distinct arrays in `holders` (mappings of name -> array, or lists of arrays;
+    a concatenation's parts count each)."""
+    seen: dict[int, int] = {}
+
+    def add(x: Any) -> None:
+        if isinstance(x, list):
+            for y in x:
+                add(y)
+        elif hasattr(x, "nbytes"):
+            seen[id(x)] = int(x.nbytes)
+
+    for h in holders:
+        for x in (h.values() if isinstance(h, Mapping) else h):
+            add(x)
+    return sum(seen.values())
+
+
 def rank_threads(ranks: int) -> int:
     """Threads each of `ranks` ranks on this host gives its engine: the host's CPUs shared out."""
     return max(1, (os.cpu_count() or 1) // ranks)
@@ -166,33 +184,15 @@ class Rank:
         self.comm.open_links([(rank, t["peer"]) if t["kind"] == "send" else (t["peer"], rank)
                               for t in self.order if t["kind"] in ("send", "recv")])
         self.timings = {"compute": 0.0, "comm": 0.0}
-        self.free_after = self._last_uses()
+        self.free_after = last_uses(self.order, self.program)
         self.last_of_mb = {t.get("micro_batch"): pos for pos, t in enumerate(self.order)
                            if t.get("micro_batch") is not None}
         self._shards: dict[tuple, tuple] = {}  # the shard indexes transfers cut (`_shard`)
         self._fault = _test_fault()
         self.steps = {t["id"]: Collective.from_json(t["step"]) for t in self.order if t["kind"] == "collective"}
         self._pieces: dict[tuple[str, int | None], tuple[np.ndarray, ...]] = {}  # data slices, made once
-
-    def _last_uses(self) -> list[list[str]]:
-        """Per task of the order, the values of its microbatch that no later task reads (freed
-        after it runs). State, and what the microbatch accumulation reads, stay."""
-        keep = {r["name"] for r in self.program.residents if r["kind"] != "recv"} | set(self.program.accumulate)
-        keep |= {src for src, *_ in self.program.accumulate.values()}
-        last: dict[tuple[str, Any], int] = {}
-        once: set[str] = set()  # read by a task outside the microbatches (the apply part)
-        for pos, t in enumerate(self.order):
-            reads = (t["inputs"] if t["kind"] == "compute" else [t["src"]] if t["kind"] == "collective"
-                     else [t["local"]] if t["kind"] in ("sink", "send") else [])
-            for name in reads:
-                last[name, t.get("micro_batch")] = pos
-                if t.get("micro_batch") is None:
-                    once.add(name)
-        out: list[list[str]] = [[] for _ in self.order]
-        for (name, mb), pos in last.items():
-            if name not in keep and (mb is None or name not in once):
-                out[pos].append(name)
-        return out
+        self.count_bytes = 2  # steps whose held bytes are counted (the first two: a step's peak repeats)
+        self.peak_bytes = 0  # the most bytes of tensors this rank held at once in a counted step
 
     def _seeded(self, seed: int) -> dict[str, np.ndarray]:
         """This rank's shard of each parameter under the seeded, plan-independent init."""
@@ -260,6 +260,8 @@ class Rank:
         pending: list = []
 
         latest: dict[str, Any] = {}  # the last microbatch's values, which the apply part may read
+        counting = self.count_bytes > 0
+        self.count_bytes -= counting
 
         def lookup(env: dict, name: str, mb: int | None) -> Any:
             if name in env:
@@ -315,6 +317,9 @@ class Rank:
                     self.timings["comm"] += time.perf_counter() - t0
                 elif kind == "sink":
                     outputs[t["tensor"]] = lookup(env, t["local"], mb)
+                if counting:
+                    self.peak_bytes = max(self.peak_bytes, held_bytes(shared, *envs.values(), sums, latest,
+                                                                      outputs, [p[1] for p in pending if p]))
                 for name in self.free_after[pos]:
                     env.pop(name, None)
                 if mb is not None and self.last_of_mb.get(mb) == pos:

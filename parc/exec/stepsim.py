@@ -111,9 +111,9 @@ def _key(src: int, dst: int, t: Mapping) -> tuple:
     return (src, dst, t["tensor"], t.get("micro_batch"))
 
 
-def simulate(graph: TaskGraph, residents: Mapping[int, int] | None = None, keep_spans: bool = True) -> Simulation:
-    """Replay one step of `graph` (see the module docstring). `residents[r]`: rank r's resident
-    bytes (its state), which turns on the memory count; `keep_spans`: record every task's span."""
+def simulate(graph: TaskGraph, keep_spans: bool = True) -> Simulation:
+    """Replay one step of `graph` (see the module docstring); `keep_spans`: record every task's
+    span."""
     tasks = graph.tasks
     for tid, t in tasks.items():
         if "time_s" not in t:
@@ -243,8 +243,65 @@ def simulate(graph: TaskGraph, residents: Mapping[int, int] | None = None, keep_
     return Simulation(step, [stats[r] for r in ranks], spans, [p.split("@")[0] for p in path])
 
 
+def held_peak(graph: TaskGraph, rank: int, program) -> int:
+    """The most bytes of tensors rank `rank` holds at once in a step, replaying its order the way
+    the executor keeps values (`runner.Rank.step`): its state; each microbatch's values until
+    their last reader (`last_uses`), then the microbatch's accumulations and its values for the
+    apply part; the outputs handed out; send buffers until the end of the step."""
+    from parc.exec.taskgraph import last_uses
+    from parc.plandir import local_bytes as resident_bytes
+
+    order = [graph.tasks[t] for t in graph.order[rank]]
+    free_after = last_uses(order, program)
+    last_of_mb = {t.get("micro_batch"): pos for pos, t in enumerate(order) if t.get("micro_batch") is not None}
+    state = {r["name"]: resident_bytes(r) for r in program.residents if r["kind"] not in ("data", "recv")}
+    shared: dict[str, int] = dict(state)
+    envs: dict[Any, dict[str, int]] = {}
+    sums: dict[str, int] = {}
+    latest: dict[str, int] = {}
+    outputs: dict[str, int] = {}
+    pending: list[tuple[str, int]] = []
+    peak = 0
+
+    def size(env: dict, name: str) -> int:
+        for holder in (env, shared, latest):
+            if name in holder:
+                return holder[name]
+        return 0
+
+    for pos, t in enumerate(order):
+        mb = t.get("micro_batch")
+        env = shared if mb is None else envs.setdefault(mb, {})
+        kind = t["kind"]
+        if kind == "compute":
+            env.update(zip(t["outputs"], t.get("out_bytes", [0] * len(t["outputs"]))))
+        elif kind == "collective":
+            env[t["dst"]] = t.get("out_bytes", [0])[0]
+        elif kind == "source":
+            env[t["tensor"]] = t.get("out_bytes", [0])[0]
+        elif kind == "recv":
+            env[t["local"]] = t.get("bytes", 0)
+        elif kind == "send":
+            pending.append((t["local"], size(env, t["local"]) if "slice" not in t else t.get("bytes", 0)))
+        elif kind == "sink":
+            outputs[t["tensor"]] = size(env, t["local"])
+        alive = {name for holder in (shared, *envs.values(), latest) for name in holder}
+        held = (sum(shared.values()) + sum(sum(e.values()) for e in envs.values()) + sum(latest.values())
+                + sum(sums.values()) + sum(b for name, b in outputs.items() if name not in alive)
+                + sum(b for name, b in pending if name not in alive))
+        peak = max(peak, held)
+        for name in free_after[pos]:
+            env.pop(name, None)
+        if mb is not None and last_of_mb.get(mb) == pos:
+            for name, (src, how, *_dim) in program.accumulate.items():
+                sums[name] = sums.get(name, 0) + env.get(src, 0) if how == "concat" else env.get(src, 0)
+            latest = envs.pop(mb)
+    return peak
+
+
 def simulate_plan(plan_dir, keep_spans: bool = True) -> Simulation:
-    """Simulate the task graph of a plan directory (see the module docstring)."""
+    """Simulate the task graph of a plan directory (see the module docstring), with each rank's
+    peak of tensors held when the plan has its programs."""
     from pathlib import Path
 
     from parc.exec.taskgraph import load_taskgraph
@@ -254,12 +311,22 @@ def simulate_plan(plan_dir, keep_spans: bool = True) -> Simulation:
     path = Path(plan_dir) / TASKGRAPH_FILE
     if not path.is_file():
         raise PlanFormatError(f"{plan_dir}: no {TASKGRAPH_FILE} (a plan from an older parc: plan it again)")
-    return simulate_graph(load_taskgraph(path), keep_spans)
+    graph = load_taskgraph(path)
+    programs = None
+    if not graph.represents():
+        from parc.plandir import load_program
+
+        programs = {r: load_program(plan_dir, r) for r in range(graph.ranks)}
+    return simulate_graph(graph, keep_spans, programs)
 
 
-def simulate_graph(graph: TaskGraph, keep_spans: bool = True) -> Simulation:
-    """`simulate`, with the stages and (a stage-level graph) the devices each rank stands for."""
+def simulate_graph(graph: TaskGraph, keep_spans: bool = True, programs: Mapping | None = None) -> Simulation:
+    """`simulate`, with the stages and (a stage-level graph) the devices each rank stands for;
+    `programs` (rank -> `plandir.Program`) turns on the memory count."""
     sim = simulate(graph, keep_spans=keep_spans)
+    if programs is not None:
+        for stats in sim.ranks:
+            stats.peak_bytes = held_peak(graph, stats.rank, programs[stats.rank])
     sim.stage_of = {r: s["id"] for s in graph.stages for r in s["ranks"]}
     sim.represents = graph.represents()
     return sim

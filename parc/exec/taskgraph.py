@@ -254,6 +254,33 @@ def _check_runs(tasks, edges, order, fail) -> None:
         raise fail(f"the static orders deadlock: rank {r} is stuck at task {tid!r}, which {why}")
 
 
+def last_uses(order: list[Mapping[str, Any]], program) -> list[list[str]]:
+    """Per task of a rank's order, the values of its microbatch that no later task reads: the
+    executor frees them after it runs (and the simulator counts them freed). State, and what the
+    microbatch accumulation reads, stay. `program`: the rank's `plandir.Program`."""
+    keep = {r["name"] for r in program.residents if r["kind"] != "recv"} | set(program.accumulate)
+    keep |= {src for src, *_ in program.accumulate.values()}
+    last: dict[tuple[str, Any], int] = {}
+    once: set[str] = set()  # read by a task outside the microbatches (the apply part)
+    for pos, t in enumerate(order):
+        for name in reads(t):
+            last[name, t.get("micro_batch")] = pos
+            if t.get("micro_batch") is None:
+                once.add(name)
+    out: list[list[str]] = [[] for _ in order]
+    for (name, mb), pos in last.items():
+        if name not in keep and (mb is None or name not in once):
+            out[pos].append(name)
+    return out
+
+
+def reads(t: Mapping[str, Any]) -> list[str]:
+    """The local values a task reads."""
+    kind = t["kind"]
+    return (list(t["inputs"]) if kind == "compute" else [t["src"]] if kind == "collective"
+            else [t["local"]] if kind in ("sink", "send") else [])
+
+
 def one_f_one_b(stages: int, micro_batches: int) -> list[list[tuple[str, int]]]:
     """The 1F1B (PipeDream-flush) order of each stage: ("F" | "B", micro-batch) steps.
 

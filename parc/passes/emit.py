@@ -67,6 +67,12 @@ def module_name(part: str, phase: str, depth: int) -> str:
     return f"m{'a' if part == APPLY else ''}{phase.lower()}{depth:03d}"
 
 
+def local_bytes(p: RankProgram, name: str) -> int:
+    """Bytes of a local value of the rank's program (its local shape and type)."""
+    dtype, shape = p.info[name]
+    return int(np.prod(shape, dtype=np.int64)) * helper.tensor_dtype_to_np_dtype(dtype).itemsize
+
+
 def _value_info(p: RankProgram, name: str) -> onnx.ValueInfoProto:
     dtype, shape = p.info[name]
     return helper.make_tensor_value_info(name, dtype, list(shape))
@@ -290,6 +296,7 @@ def _rank_tasks(r: int, p: RankProgram, mod_tasks: list[dict], device_mesh: tupl
         for x in data:
             tid = f"r{r}.source.{x.name}{suffix}"
             tasks.append({"id": tid, "kind": "source", "rank": r, "tensor": x.name, "phase": MICRO,
+                          "out_bytes": [local_bytes(p, x.name)],
                           **({"micro_batch": k} if micro > 1 else {})})
             ids.append(tid)
             made[x.name] = tid
@@ -350,6 +357,7 @@ def _part_tasks(r, p, part, mod_tasks, comms_at, device_mesh, shift, suffix, mb,
             if tid not in collectives:
                 collectives[tid] = {"id": tid, "kind": "collective", "group": members, "op": c.step.kind,
                                     "tensor": c.value, "axis": axis, "step": c.step.to_json(),
+                                    "out_bytes": [local_bytes(p, c.dst)],
                                     "shape": list(c.shape), "dtype": c.dtype, "src": c.src, "dst": c.dst,
                                     "phase": part, **({"pass": phase} if phase else {}), **extra}
             elif (collectives[tid]["src"], collectives[tid]["dst"]) != (c.src, c.dst):

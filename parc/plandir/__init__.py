@@ -223,6 +223,16 @@ _RESIDENT_KEYS: tuple[tuple[str, Any], ...] = (
 _ACCUMULATIONS = ("sum", "last", "concat")
 
 
+def local_bytes(resident: dict[str, Any]) -> int:
+    """Bytes of a program resident's local shard (its `local` shape and ONNX `dtype`)."""
+    from onnx import helper
+
+    count = 1
+    for n in resident["local"]:
+        count *= int(n)
+    return count * helper.tensor_dtype_to_np_dtype(resident["dtype"]).itemsize
+
+
 def write_program(plan_dir: str | Path, program: Program) -> Path:
     """Write rank_<r>/program.json of `program`'s rank; its path."""
     path = program_path(plan_dir, program.rank)

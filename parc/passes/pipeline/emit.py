@@ -30,6 +30,7 @@ from parc.passes.emit import (
     _param_stats,
     _part_tasks,
     comms_by_place,
+    local_bytes,
     plan_inputs,
     residents_json,
     write_rank_files,
@@ -204,6 +205,7 @@ def _rank_order(rank: int, st, p, mod_tasks: list[dict], steps, m: int, links: l
             for x in data:
                 tid = f"r{rank}.source.{x.name}{suffix}"
                 tasks.append({"id": tid, "kind": "source", "rank": rank, "tensor": x.name, "phase": MICRO,
+                              "out_bytes": [local_bytes(p, x.name)],
                               **({"micro_batch": mb} if mb is not None else {})})
                 ids.append(tid)
                 made[x.name] = tid
