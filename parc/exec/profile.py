@@ -175,11 +175,11 @@ def measure_rank(comm, threads: int, budget: float = BUDGET) -> dict:
 
 
 def _all_reduces(comm, threads: int) -> list[dict]:
-    """Seconds of all-reduces over the whole job and over pairs of ranks, as the last member to
-    arrive sees them: the first after compute (an onnxruntime matmul, the members arriving 1 ms
-    apart, as in a step), then a burst of them back to back (as a step's gradients are). On a
-    host whose ranks outnumber its cores the first is mostly the wait for a core (the link's
-    handoff). Every rank gets the rows (from the last rank)."""
+    """Seconds of all-reduces as the last member to arrive sees them: the first after compute
+    (an onnxruntime matmul, the members arriving 1 ms apart, as in a step), then a burst of them
+    back to back (as a step's gradients are); over the whole job, and over pairs of ranks while
+    the other pairs compute. On a host whose ranks outnumber its cores these are mostly waits for
+    a core (the first: the link's handoff). Every rank gets the rows (from the last rank)."""
     busy = _session(_matmul((), 128, 128, 128), threads)
     feed = _feeds(busy)[0]
 
@@ -189,19 +189,25 @@ def _all_reduces(comm, threads: int) -> list[dict]:
             busy.run(None, feed)
 
     r, k = comm.rank, comm.size
-    groups = [comm] + ([comm.for_ranks((r - r % 2, r - r % 2 + 1))] if k > 2 else [])
+    pair = comm.for_ranks((r - r % 2, r - r % 2 + 1)) if k > 2 else None
     rows = []
-    for group in groups:
+    # the whole job (everyone communicates), then pairs while the other ranks compute (a
+    # pipeline stage's collectives run while the other stages work)
+    for group, turns in ((comm, 1), (pair, 2)) if pair is not None else ((comm, 1),):
         for nbytes in ALL_REDUCE_BYTES:
             x = np.ones(nbytes // 4, np.float32)
             first, burst = [], []
             for _ in range(ARRIVALS):
-                comm.barrier()
-                compute(ARRIVAL_STEP * (group.rank + 1))
-                for i in range(BURST):
-                    t0 = time.perf_counter()
-                    group.all_reduce(x)
-                    (burst if i else first).append(time.perf_counter() - t0)
+                for turn in range(turns):  # pairs take turns: half of them communicate, half compute
+                    comm.barrier()
+                    if turns > 1 and (r // 2) % 2 != turn:
+                        compute(ARRIVAL_STEP * (BURST + 2))
+                        continue
+                    compute(ARRIVAL_STEP * (group.rank + 1))
+                    for i in range(BURST):
+                        t0 = time.perf_counter()
+                        group.all_reduce(x)
+                        (burst if i else first).append(time.perf_counter() - t0)
             rows.append({"n": group.size, "bytes": nbytes, "first_s": statistics.fmean(first),
                          "s": statistics.fmean(burst)})
     return comm.comm.bcast(rows, root=k - 1)
