@@ -54,6 +54,9 @@ class DeviceSpec:
     memory_efficiency: float = 1.0  # fraction of peak memory bandwidth an op reaches (calibrate)
     default_link: str = "pcie4"  # the catalogue link joining devices of this type in one node
     task_overhead: float = 0.0  # seconds the executor spends per task beyond its kernels (calibrate)
+    # per op class (`parc.ops.op_class`), the fraction of peak FLOP/s it reaches instead of
+    # compute_efficiency (calibrate: convolutions run well below a matmul's rate on CPUs)
+    op_efficiency: tuple[tuple[str, float], ...] = ()
 
     def __post_init__(self) -> None:
         name = str(self.name).strip().lower()
@@ -83,6 +86,19 @@ class DeviceSpec:
                 raise ValueError(f"device {name}: {field} must be in (0, 1], got {value}")
             object.__setattr__(self, field, value)
         object.__setattr__(self, "default_link", str(self.default_link).strip().lower())
+        pairs = self.op_efficiency.items() if isinstance(self.op_efficiency, Mapping) else self.op_efficiency
+        ops = {}
+        for op, value in pairs:
+            value = _positive(f"device {name}: op_efficiency of {op}", value)
+            if value > 1.0:
+                raise ValueError(f"device {name}: op_efficiency of {op} must be in (0, 1], got {value}")
+            ops[str(op)] = value
+        object.__setattr__(self, "op_efficiency", tuple(sorted(ops.items())))
+
+    def efficiency(self, op_class: str = "") -> float:
+        """The fraction of peak FLOP/s an op of `op_class` reaches (compute_efficiency unless
+        the class has its own)."""
+        return dict(self.op_efficiency).get(op_class, self.compute_efficiency) if op_class else self.compute_efficiency
 
     def peak(self, dtype: object) -> float:
         """Peak FLOP/s for `dtype`; types the device has no fast path for run at its float32 rate."""
@@ -93,7 +109,8 @@ class DeviceSpec:
         return {"name": self.name, "peak_flops": dict(self.peak_flops), "memory_bytes": self.memory_bytes,
                 "memory_bandwidth": self.memory_bandwidth, "launch_floor": self.launch_floor,
                 "compute_efficiency": self.compute_efficiency, "memory_efficiency": self.memory_efficiency,
-                "default_link": self.default_link, "task_overhead": self.task_overhead}
+                "default_link": self.default_link, "task_overhead": self.task_overhead,
+                **({"op_efficiency": dict(self.op_efficiency)} if self.op_efficiency else {})}
 
     @staticmethod
     def from_json(data: Mapping) -> DeviceSpec:

@@ -42,6 +42,20 @@ MEMORY_ROWS = (1024, 4096, 16384)  # x 256 columns: 1, 4 and 16 MiB per tensor
 # matmuls as training graphs have them: ([batch...], m, k, n)
 MATMULS = (((), 2048, 256, 768), ((), 2048, 768, 256), ((), 256, 2048, 768), ((8, 4), 64, 64, 64),
            ((), 4096, 1024, 1024), ((16,), 128, 64, 256))
+# convolutions as training graphs have them, by op class (`parc.ops.op_class`): (input shape,
+# weight shape, attributes); a weight's gradient convolves the input with the output's gradient,
+# the batch contracted (kernels larger than the output)
+CONVS = {
+    "Conv": (((16, 16, 32, 32), (16, 16, 3, 3), {"pads": [1, 1, 1, 1]}),
+             ((16, 32, 16, 16), (32, 32, 3, 3), {"pads": [1, 1, 1, 1]}),
+             ((16, 64, 8, 8), (64, 64, 3, 3), {"pads": [1, 1, 1, 1]}),
+             ((16, 32, 16, 16), (64, 32, 1, 1), {})),
+    "ConvWeightGrad": (((8, 16, 32, 32), (8, 16, 32, 32), {"pads": [1, 1, 1, 1]}),
+                       ((16, 16, 16, 16), (16, 16, 16, 16), {"pads": [1, 1, 1, 1]}),
+                       ((32, 16, 8, 8), (32, 16, 8, 8), {"pads": [1, 1, 1, 1]})),
+    "ConvTranspose": (((16, 32, 16, 16), (32, 16, 2, 2), {"strides": [2, 2]}),
+                      ((16, 64, 8, 8), (64, 32, 2, 2), {"strides": [2, 2]})),
+}
 ALL_REDUCE_BYTES = (64, 65536, 1 << 20, 4 << 20)
 ARRIVALS, ARRIVAL_STEP, BURST = 12, 1e-3, 6  # rounds per size, seconds between arrivals, all-reduces per round
 
@@ -101,6 +115,21 @@ def _matmul(batch: tuple, m: int, k: int, n: int):
     from onnx import helper
 
     return _model([helper.make_node("MatMul", ["a", "b"], ["y"])], {"a": (*batch, m, k), "b": (*batch, k, n)}, "y")
+
+
+def _conv(op: str, x: tuple, w: tuple, attrs: dict):
+    """(model, FLOPs) of one convolution (ConvWeightGrad is a Conv)."""
+    from onnx import helper
+
+    node = helper.make_node("ConvTranspose" if op == "ConvTranspose" else "Conv", ["x", "w"], ["y"], **attrs)
+    model = _model([node], {"x": x, "w": w}, "y")
+    if op == "ConvTranspose":  # every input element meets the whole kernel of its output channels
+        flops = 2 * math.prod(x) * w[1] * math.prod(w[2:])
+    else:
+        pad = attrs.get("pads", [0] * 4)
+        out = [(x[2 + i] + pad[i] + pad[i + 2] - w[2 + i]) // attrs.get("strides", [1, 1])[i] + 1 for i in range(2)]
+        flops = 2 * x[0] * w[0] * math.prod(out) * w[1] * math.prod(w[2:])
+    return model, flops
 
 
 def _session(model, threads: int):
@@ -169,6 +198,13 @@ def measure_rank(comm, threads: int, budget: float = BUDGET) -> dict:
         t = timed(_matmul(batch, m, k, n)) - overhead
         flops = 2 * int(np.prod(batch, dtype=np.int64)) * m * k * n
         rows["matmul"].append({"shape": [*batch, m, k, n], "s": t, "flops_per_s": flops / max(t - floor, 1e-9)})
+    rows["conv"] = []
+    for cls, cases in CONVS.items():
+        for x, w, attrs in cases:
+            model, flops = _conv(cls, x, w, attrs)
+            t = timed(model) - overhead
+            rows["conv"].append({"class": cls, "input": list(x), "weight": list(w), "s": t,
+                                 "flops_per_s": flops / max(t - floor, 1e-9)})
     if comm.size > 1:
         rows["all_reduce"] = _all_reduces(comm, threads)
     return rows
@@ -215,7 +251,12 @@ def _all_reduces(comm, threads: int) -> list[dict]:
 
 def fit(rows: dict, k: int) -> dict:
     """Calibration fields (SI) from one rank's measured rows."""
-    out = {"peak_float32": _geomean([r["flops_per_s"] for r in rows["matmul"]]),
+    rates = {"MatMul": _geomean([r["flops_per_s"] for r in rows["matmul"]])}
+    for cls in dict.fromkeys(r["class"] for r in rows.get("conv", [])):
+        rates[cls] = _geomean([r["flops_per_s"] for r in rows["conv"] if r["class"] == cls])
+    peak = max(rates.values())  # efficiencies are fractions of the fastest class's rate
+    out = {"peak_float32": peak, "compute_efficiency": rates["MatMul"] / peak,
+           "op_efficiency": {cls: rate / peak for cls, rate in rates.items() if cls != "MatMul"},
            "memory_bandwidth": _geomean([r["bytes_per_s"] for r in rows["memory"]]),
            "launch_floor": rows["launch_floor_s"], "task_overhead": rows["task_overhead_s"]}
     if k > 1 and rows.get("all_reduce"):
@@ -284,7 +325,8 @@ class _Solo:
 def _device_yaml(f: dict) -> dict:
     return {"fp32_tflops": f["peak_float32"] / 1e12, "bandwidth_gbs": f["memory_bandwidth"] / 1e9,
             "launch_floor_us": f["launch_floor"] * 1e6, "task_overhead_us": f["task_overhead"] * 1e6,
-            "compute_efficiency": 1.0, "memory_efficiency": 1.0}
+            "compute_efficiency": f["compute_efficiency"], "memory_efficiency": 1.0,
+            **({"op_efficiency": f["op_efficiency"]} if f["op_efficiency"] else {})}
 
 
 def _link_yaml(f: dict) -> dict:
@@ -318,6 +360,9 @@ def write_calibration(output: Path, fitted: dict[int, dict], measured: dict[int,
         head.append(f"#  {k} rank(s): floor {rows['launch_floor_s']:.3g}, run overhead {rows['task_overhead_s']:.3g}")
         head.append(f"#    memory-bound {mem}")
         head.append(f"#    MatMul {mm}")
+        if rows.get("conv"):
+            head.append("#    " + ", ".join(f"{r['class']} {'x'.join(map(str, r['input']))} * "
+                                           f"{'x'.join(map(str, r['weight']))}: {r['s']:.3g}" for r in rows["conv"]))
         if "all_reduce" in rows:
             head.append("#    all_reduce (first after compute / in a burst) " + ", ".join(
                 f"{r['n']} ranks {r['bytes']} B: {r['first_s']:.3g} / {r['s']:.3g}" for r in rows["all_reduce"]))

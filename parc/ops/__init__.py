@@ -5,6 +5,15 @@ replicate-only.
 """
 
 from parc.ops import conv, elementwise, index, matmul, norm, reduce, shape  # noqa: F401  (registration)
-from parc.ops.base import RULES, OpRule, RuleBuilder, ShardingRule, get_rule, node_work, sharding_rule
+from parc.ops.base import (
+    RULES,
+    OpRule,
+    RuleBuilder,
+    ShardingRule,
+    get_rule,
+    node_work,
+    op_class,
+    sharding_rule,
+)
 
-__all__ = ["RULES", "OpRule", "RuleBuilder", "ShardingRule", "get_rule", "node_work", "sharding_rule"]
+__all__ = ["RULES", "OpRule", "RuleBuilder", "ShardingRule", "get_rule", "node_work", "op_class", "sharding_rule"]

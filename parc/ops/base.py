@@ -19,6 +19,7 @@ shape there. ``size_args`` maps an input that lists every output's extent along 
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -275,6 +276,17 @@ def node_work(node: Node) -> tuple[float, float, Any]:
     read, written = rule.bytes_accessed(node) if rule is not None else (0, 0)
     dtype = next((v.dtype for v in node.outputs if v.dtype is not None), None) or "float32"
     return flops, read + written, dtype
+
+
+def op_class(node: Node) -> str:
+    """The class a device's calibration prices the node's FLOPs by (`DeviceSpec.op_efficiency`):
+    its op type, except a convolution whose kernel is larger than its output (a weight's
+    gradient: the batch is the contracted axis), which runs far below a forward one on CPUs."""
+    if node.op_type == "Conv" and len(node.inputs) > 1 and node.inputs[1] is not None:
+        w, y = node.inputs[1].shape, node.outputs[0].shape if node.outputs else None
+        if w is not None and y is not None and len(w) > 2 and math.prod(w[2:]) > math.prod(y[2:]):
+            return "ConvWeightGrad"
+    return node.op_type
 
 
 def sharding_rule(node: Node, opset: int | None = None) -> ShardingRule | None:

@@ -51,7 +51,7 @@ def module_seconds(model: onnx.ModelProto, device: DeviceSpec, info: Mapping[str
     if key not in _MODULE_SECONDS:
         from parc.ir.dtypes import DType
         from parc.ir.graph import Node, Value
-        from parc.ops.base import node_work
+        from parc.ops.base import node_work, op_class
 
         shapes = dict(info)
         for init in model.graph.initializer:
@@ -75,7 +75,7 @@ def module_seconds(model: onnx.ModelProto, device: DeviceSpec, info: Mapping[str
                 flops, nbytes, dtype = node_work(node)
             except (AssertionError, TypeError, ValueError, KeyError, IndexError):  # a shape it cannot see
                 flops, nbytes, dtype = 0.0, 0.0, "float32"
-            total += compute_time(flops, nbytes, device, dtype)
+            total += compute_time(flops, nbytes, device, dtype, op_class(node))
         _MODULE_SECONDS[key] = total
     return _MODULE_SECONDS[key]
 

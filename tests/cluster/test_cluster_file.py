@@ -303,3 +303,16 @@ def test_sharing_errors_name_the_key(tmp_path, text, message):
     with pytest.raises(UsageError, match=message) as e:
         load_constants(path)
     assert "calib.yaml" in str(e.value)
+
+
+def test_op_efficiency_prices_a_class_of_op_apart(tmp_path):
+    from parc.cluster.cost import compute_time
+
+    path = write(tmp_path, "devices:\n  cpu: {fp32_tflops: 1, op_efficiency: {Conv: 0.5}}\n", "calib.yaml")
+    cpu = load_constants(path).apply(parse_devices("1xcpu")).devices[0]
+    assert cpu.efficiency("Conv") == 0.5 and cpu.efficiency("MatMul") == cpu.compute_efficiency == 1.0
+    floor = cpu.launch_floor
+    assert compute_time(1e12, 0, cpu, "float32", "Conv") - floor == pytest.approx(2.0)
+    assert compute_time(1e12, 0, cpu, "float32", "MatMul") - floor == pytest.approx(1.0)
+    with pytest.raises(UsageError, match="op_efficiency"):
+        load_constants(write(tmp_path, "devices:\n  cpu: {op_efficiency: {Conv: 2}}\n", "bad.yaml"))

@@ -31,6 +31,7 @@ def test_fit_recovers_the_figures_of_the_formula():
     assert f["handoff"] == pytest.approx(5e-4)
     assert f["memory_bandwidth"] == pytest.approx(20e9)  # geometric mean of 10 and 40
     assert (f["peak_float32"], f["launch_floor"], f["task_overhead"]) == pytest.approx((1e11, 1e-6, 4e-6))
+    assert f["compute_efficiency"] == 1.0 and f["op_efficiency"] == {}
 
 
 def test_the_file_written_is_the_calibration_plan_reads(tmp_path):
@@ -55,6 +56,7 @@ def test_a_rank_alone_measures_every_class_of_op():
     assert rows["launch_floor_s"] > 0 and rows["task_overhead_s"] >= 0
     assert {r["op"] for r in rows["memory"]} == set(prof.MEMORY_OPS)
     assert len(rows["matmul"]) == len(prof.MATMULS) and all(r["flops_per_s"] > 0 for r in rows["matmul"])
+    assert {r["class"] for r in rows["conv"]} == set(prof.CONVS) and all(r["flops_per_s"] > 0 for r in rows["conv"])
     assert "all_reduce" not in rows
 
 
@@ -73,3 +75,13 @@ def test_bad_profile_flags_are_one_line_errors(tmp_path):
     assert_one_line_error(parc("profile", "-o", str(tmp_path)), "is a directory")
     assert_one_line_error(parc("profile", "-o", str(tmp_path / "c.yaml"), "--seconds", "0"), "--seconds")
     assert_one_line_error(parc("profile", "-o", str(tmp_path / "c.yaml"), "--ranks", "0"), "--ranks")
+
+
+def test_convolution_classes_are_fractions_of_the_fastest_rate():
+    rows = _rows(20e-6, 3e9, 0.0, 2)
+    rows["conv"] = [{"class": "Conv", "flops_per_s": 5e10}, {"class": "ConvWeightGrad", "flops_per_s": 1e10},
+                    {"class": "Conv", "flops_per_s": 2e11}]
+    f = prof.fit(rows, 2)
+    assert f["peak_float32"] == pytest.approx(1e11)  # MatMul 1e11; Conv's geometric mean is 1e11 too
+    assert f["op_efficiency"] == pytest.approx({"Conv": 1.0, "ConvWeightGrad": 0.1})
+    assert f["compute_efficiency"] == pytest.approx(1.0)

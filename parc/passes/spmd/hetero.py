@@ -30,7 +30,7 @@ import numpy as np
 
 from parc.cluster import Cluster, Mesh, compute_time
 from parc.cluster.devices import DeviceSpec
-from parc.ops import node_work
+from parc.ops import node_work, op_class
 from parc.solver.ilp import new_highs
 
 
@@ -38,8 +38,8 @@ def device_times(graph, devices, floors: bool = False) -> dict[str, float]:
     """Per device type (by name), the graph's roofline compute time on one such device; launch
     floors only with `floors` (they do not shrink with a device's share of a split node, but a
     pipeline stage pays every one of its nodes' floors)."""
-    work = [node_work(n) for n in graph.nodes]  # once, then priced on each type
-    return {d.name: sum(compute_time(flops, nbytes, d, dtype) for flops, nbytes, dtype in work)
+    work = [(*node_work(n), op_class(n)) for n in graph.nodes]  # once, then priced on each type
+    return {d.name: sum(compute_time(flops, nbytes, d, dtype, cls) for flops, nbytes, dtype, cls in work)
             - (0.0 if floors else d.launch_floor * len(work)) for d in set(devices)}
 
 

@@ -1,0 +1,80 @@
+"""Predicted against measured, on this machine: `parc profile`, then for each model and layout
+`parc plan --calibration`, `parc simulate` (predicted step and peak memory per rank) and
+`parc run` (measured median step over the steps after the first five, and the peak of tensors
+each rank held). Prints one Markdown table (docs/benchmarks.md, "Predicted against measured").
+
+    python benchmarks/predict.py [--calibration FILE] [--steps 30] [--models gpt-tiny,moe-tiny,unet-tiny]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+PARC = [sys.executable, "-m", "parc.cli.main"]
+LAYOUTS = (("1xcpu", ()), ("2xcpu", ()), ("4xcpu", ()), ("4xcpu", ("--pipeline", "2")))
+BUILD = {"gpt-tiny": ("--set", "batch=32", "--set", "hidden=256", "--set", "seq=64"),
+         "moe-tiny": ("--set", "batch=32"), "unet-tiny": ("--set", "batch=16")}
+
+
+def parc(*args: str) -> str:
+    res = subprocess.run([*PARC, *args], capture_output=True, text=True)
+    if res.returncode:
+        raise SystemExit(f"parc {' '.join(args)} failed: {res.stderr.strip().splitlines()[-1:]}")
+    return res.stdout
+
+
+def measure(plan: Path, steps: int) -> tuple[float, list[int]]:
+    lines = [json.loads(line) for line in parc("run", str(plan), "--steps", str(steps), "--json").splitlines()
+             if line.startswith("{")]
+    return statistics.median(r["step_time_s"] for r in lines[5:]), lines[-1]["peak_bytes_per_rank"]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--calibration", help="a calibration file (default: run parc profile first)")
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--models", default=",".join(BUILD))
+    args = ap.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="parc-predict-"))
+    calib = Path(args.calibration) if args.calibration else work / "calib.yaml"
+    if not args.calibration:
+        t0 = time.perf_counter()
+        parc("profile", "-o", str(calib))
+        print(f"parc profile: {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+    print(f"Predicted against measured: {platform.node()}, {platform.processor() or platform.machine()}, "
+          f"calibration from `parc profile`, {args.steps} steps, median of steps 6-{args.steps}.\n")
+    print("| model | devices | plan | predicted step ms | measured ms | error | predicted peak MiB/rank "
+          "| measured MiB/rank | error |")
+    print("|---|---|---|---:|---:|---:|---:|---:|---:|")
+    worst_t, worst_m = 0.0, 0.0
+    for model in args.models.split(","):
+        step = work / f"{model}.train.onnx"
+        parc("models", "build", model, *BUILD.get(model, ()), "--train", "momentum", "-o", str(step))
+        for devices, extra in LAYOUTS:
+            plan = work / f"{model}-{devices}{''.join(extra)}"
+            parc("plan", str(step), "--devices", devices, "--calibration", str(calib), *extra, "-o", str(plan))
+            sim = json.loads(parc("simulate", str(plan), "--json"))
+            doc = json.loads((plan / "plan.json").read_text())
+            shape = (f"{len(doc['stages'])} stages x {doc['schedule']['micro_batches']} mb"
+                     if "stages" in doc and doc.get("schedule") else f"mesh {tuple(doc['mesh']['shape'])}")
+            measured, peaks = measure(plan, args.steps)
+            predicted_peaks = [r["peak_bytes"] for r in sim["ranks"]]
+            err_t = (sim["step_time_s"] - measured) / measured
+            err_m = max(abs(p - m) / m for p, m in zip(predicted_peaks, peaks))
+            worst_t, worst_m = max(worst_t, abs(err_t)), max(worst_m, err_m)
+            print(f"| {model} | {devices} | {shape} | {sim['step_time_s'] * 1e3:.1f} | {measured * 1e3:.1f} | "
+                  f"{err_t:+.1%} | {max(predicted_peaks) / 2**20:.2f} | {max(peaks) / 2**20:.2f} | {err_m:.1%} |",
+                  flush=True)
+    print(f"\nworst step error {worst_t:.1%}, worst memory error {worst_m:.1%}")
+
+
+if __name__ == "__main__":
+    main()
