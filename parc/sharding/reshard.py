@@ -173,8 +173,12 @@ class _Steps:
         n, worst = self.mesh[k], 0.0
         touched = {x.dim for x in (before[k], after[k]) if isinstance(x, Split)}
         devices = self.devices
-        if kind != "all_to_all" and not _uneven(before) and not _uneven(after):
-            devices = devices[:1]  # even splits: every device receives the same volume
+        if not _uneven(before) and not _uneven(after):
+            if kind != "all_to_all":
+                devices = devices[:1]  # even splits: every device receives the same volume
+            else:
+                need = math.prod(self.local(after, devices[0]))
+                return (need - self._least_overlap(before, after, touched)) * self.dtype_bytes
         for coords in devices:
             held, need = self.local(before, coords), self.local(after, coords)
             h, m = math.prod(held), math.prod(need)
@@ -187,6 +191,46 @@ class _Steps:
                                   for d, e in enumerate(need))
             worst = max(worst, float(v))
         return worst * self.dtype_bytes
+
+
+    def _least_overlap(self, before: ShardSpec, after: ShardSpec, touched: set[int]) -> int:
+        """The fewest elements any device holds both before and after (even splits), for every
+        device at once: along each touched dim, which piece of each layout holds each index
+        (`_owners`), so a 2-D histogram gives every (held piece, needed piece) pair's overlap,
+        and a device's overlap is the product over dims of its pair's. Linear in the dims'
+        extents and the devices, where one device at a time is quadratic (4,096 devices)."""
+        mesh = self.mesh
+        coords = np.indices(mesh).reshape(len(mesh), -1)  # every device, row-major
+        overlap = np.ones(coords.shape[1], dtype=np.int64)
+        for d, extent in enumerate(self.shape):
+            if d not in touched:
+                overlap *= self.local(after, (0,) * len(mesh))[d]
+                continue
+            split = [[j for j, ax in enumerate(spec) if isinstance(ax, Split) and ax.dim == d] for spec in (before, after)]
+            unit = math.gcd(*(_unit(self._key(spec, d, (0,) * len(mesh))) for spec in (before, after)))
+            owners = [_owners(extent // unit, tuple((spec[j], mesh[j]) for j in axes), unit)
+                      for spec, axes in zip((before, after), split)]
+            sizes = [math.prod(mesh[j] for j in axes) for axes in split]
+            pairs = np.bincount(owners[0] * sizes[1] + owners[1], minlength=sizes[0] * sizes[1])
+            piece = [np.ravel_multi_index(coords[axes], [mesh[j] for j in axes]) if axes else 0 for axes in split]
+            overlap *= unit * pairs[np.asarray(piece[0]) * sizes[1] + np.asarray(piece[1])]
+        return int(overlap.min())
+
+
+@lru_cache(maxsize=256)
+def _owners(extent: int, levels: tuple[tuple[Split, int], ...], unit: int) -> np.ndarray:
+    """For each index of a dim of `extent` (blocks of `unit`), the piece holding it under even
+    splits `levels` (outermost first), pieces numbered row-major over the levels' coordinates."""
+    pieces = np.arange(extent)[None, :]  # pieces x their indices, in level order
+    for ax, n in levels:
+        scaled = Split(ax.dim, ax.stride // unit if ax.stride is not None else None)
+        length = pieces.shape[1]
+        pieces = np.stack([pieces[:, positions(length, scaled, n, c)] for c in range(n)], axis=1)
+        pieces = pieces.reshape(-1, length // n)
+    owner = np.empty(extent, dtype=np.int64)
+    owner[pieces] = np.arange(pieces.shape[0])[:, None]
+    owner.flags.writeable = False
+    return owner
 
 
 @lru_cache(maxsize=1 << 12)

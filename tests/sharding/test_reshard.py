@@ -27,7 +27,7 @@ from parc.sharding import (
     simulate,
     split,
 )
-from parc.sharding.spec import Split
+from parc.sharding.spec import R, Split
 
 SHAPE, N, ITEM = (6, 12), 3, 4
 B = 6 * 12 * 4  # bytes of the whole tensor
@@ -255,3 +255,52 @@ def test_overlap_of_pieces_equals_the_index_sets(seed):
         a, b = _random_key(rng, extent, mesh), _random_key(rng, extent, mesh)
         want = len(np.intersect1d(reshard_mod._dim_index(a), reshard_mod._dim_index(b)))
         assert reshard_mod._overlap.__wrapped__(a, b) == want, (a, b)
+
+
+def _all_to_all_by_device(steps, before, after, k) -> float:
+    """The volume the busiest device receives in an all-to-all, one device at a time (the
+    definition `_Steps._least_overlap` computes for every device at once)."""
+    touched = {x.dim for x in (before[k], after[k]) if isinstance(x, Split)}
+    worst = 0
+    for coords in steps.devices:
+        need = steps.local(after, coords)
+        held = math.prod(steps.overlap(before, after, d, coords) if d in touched else e for d, e in enumerate(need))
+        worst = max(worst, math.prod(need) - held)
+    return worst * steps.dtype_bytes
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_all_to_all_volume_for_all_devices_at_once_equals_device_by_device(seed):
+    from parc.sharding.reshard import _canonical, _Steps, step_kind
+
+    rng = np.random.default_rng(seed)
+    mesh = [(2, 2), (2, 3), (4, 2), (2, 2, 2), (3, 2)][seed % 5]
+    shape = (24, 12)
+
+    def axis(n, length):
+        kind = rng.integers(4)
+        if kind == 0:
+            return R
+        d = int(rng.integers(2))
+        if kind == 3:
+            strides = [s for s in range(1, shape[d] // n + 1) if shape[d] % (n * s) == 0 and s < shape[d] // n]
+            if strides:
+                return Split(d, stride=int(rng.choice(strides)))
+        return Split(d)
+
+    checked = 0
+    for _ in range(200):
+        k = int(rng.integers(len(mesh)))
+        base = [axis(n, 0) for n in mesh]
+        a, b = list(base), list(base)
+        a[k], b[k] = Split(0), Split(1)
+        if rng.integers(2):
+            a[k], b[k] = b[k], a[k]
+        before, after = (_canonical(ShardSpec(tuple(x)), shape, mesh) for x in (a, b))
+        if before is None or after is None or step_kind(before[k], after[k]) != "all_to_all":
+            continue
+        steps = _Steps(shape, mesh, 4)
+        assert steps.bytes("all_to_all", before, after, k) == _all_to_all_by_device(steps, before, after, k), \
+            (before, after, k, mesh)
+        checked += 1
+    assert checked >= 5
