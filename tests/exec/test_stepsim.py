@@ -160,3 +160,33 @@ def test_simulate_names_a_missing_or_old_plan(tmp_path):
 
     res = CliRunner().invoke(cli, ["simulate", str(tmp_path / "nowhere")])
     assert res.exit_code == 2 and "no such plan directory" in res.output
+
+
+def test_an_older_plan_without_task_times_is_one_line_saying_plan_again(gpt_train, tmp_path):
+    from tests.helpers import assert_one_line_error, parc
+
+    _plan(gpt_train, tmp_path / "p", "--devices", "2xcpu")
+    path = tmp_path / "p" / "taskgraph.json"
+    doc = json.loads(path.read_text())
+    for t in doc["tasks"]:
+        t.pop("time_s", None)
+    path.write_text(json.dumps(doc))
+    assert_one_line_error(parc("simulate", str(tmp_path / "p")), "time_s", "plan it again")
+
+
+@pytest.mark.parametrize(("text", "needle"), [
+    ("devices:\n  cpu: {fp32_tflop: 1}\n", "fp32_tflop"),
+    ("devices:\n  cpu: {fp32_tflops: 0}\n", "fp32_tflops"),
+    ("links:\n  shm: {latency_us: -3}\n", "latency"),
+    ("sharing:\n  \"4\": {devices: {cpu: {bandwidth_gbs: -1}}}\n", "bandwidth_gbs"),
+])
+def test_a_bad_calibration_file_is_one_line_naming_the_key(gpt_train, tmp_path, text, needle):
+    from tests.helpers import assert_one_line_error, parc
+
+    bad = tmp_path / "calib.yaml"
+    bad.write_text(text)
+    res = parc("plan", str(gpt_train), "--devices", "2xcpu", "--calibration", str(bad), "-o", str(tmp_path / "p"))
+    assert_one_line_error(res, "calib.yaml", needle)
+    assert not (tmp_path / "p").exists()
+    assert_one_line_error(parc("plan", str(gpt_train), "--devices", "2xcpu", "--calibration",
+                               str(tmp_path / "none.yaml"), "-o", str(tmp_path / "p")), "--calibration")
