@@ -10,13 +10,14 @@ import click
 @click.command()
 @click.argument("plan_dir", metavar="PLAN_DIR")
 @click.option("--json", "as_json", is_flag=True, help="The simulation as one JSON object (stable keys).")
-@click.option("--timeline", "timeline_ranks", type=click.IntRange(0), default=16, show_default=True,
-              help="Ranks whose timeline --json includes.")
-def simulate(plan_dir: str, as_json: bool, timeline_ranks: int) -> None:
+@click.option("--timeline", "timeline_ranks", type=click.IntRange(0),
+              help="Ranks whose timeline --json includes (default 16).")
+def simulate(plan_dir: str, as_json: bool, timeline_ranks: int | None) -> None:
     """Simulate one step of the plan in PLAN_DIR: step time, bubble, busy time per rank,
     communication exposed and hidden, the critical path and peak memory per rank."""
-    from parc.exec.stepsim import simulate_plan
+    from parc.exec.stepsim import TIMELINE_RANKS, simulate_plan
 
+    timeline_ranks = TIMELINE_RANKS if timeline_ranks is None else timeline_ranks
     sim = simulate_plan(plan_dir, keep_spans=as_json and timeline_ranks > 0)
     doc = sim.to_json(timeline_ranks)
     if as_json:

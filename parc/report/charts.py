@@ -12,6 +12,7 @@ import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
+from parc.exec.stepsim import TIMELINE_RANKS
 from parc.report.units import fmt_bytes, fmt_pct, fmt_ratio, fmt_time
 
 
@@ -36,7 +37,7 @@ class Palette:
 
 PALETTE = Palette()
 MERGE_FRACTION = 1e-3  # spans of one kind closer than this fraction of the step are drawn as one bar
-TIMELINE_ROWS = 16  # ranks drawn; plan.json's simulation lists at most this many
+TIMELINE_ROWS = TIMELINE_RANKS  # ranks drawn: as many as plan.json's simulation lists
 GRID_SQUARES = 64  # device squares drawn per stage box
 _KIND_WORDS = {"compute": "compute", "comm": "communication", "wait": "waiting (bubble)"}
 _e = html.escape
