@@ -3,20 +3,24 @@
 For each count k of ranks sharing this host (1, 2, 4, ... up to `--ranks`), one MPI job of k
 ranks runs the same microbenchmarks on every rank at once, with the engine and the threads per
 rank `parc run` gives a plan of k ranks (`runner.rank_threads`), so each figure is what a rank
-gets while its neighbours work too:
+gets while its neighbours work too. Each benchmark is one op in an onnxruntime session, run for
+`--seconds` with its inputs rotating through more memory than a cache holds; the mean is kept:
 
-- per node of an onnxruntime module: a chain of tiny Adds gives the launch floor (the slope over
-  the chain's length) and the task overhead (what one `session.run` costs beyond its nodes);
-  chains of large Adds give memory bandwidth (bytes moved over the time above the floor) and
-  chains of MatMuls float32 FLOP/s. Sizes span what a model's local tensors are, and the figure
-  kept is the geometric mean of the sizes' rates, the value that minimises the squared log
-  error of the roofline over them;
-- collectives (k >= 2): all-reduces of 64 B to 4 MiB through parc's communicator, fitted to the
-  ring formula `2(k-1) alpha + 2(k-1)/k B / beta` (least squares on the relative error).
+- the launch floor (the slope of a chain of tiny Adds over its length) and the task overhead
+  (what one `session.run` costs beyond its node);
+- memory bandwidth: seven memory-bound ops as training graphs have them (`MEMORY_OPS`), 1-16 MiB;
+- float32 FLOP/s: matmuls of training shapes (`MATMULS`) and convolutions by class (`CONVS`);
+  the fastest class's rate is the peak, the others fractions of it (`compute_efficiency`,
+  `op_efficiency`). Each class's figure is the geometric mean of its sizes' rates, the value that
+  minimises the squared log error of the roofline over them;
+- collectives (k >= 2): all-reduces of 64 B to 4 MiB through parc's communicator, over the whole
+  job and (even k > 2) over pairs while the other pairs compute, `ARRIVALS` rounds of a first
+  one after compute then a burst: the burst fits the ring formula `2(n-1) alpha + 2(n-1)/n B /
+  beta` (least squares on the relative error), the first's excess is the link's handoff.
 
-The file (docs/cluster.md, "Calibration") holds the figures of one rank alone under `devices`,
-and those of k ranks per node under `sharing."k"`, which `parc plan --calibration` applies to
-nodes of k devices. The raw timings are written as comments.
+The file (docs/cluster.md, "Calibration") holds one rank's device figures and the smallest
+multi-rank count's link figures at the top, and k ranks' figures under `sharing."k"`, which
+`parc plan --calibration` applies to nodes of k devices. The raw timings are written as comments.
 """
 
 from __future__ import annotations
@@ -225,7 +229,7 @@ def _all_reduces(comm, threads: int) -> list[dict]:
             busy.run(None, feed)
 
     r, k = comm.rank, comm.size
-    pair = comm.for_ranks((r - r % 2, r - r % 2 + 1)) if k > 2 else None
+    pair = comm.for_ranks((r - r % 2, r - r % 2 + 1)) if k > 2 and k % 2 == 0 else None  # odd k: no pairs
     rows = []
     # the whole job (everyone communicates), then pairs while the other ranks compute (a
     # pipeline stage's collectives run while the other stages work)
@@ -352,7 +356,7 @@ def write_calibration(output: Path, fitted: dict[int, dict], measured: dict[int,
         body["sharing"] = sharing
     head = [f"# parc profile: {platform.node()}, {os.cpu_count()} CPUs ({platform.processor() or platform.machine()}), "
             f"onnxruntime {onnxruntime.__version__}, {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}",
-            "# figures of one rank alone (devices, links) and per rank when k ranks share this host (sharing)",
+            "# one rank alone (devices), two ranks' links (links), and per rank when k share this host (sharing)",
             "# measured (seconds per node; all-reduce seconds per call):"]
     for k, rows in sorted(measured.items()):
         mem = ", ".join(f"{r['op']} {r['bytes'] >> 20} MiB: {r['s']:.3g}" for r in rows["memory"])

@@ -70,8 +70,10 @@ class Simulation:
 
     @property
     def bubble_s(self) -> float:
-        """The mean time a rank is not busy within the step."""
-        return sum(self.wait_s) / len(self.ranks)
+        """The mean time a rank is not busy within the step (over real ranks: a stage-level
+        graph's rank weighs as the devices it stands for)."""
+        weights = [len(self.represents.get(r.rank, [r.rank])) for r in self.ranks]
+        return sum(w * x for w, x in zip(weights, self.wait_s)) / sum(weights)
 
     @property
     def exposed_comm_s(self) -> float:
@@ -128,7 +130,7 @@ def simulate(graph: TaskGraph, keep_spans: bool = True) -> Simulation:
     cause: dict[str, str | None] = {}  # task (per rank for collectives: id@rank) -> the task that let it start
     last: dict[int, str | None] = dict.fromkeys(ranks, None)  # each rank's last finished task
     arrived: dict[str, list[tuple[int, float]]] = defaultdict(list)
-    posted: dict[tuple, tuple[float, str | None]] = {}  # send key -> (post time, what preceded it)
+    posted: dict[tuple, tuple[float, str | None, str]] = {}  # send key -> (post time, what preceded it, its id)
     waiting: dict[tuple, int] = {}  # send key -> the rank blocked on its recv
     send_done: dict[int, list[tuple[float, str]]] = defaultdict(list)
     ready = deque(ranks)
@@ -146,15 +148,17 @@ def simulate(graph: TaskGraph, keep_spans: bool = True) -> Simulation:
 
     def finish_recv(r: int, t: Mapping, tid: str) -> None:
         key = _key(t["peer"], r, t)
-        sent_at, sent_cause = posted[key]
+        sent_at, sent_cause, send_id = posted[key]
         begin = max(sent_at, clock[r])
-        end = begin + t["time_s"] + (t.get("handoff_s", 0.0) if from_compute(r) else 0.0)
+        held = t["time_s"] + (t.get("handoff_s", 0.0) if from_compute(r) else 0.0)
+        end = begin + held
         span(r, clock[r], begin, WAIT, tid)
         span(r, begin, end, COMM, tid)
-        stats[r].comm_s += t["time_s"]
+        stats[r].comm_s += held
         stats[t["peer"]].hidden_s += t["time_s"]
-        send_done[t["peer"]].append((end, f"{tid}<-send"))
-        cause[tid] = sent_cause if sent_at >= clock[r] else last[r]
+        send_done[t["peer"]].append((end, send_id))
+        # the transfer starts when the later of the send and the recv is posted
+        cause[tid] = cause[send_id] = sent_cause if sent_at >= clock[r] else last[r]
         clock[r] = end
         last[r] = tid
         pos[r] += 1
@@ -179,13 +183,14 @@ def simulate(graph: TaskGraph, keep_spans: bool = True) -> Simulation:
                     del arrived[tid]
                 start = max(at for _, at in arrivals)
                 handoff = any(from_compute(m) for m, _ in arrivals)
-                end = start + t["time_s"] + (t.get("handoff_s", 0.0) if handoff else 0.0)
-                latest = max(arrivals, key=lambda x: x[1])[0]
+                held = t["time_s"] + (t.get("handoff_s", 0.0) if handoff else 0.0)
+                end = start + held
+                before = last[max(arrivals, key=lambda x: x[1])[0]]  # what the last arrival ran
                 for m, at in arrivals:
                     span(m, at, start, WAIT, tid)
                     span(m, start, end, COMM, tid)
-                    stats[m].comm_s += t["time_s"]
-                    cause[f"{tid}@{m}"] = f"{last[latest]}" if last[latest] is not None else None
+                    stats[m].comm_s += held
+                    cause[f"{tid}@{m}"] = before
                     clock[m] = end
                     last[m] = f"{tid}@{m}"
                     pos[m] += 1
@@ -201,7 +206,7 @@ def simulate(graph: TaskGraph, keep_spans: bool = True) -> Simulation:
                 continue
             if kind == "send":
                 key = _key(r, t["peer"], t)
-                posted[key] = (clock[r], last[r])
+                posted[key] = (clock[r], last[r], tid)
                 cause[tid] = last[r]
                 pos[r] += 1
                 if key in waiting:
@@ -238,64 +243,91 @@ def simulate(graph: TaskGraph, keep_spans: bool = True) -> Simulation:
     node = max(ends.values(), key=lambda e: e[0])[1]
     while node is not None and len(path) < 1_000_000:
         path.append(node)
-        node = cause.get(node.removesuffix("<-send"))
+        node = cause.get(node)
     path.reverse()
     return Simulation(step, [stats[r] for r in ranks], spans, [p.split("@")[0] for p in path])
 
 
 def held_peak(graph: TaskGraph, rank: int, program) -> int:
     """The most bytes of tensors rank `rank` holds at once in a step, replaying its order the way
-    the executor keeps values (`runner.Rank.step`): its state; each microbatch's values until
-    their last reader (`last_uses`), then the microbatch's accumulations and its values for the
-    apply part; the outputs handed out; send buffers until the end of the step."""
+    the executor keeps values (`runner.Rank.step`) and counting them as it does (`held_bytes`:
+    distinct arrays). Each value made is a new array: the rank's state; each microbatch's values
+    until their last reader (`last_uses`); at a microbatch's end its accumulations (a sum is a new
+    array, `last` the value itself, `concat` a list of the values, concatenated into a new array
+    after the last microbatch) and its values for the apply part; the outputs handed out (the
+    values themselves); send buffers until the end of the step (the value itself, or a new array
+    when the send cuts the receiver's shard)."""
     from parc.exec.taskgraph import last_uses
     from parc.plandir import local_bytes as resident_bytes
 
     order = [graph.tasks[t] for t in graph.order[rank]]
     free_after = last_uses(order, program)
     last_of_mb = {t.get("micro_batch"): pos for pos, t in enumerate(order) if t.get("micro_batch") is not None}
-    state = {r["name"]: resident_bytes(r) for r in program.residents if r["kind"] not in ("data", "recv")}
-    shared: dict[str, int] = dict(state)
+    micro = len(last_of_mb)
+    size: list[int] = []  # bytes of each array made, by its id
+
+    def made(nbytes: int) -> int:
+        size.append(int(nbytes))
+        return len(size) - 1
+
+    shared = {r["name"]: made(resident_bytes(r)) for r in program.residents if r["kind"] not in ("data", "recv")}
     envs: dict[Any, dict[str, int]] = {}
-    sums: dict[str, int] = {}
+    sums: dict[str, Any] = {}  # name -> array id, or a list of ids (concat)
     latest: dict[str, int] = {}
     outputs: dict[str, int] = {}
-    pending: list[tuple[str, int]] = []
-    peak = 0
+    pending: list[int] = []
+    folded = peak = 0
 
-    def size(env: dict, name: str) -> int:
+    def lookup(env: dict, name: str) -> int | None:
         for holder in (env, shared, latest):
             if name in holder:
                 return holder[name]
-        return 0
+        return None
 
     for pos, t in enumerate(order):
         mb = t.get("micro_batch")
         env = shared if mb is None else envs.setdefault(mb, {})
         kind = t["kind"]
         if kind == "compute":
-            env.update(zip(t["outputs"], t.get("out_bytes", [0] * len(t["outputs"]))))
-        elif kind == "collective":
-            env[t["dst"]] = t.get("out_bytes", [0])[0]
-        elif kind == "source":
-            env[t["tensor"]] = t.get("out_bytes", [0])[0]
+            for name, nbytes in zip(t["outputs"], t.get("out_bytes", [0] * len(t["outputs"]))):
+                env[name] = made(nbytes)
+        elif kind in ("collective", "source"):
+            env[t["dst"] if kind == "collective" else t["tensor"]] = made(t.get("out_bytes", [0])[0])
         elif kind == "recv":
-            env[t["local"]] = t.get("bytes", 0)
+            env[t["local"]] = made(t.get("bytes", 0))
         elif kind == "send":
-            pending.append((t["local"], size(env, t["local"]) if "slice" not in t else t.get("bytes", 0)))
+            held = lookup(env, t["local"])
+            pending.append(made(t.get("bytes", 0)) if "slice" in t or held is None else held)
         elif kind == "sink":
-            outputs[t["tensor"]] = size(env, t["local"])
-        alive = {name for holder in (shared, *envs.values(), latest) for name in holder}
-        held = (sum(shared.values()) + sum(sum(e.values()) for e in envs.values()) + sum(latest.values())
-                + sum(sums.values()) + sum(b for name, b in outputs.items() if name not in alive)
-                + sum(b for name, b in pending if name not in alive))
-        peak = max(peak, held)
+            held = lookup(env, t["local"])
+            if held is not None:
+                outputs[t["tensor"]] = held
+        ids = {*shared.values(), *latest.values(), *outputs.values(), *pending}
+        for e in envs.values():
+            ids.update(e.values())
+        for x in sums.values():
+            ids.update(x if isinstance(x, list) else [x])
+        peak = max(peak, sum(size[i] for i in ids))
         for name in free_after[pos]:
             env.pop(name, None)
         if mb is not None and last_of_mb.get(mb) == pos:
             for name, (src, how, *_dim) in program.accumulate.items():
-                sums[name] = sums.get(name, 0) + env.get(src, 0) if how == "concat" else env.get(src, 0)
+                x = env.get(src)
+                if x is None:
+                    continue
+                if how == "sum":
+                    sums[name] = made(size[x])
+                elif how == "last":
+                    sums[name] = x
+                else:
+                    sums.setdefault(name, []).append(x)
+            folded += 1
             latest = envs.pop(mb)
+            if folded == micro:
+                for name, (_src, how, *_dim) in program.accumulate.items():
+                    if name in sums:
+                        x = sums[name]
+                        shared[name] = made(sum(size[i] for i in x)) if how == "concat" else x
     return peak
 
 

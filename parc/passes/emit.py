@@ -251,7 +251,7 @@ def write_programs_for(graph: Graph, mesh: tuple[int, ...], strategies: list, sp
     doc = {"format": FORMAT, "ranks": ranks, "micro_batches": micro, "mesh": list(device_mesh),
            "stages": [{"id": 0, "ranks": list(range(ranks))}],
            "tasks": tasks, "edges": edges, "order": order}
-    annotate(doc, devices, lambda t: links[t["axis"]], lambda a, b: links[0])
+    annotate(doc, lambda t: links[t["axis"]], lambda a, b: links[0])
     return write_taskgraph(doc, out)
 
 

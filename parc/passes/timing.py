@@ -21,7 +21,7 @@ outputs), which the simulator needs for memory.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 
 import numpy as np
 import onnx
@@ -30,7 +30,7 @@ from onnx import helper
 from parc.cluster.cost import compute_time, ring_time, send_recv_time
 from parc.cluster.devices import DeviceSpec
 from parc.cluster.links import LinkSpec
-from parc.sharding.reshard import LOCAL_KINDS, Collective
+from parc.sharding.reshard import Collective
 
 _MODULE_SECONDS: dict[tuple[str, str], float] = {}  # (module digest, device) -> seconds
 
@@ -94,11 +94,9 @@ def _itemsize(onnx_type: int) -> int:
     return helper.tensor_dtype_to_np_dtype(onnx_type).itemsize
 
 
-def collective_seconds(step: Mapping, link: LinkSpec, device: DeviceSpec) -> float:
-    """One collective task's seconds: its ring time, or a local slice's memory traffic."""
+def collective_seconds(step: Mapping, link: LinkSpec) -> float:
+    """One collective task's seconds: its ring time (local steps are ONNX nodes, not tasks)."""
     c = Collective.from_json(dict(step))
-    if c.kind in LOCAL_KINDS:
-        return compute_time(0.0, c.bytes_per_device, device)
     return ring_time(c.kind, link, c.n, c.bytes_per_device)
 
 
@@ -111,12 +109,11 @@ def module_times(models: Mapping[str, onnx.ModelProto], device: DeviceSpec,
             for name, model in models.items()}
 
 
-def annotate(doc: dict, devices: Sequence[DeviceSpec], axis_link: Callable[[dict], LinkSpec],
-             p2p_link: Callable[[int, int], LinkSpec]) -> dict:
+def annotate(doc: dict, axis_link: Callable[[dict], LinkSpec], p2p_link: Callable[[int, int], LinkSpec]) -> dict:
     """Write `time_s` on every communication, source and sink task of task graph `doc` (compute
     tasks have theirs from `module_times`).
 
-    `devices[r]`: rank r's device; `axis_link(collective task)`: the link of its mesh axis;
+    `axis_link(collective task)`: the link of its mesh axis;
     `p2p_link(src, dst)`: the link a message from rank src to rank dst takes."""
     recv_bytes: dict[tuple[int, int, str, object], int] = {}
     for t in doc["tasks"]:
@@ -129,7 +126,7 @@ def annotate(doc: dict, devices: Sequence[DeviceSpec], axis_link: Callable[[dict
             assert "time_s" in t, t["id"]
         elif kind == "collective":
             link = axis_link(t)
-            t["time_s"] = collective_seconds(t["step"], link, devices[t["group"][0]])
+            t["time_s"] = collective_seconds(t["step"], link)
             if link.handoff and len(t["group"]) > 1:
                 t["handoff_s"] = link.handoff
         elif kind in ("send", "recv"):
@@ -150,8 +147,9 @@ def stage_taskgraph(result) -> dict:
     simulated rank per stage standing for its devices (they run the same program), 1F1B over the
     microbatches (`pipeline_taskgraph`) with the planner's figures per stage: a microbatch's
     forward and backward (split as the stage search's costs split them), the optimizer, and the
-    stage's sends per microbatch, half with the activations and half with their gradients. A
-    one-mesh plan is one stage: its compute, then its communication as one collective."""
+    stage's sends per microbatch (a middle stage's split evenly between its activations and
+    their gradients). A one-mesh plan is one stage: its compute, then its communication as one
+    collective."""
     from parc.exec.taskgraph import FORMAT, STAGE, pipeline_taskgraph
     from parc.passes.pipeline.plan import PipelinePlan
 
@@ -168,6 +166,12 @@ def stage_taskgraph(result) -> dict:
     count, m = len(result.stages), result.micro_batches
     doc = pipeline_taskgraph(count, m)
     a = result.assignment
+
+    def send_s(stage: int) -> float:
+        """A stage's sends per microbatch (`send_s`), shared between the directions it sends in
+        (the first and last stages send one way; a middle stage's are split evenly)."""
+        return result.stages[stage].send_s / ((stage + 1 < count) + (stage > 0))
+
     for t in doc["tasks"]:
         st = result.stages[t["rank"]]
         fwd, bwd = float(a.fwd_cost[st.index]), float(a.bwd_cost[st.index])
@@ -175,13 +179,8 @@ def stage_taskgraph(result) -> dict:
         if t["kind"] == "compute":
             t["time_s"] = {"forward": share * st.per_micro_s, "backward": (1 - share) * st.per_micro_s,
                            "apply": st.apply_s}[t["phase"]]
-        elif t["kind"] == "send":
-            t["time_s"] = st.send_s / 2
-        else:
-            t["time_s"] = 0.0
-    for t in doc["tasks"]:  # a recv takes its send's time
-        if t["kind"] == "recv":
-            t["time_s"] = result.stages[t["peer"]].send_s / 2
+        else:  # a send and its recv take the sending stage's time
+            t["time_s"] = send_s(t["rank"] if t["kind"] == "send" else t["peer"])
     doc["granularity"] = STAGE
     doc["stages"] = [{"id": st.index, "ranks": [st.index], "devices": list(st.ranks),
                       "mesh": list(st.plan.best.mesh.shape)} for st in result.stages]

@@ -217,7 +217,7 @@ class _Steps:
         return int(overlap.min())
 
 
-@lru_cache(maxsize=256)
+@lru_cache(maxsize=8)  # as `_dim_index`: a dim may be 50M long
 def _owners(extent: int, levels: tuple[tuple[Split, int], ...], unit: int) -> np.ndarray:
     """For each index of a dim of `extent` (blocks of `unit`), the piece holding it under even
     splits `levels` (outermost first), pieces numbered row-major over the levels' coordinates."""

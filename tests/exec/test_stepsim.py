@@ -57,6 +57,13 @@ def test_a_rank_ends_when_its_sends_have_arrived():
     sim = simulate(_graph(tasks, {0: ["f", "s"], 1: ["late", "r"]}, [("f", "s"), ("s", "r")]))
     # the message moves once rank 1 posts its recv (at 3), so rank 0's send completes at 3.5
     assert sim.ranks[0].end_s == pytest.approx(3.5) and sim.step_time_s == pytest.approx(3.5)
+    assert sim.critical_path == ["late", "s"]  # task ids: the send waited for rank 1's recv
+
+
+def test_the_critical_path_passes_a_collective_once():
+    tasks = [_compute("a0", 0, 3.0), _compute("a1", 1, 1.0), _all_reduce("c", [0, 1], 0.5), _compute("b1", 1, 5.0)]
+    sim = simulate(_graph(tasks, {0: ["a0", "c"], 1: ["a1", "c", "b1"]}))
+    assert sim.critical_path == ["a0", "c", "b1"] and sim.step_time_s == pytest.approx(8.5)
 
 
 @pytest.mark.parametrize(("stages", "micro"), [(1, 1), (2, 4), (4, 8), (3, 2)])
@@ -75,6 +82,7 @@ def test_the_handoff_is_paid_by_the_first_communication_after_compute():
              _all_reduce("c1", [0, 1], 0.1, handoff_s=0.5), _all_reduce("c2", [0, 1], 0.1, handoff_s=0.5)]
     sim = simulate(_graph(tasks, {0: ["a0", "c1", "c2"], 1: ["a1", "c1", "c2"]}))
     assert sim.step_time_s == pytest.approx(1.0 + 0.6 + 0.1)
+    assert [r.comm_s for r in sim.ranks] == pytest.approx([0.7, 0.7]) and sim.wait_s == pytest.approx([0.0, 0.0])
 
 
 def test_a_task_without_time_is_refused_with_how_to_fix():
@@ -190,3 +198,19 @@ def test_a_bad_calibration_file_is_one_line_naming_the_key(gpt_train, tmp_path, 
     assert not (tmp_path / "p").exists()
     assert_one_line_error(parc("plan", str(gpt_train), "--devices", "2xcpu", "--calibration",
                                str(tmp_path / "none.yaml"), "-o", str(tmp_path / "p")), "--calibration")
+
+
+@pytest.mark.parametrize("args", [["--devices", "4xcpu", "--pipeline", "2"],
+                                  ["--devices", "2xcpu", "--micro-batches", "2"]])
+def test_predicted_peak_memory_is_what_the_runner_counts(gpt_train, tmp_path, args):
+    from tests.exec.test_run_verify import MPIEXEC
+    from tests.helpers import parc
+
+    if MPIEXEC is None:
+        pytest.skip("no mpiexec (install the mpich wheel)")
+    _plan(gpt_train, tmp_path / "p", *args)
+    sim = json.loads(parc("simulate", str(tmp_path / "p"), "--json").stdout)
+    res = parc("run", str(tmp_path / "p"), "--steps", "3", "--json")
+    assert res.returncode == 0, res.stderr
+    measured = [json.loads(line) for line in res.stdout.splitlines() if line.startswith("{")][-1]
+    assert [r["peak_bytes"] for r in sim["ranks"]] == measured["peak_bytes_per_rank"]

@@ -37,7 +37,7 @@ from parc.passes.emit import (
     write_taskgraph,
 )
 from parc.passes.lower import APPLY, MICRO, PASSES, bindings, layout_key, loss_name, lower_rank, rules_of
-from parc.passes.pipeline.plan import PipelinePlan, stage_link, transfer_routes
+from parc.passes.pipeline.plan import PipelinePlan, p2p_link, transfer_routes
 from parc.passes.pipeline.stages import stage_outputs
 from parc.passes.timing import annotate
 
@@ -93,8 +93,9 @@ def write_pipeline_programs(pp: PipelinePlan, out: Path) -> dict:
                       for st in pp.stages],
            "tasks": tasks, "edges": edges, "order": order}
     stage_of = {rank: st for st in pp.stages for rank in st.ranks}
-    annotate(doc, pp.cluster.devices, lambda t: stage_of[t["group"][0]].plan.best.mesh.links[t["axis"]],
-             lambda a, b: stage_link(pp.cluster, a, b))
+    annotate(doc, lambda t: stage_of[t["group"][0]].plan.best.mesh.links[t["axis"]],
+             lambda a, b: p2p_link(pp.cluster, stage_of[a].ranks, stage_of[b].ranks,
+                                   min(len(stage_of[a].ranks), len(stage_of[b].ranks))))
     return write_taskgraph(doc, out)
 
 

@@ -495,12 +495,12 @@ def _send_time(cluster: Cluster, crossing: list[Boundary], ranks: list[tuple[int
             per = whole if route.layout is None else int(np.prod(local_shape(
                 b.shape, route.layout, meshes[d], (0,) * len(route.layout)))) * _itemsize(b.dtype) / piece
             rounds, streams = (1, len(src)) if route.shared else (-(-len(dst) // len(src)), min(len(src), len(dst)))
-            link = _p2p_link(cluster, src, dst, streams)
+            link = p2p_link(cluster, src, dst, streams)
             total += rounds * send_recv_time(link, 2, per)
     return total
 
 
-def _p2p_link(cluster: Cluster, src: tuple[int, ...], dst: tuple[int, ...], streams: int) -> LinkSpec:
+def p2p_link(cluster: Cluster, src: tuple[int, ...], dst: tuple[int, ...], streams: int) -> LinkSpec:
     """The link one of `streams` concurrent sends from group `src` to group `dst` sees: inside a
     node its link; between nodes the inter-node link, the node's NICs shared by its streams."""
     link = stage_link(cluster, src[0], dst[0])
@@ -515,7 +515,7 @@ def _arrivals(cluster: Cluster, crossing: list[Boundary], ranks: list[tuple[int,
     """Seconds per byte of receiving each value stage `stage` reads from another stage, every
     device of the sending group sending its peer at once (the SPMD search's `arrivals`: it then
     prefers layouts cheap to send; the prediction charges the transfer to the sender)."""
-    return {b.name: 1.0 / _p2p_link(cluster, ranks[b.src], ranks[stage], len(ranks[b.src])).bandwidth
+    return {b.name: 1.0 / p2p_link(cluster, ranks[b.src], ranks[stage], len(ranks[b.src])).bandwidth
             for b in crossing if stage in b.dst}
 
 
