@@ -137,13 +137,9 @@ def _conv(op: str, x: tuple, w: tuple, attrs: dict):
 
 
 def _session(model, threads: int):
-    import onnxruntime as ort
+    from parc.exec.runner import ort_session
 
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = threads
-    opts.inter_op_num_threads = 1
-    opts.log_severity_level = 3
-    return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    return ort_session(model.SerializeToString(), threads)
 
 
 def _seconds(session, feeds: list[dict], budget: float = BUDGET, least: int = 5) -> float:

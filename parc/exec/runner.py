@@ -45,17 +45,23 @@ class RunError(ParcError):
     """A plan failed while running (names the rank and task)."""
 
 
+def ort_session(model: str | bytes, threads: int):
+    """An onnxruntime CPU session as the executor runs a module (`parc profile` measures with the
+    same): `threads` intra-op threads, no inter-op parallelism. `model`: a path or the bytes."""
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = threads
+    opts.inter_op_num_threads = 1
+    opts.log_severity_level = 3
+    return ort.InferenceSession(model, opts, providers=["CPUExecutionProvider"])
+
+
 class _Ort:
     name = "ort"
 
     def __init__(self, path: Path, threads: int) -> None:
-        import onnxruntime as ort
-
-        opts = ort.SessionOptions()
-        opts.intra_op_num_threads = threads
-        opts.inter_op_num_threads = 1
-        opts.log_severity_level = 3
-        self.session = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+        self.session = ort_session(str(path), threads)
         self.outputs = [o.name for o in self.session.get_outputs()]
 
     def run(self, feeds: Mapping[str, Any]) -> dict[str, Any]:

@@ -62,3 +62,8 @@ BFLOAT16 = DType(_T.BFLOAT16)
 INT64 = DType(_T.INT64)
 INT32 = DType(_T.INT32)
 BOOL = DType(_T.BOOL)
+
+
+def onnx_nbytes(shape, onnx_type: int) -> int:
+    """Bytes of a tensor of `shape` and ONNX element type `onnx_type`."""
+    return int(np.prod(shape, dtype=np.int64)) * DType(int(onnx_type)).itemsize

@@ -29,6 +29,7 @@ from parc import plandir
 from parc.cluster.devices import DEVICES, DeviceSpec
 from parc.cluster.links import LINKS, LinkSpec
 from parc.exec.taskgraph import FORMAT, check_taskgraph
+from parc.ir.dtypes import onnx_nbytes
 from parc.ir.graph import Graph
 from parc.ir.state import step_state
 from parc.passes.lower import APPLY, MICRO, Comm, RankProgram, bindings, loss_name, lower_rank, rules_of
@@ -70,7 +71,7 @@ def module_name(part: str, phase: str, depth: int) -> str:
 def local_bytes(p: RankProgram, name: str) -> int:
     """Bytes of a local value of the rank's program (its local shape and type)."""
     dtype, shape = p.info[name]
-    return int(np.prod(shape, dtype=np.int64)) * helper.tensor_dtype_to_np_dtype(dtype).itemsize
+    return onnx_nbytes(shape, dtype)
 
 
 def _value_info(p: RankProgram, name: str) -> onnx.ValueInfoProto:

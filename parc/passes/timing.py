@@ -30,9 +30,12 @@ from onnx import helper
 from parc.cluster.cost import compute_time, ring_time, send_recv_time
 from parc.cluster.devices import DeviceSpec
 from parc.cluster.links import LinkSpec
+from parc.ir.dtypes import onnx_nbytes
 from parc.sharding.reshard import Collective
 
-_MODULE_SECONDS: dict[tuple[str, str], float] = {}  # (module digest, device) -> seconds
+# (module digest, device) -> seconds: the ranks of an even mesh (lowered in one process) share them
+_MODULE_SECONDS: dict[tuple[str, str], float] = {}
+_MODULE_SECONDS_MAX = 10_000
 
 
 def _digest(model: onnx.ModelProto) -> str:
@@ -48,6 +51,8 @@ def module_seconds(model: onnx.ModelProto, device: DeviceSpec, info: Mapping[str
     type, local shape), as the lowering knows them (a module's slices of microbatches have
     shapes that depend on data, which shape inference cannot see)."""
     key = (_digest(model), repr(device))
+    if len(_MODULE_SECONDS) > _MODULE_SECONDS_MAX:
+        _MODULE_SECONDS.clear()
     if key not in _MODULE_SECONDS:
         from parc.ir.dtypes import DType
         from parc.ir.graph import Node, Value
@@ -82,16 +87,8 @@ def module_seconds(model: onnx.ModelProto, device: DeviceSpec, info: Mapping[str
 
 def output_bytes(model: onnx.ModelProto) -> dict[str, int]:
     """Bytes of each output of a module (its declared shape and type)."""
-    out = {}
-    for vi in model.graph.output:
-        t = vi.type.tensor_type
-        dims = [d.dim_value for d in t.shape.dim]
-        out[vi.name] = int(np.prod(dims, dtype=np.int64)) * helper.tensor_dtype_to_np_dtype(t.elem_type).itemsize
-    return out
-
-
-def _itemsize(onnx_type: int) -> int:
-    return helper.tensor_dtype_to_np_dtype(onnx_type).itemsize
+    return {vi.name: onnx_nbytes([d.dim_value for d in vi.type.tensor_type.shape.dim], vi.type.tensor_type.elem_type)
+            for vi in model.graph.output}
 
 
 def collective_seconds(step: Mapping, link: LinkSpec) -> float:
@@ -118,8 +115,7 @@ def annotate(doc: dict, axis_link: Callable[[dict], LinkSpec], p2p_link: Callabl
     recv_bytes: dict[tuple[int, int, str, object], int] = {}
     for t in doc["tasks"]:
         if t["kind"] == "recv":
-            n = int(np.prod(t["shape"], dtype=np.int64)) * _itemsize(t["dtype"])
-            recv_bytes[t["peer"], t["rank"], t["tensor"], t.get("micro_batch")] = n
+            recv_bytes[t["peer"], t["rank"], t["tensor"], t.get("micro_batch")] = onnx_nbytes(t["shape"], t["dtype"])
     for t in doc["tasks"]:
         kind = t["kind"]
         if kind == "compute":

@@ -225,12 +225,9 @@ _ACCUMULATIONS = ("sum", "last", "concat")
 
 def local_bytes(resident: dict[str, Any]) -> int:
     """Bytes of a program resident's local shard (its `local` shape and ONNX `dtype`)."""
-    from onnx import helper
+    from parc.ir.dtypes import onnx_nbytes
 
-    count = 1
-    for n in resident["local"]:
-        count *= int(n)
-    return count * helper.tensor_dtype_to_np_dtype(resident["dtype"]).itemsize
+    return onnx_nbytes(resident["local"], resident["dtype"])
 
 
 def write_program(plan_dir: str | Path, program: Program) -> Path:

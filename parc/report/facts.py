@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from parc.exec.stepsim import COMM, COMPUTE, WAIT
+
 REPORT_FORMAT = "parc.explain/1"
 
 
@@ -169,7 +171,7 @@ class Baseline:
     memory_ratio: float | None  # baseline / plan memory per device
 
 
-SPAN_KINDS = ("compute", "comm", "wait")  # what a rank does in a span of the simulated step
+SPAN_KINDS = (COMPUTE, COMM, WAIT)  # what a rank does in a span of the simulated step (parc.exec.stepsim)
 
 
 @dataclass(frozen=True)

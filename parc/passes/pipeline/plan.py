@@ -36,6 +36,7 @@ from parc.cluster.mesh import shared_link
 from parc.errors import InfeasiblePlanError, UsageError
 from parc.hints import Hints
 from parc.hints.apply import stage_pins
+from parc.ir.dtypes import DType
 from parc.ir.graph import Graph
 from parc.ir.state import OPTIMIZER
 from parc.passes.pipeline.stages import (
@@ -179,9 +180,7 @@ class PipelinePlan:
 
 
 def _itemsize(onnx_type: int) -> int:
-    from onnx import helper
-
-    return int(np.dtype(helper.tensor_dtype_to_np_dtype(onnx_type)).itemsize)
+    return DType(int(onnx_type)).itemsize
 
 
 def pipeline_candidates(cluster: Cluster) -> list[int]:
