@@ -66,7 +66,7 @@ class Simulation:
 
     @property
     def wait_s(self) -> list[float]:
-        return [self.step_time_s - r.busy_s for r in self.ranks]
+        return [max(0.0, self.step_time_s - r.busy_s) for r in self.ranks]  # not -1e-19
 
     @property
     def bubble_s(self) -> float:
@@ -91,7 +91,8 @@ class Simulation:
             for real in self.represents.get(r.rank, [r.rank]):
                 rows.append({"rank": real, "stage": self.stage_of.get(r.rank, 0), "busy_s": r.busy_s,
                              "compute_s": r.compute_s, "comm_s": r.comm_s, "hidden_comm_s": r.hidden_s,
-                             "wait_s": self.step_time_s - r.busy_s, "end_s": r.end_s, "peak_bytes": r.peak_bytes})
+                             "wait_s": max(0.0, self.step_time_s - r.busy_s), "end_s": r.end_s,
+                             "peak_bytes": r.peak_bytes})
         rows.sort(key=lambda row: row["rank"])
         shown = sorted(self.spans, key=lambda r: (r not in _stage_leads(self.stage_of), r))[:timeline_ranks]
         timeline = {str(self.represents.get(r, [r])[0]): [[a, b, kind, label] for a, b, kind, label in self.spans[r]]
