@@ -220,15 +220,18 @@ class _Steps:
 @lru_cache(maxsize=8)  # as `_dim_index`: a dim may be 50M long
 def _owners(extent: int, levels: tuple[tuple[Split, int], ...], unit: int) -> np.ndarray:
     """For each index of a dim of `extent` (blocks of `unit`), the piece holding it under even
-    splits `levels` (outermost first), pieces numbered row-major over the levels' coordinates."""
-    pieces = np.arange(extent)[None, :]  # pieces x their indices, in level order
+    splits `levels` (outermost first), pieces numbered row-major over the levels' coordinates.
+    Arithmetic, as `positions` cuts a level: with runs of s (the stride, or the share of a
+    contiguous split) dealt to n devices in turn, position p goes to (p // s) % n, where it is
+    position (p // (s n)) s + p % s of its piece."""
+    pos = np.arange(extent, dtype=np.int64)  # each index's position in its piece
+    owner = np.zeros(extent, dtype=np.int64)
+    length = extent
     for ax, n in levels:
-        scaled = Split(ax.dim, ax.stride // unit if ax.stride is not None else None)
-        length = pieces.shape[1]
-        pieces = np.stack([pieces[:, positions(length, scaled, n, c)] for c in range(n)], axis=1)
-        pieces = pieces.reshape(-1, length // n)
-    owner = np.empty(extent, dtype=np.int64)
-    owner[pieces] = np.arange(pieces.shape[0])[:, None]
+        s = ax.stride // unit if ax.stride is not None else length // n
+        owner = owner * n + (pos // s) % n
+        pos = (pos // (s * n)) * s + pos % s
+        length //= n
     owner.flags.writeable = False
     return owner
 
