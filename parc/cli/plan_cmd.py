@@ -231,14 +231,13 @@ def plan(model: str, devices: str | None, cluster_file: str | None, calibration_
                f"baselines: {base}")
 
 
-def _simulated(taskgraph: dict, programs_dir: Path | None) -> dict:
-    """plan.json's `simulation`: one step of the task graph replayed (`parc.exec.stepsim`), with
-    the memory each rank holds when the programs are written in `programs_dir`."""
+def _simulated(graph, programs_dir: Path | None) -> dict:
+    """plan.json's `simulation`: one step of the (checked) task graph replayed
+    (`parc.exec.stepsim`), with the memory each rank holds when the programs are written in
+    `programs_dir`."""
     from parc.exec.stepsim import simulate_graph
-    from parc.exec.taskgraph import check_taskgraph
     from parc.plandir import load_program
 
-    graph = check_taskgraph(taskgraph)
     programs = {r: load_program(programs_dir, r) for r in range(graph.ranks)} if programs_dir else None
     return simulate_graph(graph, programs=programs).to_json()
 

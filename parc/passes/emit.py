@@ -28,7 +28,7 @@ from onnx import helper
 from parc import plandir
 from parc.cluster.devices import DEVICES, DeviceSpec
 from parc.cluster.links import LINKS, LinkSpec
-from parc.exec.taskgraph import FORMAT, check_taskgraph
+from parc.exec.taskgraph import FORMAT, TaskGraph, check_taskgraph
 from parc.ir.dtypes import onnx_nbytes
 from parc.ir.graph import Graph
 from parc.ir.state import step_state
@@ -208,7 +208,7 @@ def residents_json(p: RankProgram, stats: dict[str, dict[str, float]]) -> list[d
 PARALLEL_LOWERING_NODES = 20_000  # graph nodes x ranks from which ranks are lowered in parallel
 
 
-def write_programs(plan, out: Path) -> dict:
+def write_programs(plan, out: Path) -> TaskGraph:
     """Lower every rank of `plan`; write its modules, init and program, and taskgraph.json
     (returned)."""
     mesh = plan.best.mesh
@@ -218,7 +218,7 @@ def write_programs(plan, out: Path) -> dict:
 
 def write_programs_for(graph: Graph, mesh: tuple[int, ...], strategies: list, specs: dict[str, ShardSpec],
                        micro: int, out: Path, devices: Sequence[DeviceSpec] | None = None,
-                       links: Sequence[LinkSpec] | None = None) -> dict:
+                       links: Sequence[LinkSpec] | None = None) -> TaskGraph:
     """`write_programs` from its parts: the graph, the model's mesh, a Strategy per node, each
     source's layout and the microbatch count; `devices` (per rank) and `links` (per device mesh
     axis) price the tasks (default: CPU ranks over shared memory)."""
@@ -256,13 +256,14 @@ def write_programs_for(graph: Graph, mesh: tuple[int, ...], strategies: list, sp
     return write_taskgraph(doc, out)
 
 
-def write_taskgraph(doc: dict, out: Path) -> dict:
-    """Check a task graph (the orders must run) and write it as out/taskgraph.json, atomically."""
-    check_taskgraph(doc)
+def write_taskgraph(doc: dict, out: Path) -> TaskGraph:
+    """Check a task graph (the orders must run), write it as out/taskgraph.json atomically, and
+    return it checked."""
+    graph = check_taskgraph(doc)
     tmp = out / f"{plandir.TASKGRAPH_FILE}.tmp"
     tmp.write_text(json.dumps(doc, indent=0) + "\n")
     tmp.replace(out / plandir.TASKGRAPH_FILE)
-    return doc
+    return graph
 
 
 def _group(rank: int, device_mesh: tuple[int, ...], axis: int) -> tuple[list[int], int]:

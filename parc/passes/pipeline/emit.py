@@ -24,7 +24,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from parc import plandir
-from parc.exec.taskgraph import FORMAT, one_f_one_b
+from parc.exec.taskgraph import FORMAT, TaskGraph, one_f_one_b
 from parc.ir.state import phase
 from parc.passes.emit import (
     _param_stats,
@@ -44,7 +44,7 @@ from parc.passes.timing import annotate
 TAG_LIMIT = 32767  # the largest MPI tag every implementation accepts
 
 
-def write_pipeline_programs(pp: PipelinePlan, out: Path) -> dict:
+def write_pipeline_programs(pp: PipelinePlan, out: Path) -> TaskGraph:
     """Lower every rank of every stage; write modules, init, program.json and taskgraph.json."""
     m, count = pp.micro_batches, len(pp.stages)
     schedule = one_f_one_b(count, m)
