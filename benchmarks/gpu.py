@@ -148,11 +148,13 @@ def profile_parc(work: Path, tf32: bool, steps: int = 2) -> dict:
     """Per op type GPU time of `steps` steps after a warm-up, in this process."""
     if tf32:
         os.environ["CUPY_TF32"] = "1"
-    from parc.exec.data import data_inputs, synthetic
+    from parc.exec.data import step_inputs, synthetic
     from parc.exec.runner import Rank
 
-    rank = Rank(work / "plan", 0, comm=None, engine="cupy")
-    inputs = data_inputs(rank.program)
+    from parc.exec.comm import MpiComm
+
+    rank = Rank(work / "plan", 0, comm=MpiComm(timeout=120), engine="cupy")
+    inputs = step_inputs(rank.program)
     rank.step(synthetic(inputs, 0, 0))
     rank.synchronize()
     profile: dict[str, list] = {}
@@ -217,7 +219,8 @@ def run_torch(work: Path, steps: int, tf32: bool, device: str, profile: bool = F
     import torch
     from onnx import numpy_helper
 
-    from parc.exec.data import data_inputs, synthetic
+    from parc.exec.data import step_inputs, synthetic
+    from parc.plandir import load_program
 
     torch.backends.cuda.matmul.allow_tf32 = tf32
     setup_info = json.loads((work / "setup.json").read_text())
@@ -228,8 +231,7 @@ def run_torch(work: Path, steps: int, tf32: bool, device: str, profile: bool = F
     net = torch_gpt(weights, cfg).to(device)
     del weights
     opt = torch.optim.AdamW(net.parameters(), lr=setup_info["lr"], betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
-    program = json.loads((work / "plan" / "rank_0" / "program.json").read_text())
-    inputs = data_inputs(program)
+    inputs = step_inputs(load_program(work / "plan", 0))
 
     def step(s: int) -> torch.Tensor:
         batch = synthetic(inputs, 0, s)

@@ -1,28 +1,35 @@
 #!/usr/bin/env bash
 # Issue 14's GPU checks and measurements in one command, on a machine with one NVIDIA GPU:
-#   bash scripts/gpu.sh [RESULTS_DIR]
+#   bash scripts/gpu.sh [RESULTS_DIR [benchmarks/gpu.py options...]]
 # 1. versions (GPU, driver, CUDA, CuPy, PyTorch); 2. the `gpu`-marked tests (cupy engine on the
 # device, NCCL on one rank); 3. benchmarks/gpu.py: gpt-medium's AdamW step (batch 8, seq 1024)
-# through `parc run --engine cupy` against PyTorch eager, fp32 and TF32, with per-op profiles.
+# through `parc run --engine cupy` against PyTorch eager, fp32 and TF32, with per-op profiles;
+# 4. the array engine's tests (ONNX's node cases, the tiny zoo's training steps) on the GPU.
 # Needs parc's dependencies, CuPy and PyTorch. Wheels found in .whl/ (for a machine that cannot
-# reach a package index) are installed into a private directory first.
-set -euo pipefail
+# reach a package index) are installed into the running Python's environment first.
+# Each part has its own time limit (seconds: PARC_GPU_TESTS_S, PARC_GPU_BENCH_S, PARC_GPU_NODES_S);
+# a part that fails or runs out of time does not stop the next.
+set -uo pipefail
 cd "$(dirname "$0")/.."
 RESULTS=${1:-${OUT:-out/gpu}}
 WORK=${PARC_GPU_WORK:-/tmp/parc-gpu}
 PY=${PYTHON:-python3}
 mkdir -p "$RESULTS" "$WORK"
 if compgen -G ".whl/*.whl" >/dev/null; then
-  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/parc-site .whl/*.whl
-  export PYTHONPATH=/tmp/parc-site${PYTHONPATH:+:$PYTHONPATH}
+  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade .whl/*.whl || exit 1
 fi
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$RESULTS/gpu.txt"
-$PY -c "import cupy, torch; print('cupy', cupy.__version__, 'cuda runtime', cupy.cuda.runtime.runtimeGetVersion(), 'torch', torch.__version__)" | tee -a "$RESULTS/gpu.txt"
-set +e
-timeout 300 $PY -m pytest -q -p no:cacheprovider -m gpu tests/exec/test_gpu.py 2>&1 | tee "$RESULTS/gpu-tests.log" | tail -15
+{ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader
+  $PY -c "import cupy, torch, onnxruntime, numpy; print('cupy', cupy.__version__, 'cuda runtime', cupy.cuda.runtime.runtimeGetVersion(), 'driver', cupy.cuda.runtime.driverGetVersion(), 'torch', torch.__version__, 'onnxruntime', onnxruntime.__version__, 'numpy', numpy.__version__)"
+} 2>&1 | tee "$RESULTS/gpu.txt"
+timeout -k 5 "${PARC_GPU_TESTS_S:-150}" $PY -m pytest -q -p no:cacheprovider -m gpu tests/exec/test_gpu.py \
+  tests/exec/test_array_engine.py 2>&1 | tee "$RESULTS/gpu-tests.log" | tail -25
 tests=${PIPESTATUS[0]}
-set -e
-$PY benchmarks/gpu.py all --work "$WORK" --results "$RESULTS/results.json" "${@:2}" 2>&1 | tee "$RESULTS/gpu-bench.log"
-echo "gpu tests exit code: $tests"
-exit "$tests"
+timeout -k 5 "${PARC_GPU_BENCH_S:-330}" $PY benchmarks/gpu.py all --work "$WORK" --results "$RESULTS/results.json" \
+  "${@:2}" 2>&1 | tee "$RESULTS/gpu-bench.log"
+bench=${PIPESTATUS[0]}
+PARC_TEST_ENGINE_DEVICE=gpu timeout -k 5 "${PARC_GPU_NODES_S:-120}" $PY -m pytest -q -p no:cacheprovider -n 8 \
+  tests/exec/test_array_engine.py -k "node_case or zoo_training" 2>&1 | tee "$RESULTS/gpu-node-cases.log" | tail -40
+nodes=${PIPESTATUS[0]}
+echo "exit codes: gpu tests $tests, benchmark $bench, engine tests on the GPU $nodes"
+exit $(( tests || bench || nodes ))

@@ -10,12 +10,16 @@ own node tests.
    (EngineError) and skipped.
 3. Refusals and run-time failures are one-line EngineErrors naming the node and its op.
 4. On a GPU (CuPy), gpt-tiny's step matches onnxruntime too.
+
+`PARC_TEST_ENGINE_DEVICE=gpu` runs 1 and 2 on the GPU (CuPy) instead of NumPy: `scripts/gpu.sh`
+does, so every kernel the node cases reach is checked on the device too.
 """
 
 from __future__ import annotations
 
 import functools
 import json
+import os
 import warnings
 
 import numpy as np
@@ -26,6 +30,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from parc.autodiff import OptimizerConfig, make_training_step
 from parc.exec.engines.array import ArrayEngine, EngineError, supported_ops
+from parc.exec.runner import to_host
 from parc.ir import from_model, load, to_onnx
 from parc.models import build_model, list_models
 from parc.passes.lower import index_limit
@@ -41,6 +46,7 @@ OPTIMIZER = OptimizerConfig("adamw", lr=1e-3, weight_decay=0.01, eps=1e-5)
 RTOL, ATOL = 1e-4, 1e-5
 # ONNX node cases that ran (not refused) with onnx 1.23.2: 1251 of 1428 whose ops have kernels.
 MIN_NODE_CASES_RUN = 1200
+DEVICE = os.environ.get("PARC_TEST_ENGINE_DEVICE", "cpu")  # where tests 1 and 2 run the engine
 
 
 # ---------------------------------------------------------------- zoo training steps
@@ -102,10 +108,10 @@ def test_zoo_training_step_matches_onnxruntime(step):
     """Two steps: the second is fed the first's parameters, moments and step count."""
     model, feeds = step
     bindings = json.loads({p.key: p.value for p in model.metadata_props}["parc.state"])["bindings"]
-    engine, session = ArrayEngine(model), _ort_session(model)
+    engine, session = ArrayEngine(model, device=DEVICE), _ort_session(model)
     for _ in range(2):
         got, want = engine.run(feeds), _ort_run(session, feeds)
-        _assert_matches(got, want)
+        _assert_matches(got, want, to_host=to_host)
         feeds = {**feeds, **{bindings[k]: v for k, v in want.items() if k in bindings}}
 
 
@@ -149,12 +155,12 @@ def _array(a) -> np.ndarray:
 
 def _run_node_case(case) -> None:
     """Run the case's data sets; EngineError from building the engine means a refused case."""
-    engine = ArrayEngine(case.model)
+    engine = ArrayEngine(case.model, device=DEVICE)
     names = [vi.name for vi in case.model.graph.input]
     for inputs, outputs in case.data_sets:
         got = engine.run(dict(zip(names, map(_array, inputs))))
         want = {vi.name: _array(o) for vi, o in zip(case.model.graph.output, outputs)}
-        _assert_matches(got, want, rtol=case.rtol, atol=case.atol)
+        _assert_matches(got, want, to_host=to_host, rtol=case.rtol, atol=case.atol)
 
 
 @pytest.mark.parametrize("name", sorted(_node_cases()))
@@ -162,7 +168,7 @@ def test_onnx_node_case(name):
     case = _node_cases()[name]
     try:
         engine_error = None
-        ArrayEngine(case.model)
+        ArrayEngine(case.model, device=DEVICE)
     except EngineError as e:
         engine_error = str(e)
     if engine_error is not None:
