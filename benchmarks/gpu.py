@@ -148,10 +148,9 @@ def profile_parc(work: Path, tf32: bool, steps: int = 2) -> dict:
     """Per op type GPU time of `steps` steps after a warm-up, in this process."""
     if tf32:
         os.environ["CUPY_TF32"] = "1"
+    from parc.exec.comm import MpiComm
     from parc.exec.data import step_inputs, synthetic
     from parc.exec.runner import Rank
-
-    from parc.exec.comm import MpiComm
 
     rank = Rank(work / "plan", 0, comm=MpiComm(timeout=120), engine="cupy")
     inputs = step_inputs(rank.program)
