@@ -47,6 +47,10 @@ RTOL, ATOL = 1e-4, 1e-5
 # ONNX node cases that ran (not refused) with onnx 1.23.2: 1251 of 1428 whose ops have kernels.
 MIN_NODE_CASES_RUN = 1200
 DEVICE = os.environ.get("PARC_TEST_ENGINE_DEVICE", "cpu")  # where tests 1 and 2 run the engine
+# ONNX's expected float16 outputs come from NumPy, whose float16 matmul and sums round every
+# partial result to float16; cuBLAS and CuPy accumulate in float32 and round once, so chained
+# float16 cases (the expanded attentions) differ by up to 4 units in the last place on a GPU.
+FLOAT16_GPU_RTOL = 2.0**-8
 
 
 # ---------------------------------------------------------------- zoo training steps
@@ -160,7 +164,10 @@ def _run_node_case(case) -> None:
     for inputs, outputs in case.data_sets:
         got = engine.run(dict(zip(names, map(_array, inputs))))
         want = {vi.name: _array(o) for vi, o in zip(case.model.graph.output, outputs)}
-        _assert_matches(got, want, to_host=to_host, rtol=case.rtol, atol=case.atol)
+        rtol = case.rtol
+        if DEVICE == "gpu" and any(w.dtype == np.float16 for w in want.values()):
+            rtol = max(rtol, FLOAT16_GPU_RTOL)
+        _assert_matches(got, want, to_host=to_host, rtol=rtol, atol=case.atol)
 
 
 @pytest.mark.parametrize("name", sorted(_node_cases()))

@@ -40,3 +40,46 @@ def test_cupy_engine_trains_and_verifies_on_the_gpu(tmp_path):
     assert run.returncode == 0, run.stderr
     ver = parc("verify", str(tmp_path / "plan"), "--engine", "cupy", "--rtol", "1e-3", "--atol", "1e-5")
     assert ver.returncode == 0, ver.stdout + ver.stderr
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("shape", [(3, 1), (5, 7), (4, 33), (2, 3, 1024), (6, 3000), (1, 50257)])
+def test_softmax_kernel_matches_numpy(dtype, shape):
+    import cupy
+
+    from parc.exec.engines.gpu import softmax_last
+
+    rng = np.random.default_rng(0)
+    x = (rng.standard_normal(shape) * 8).astype(dtype)
+    if shape[-1] > 1:
+        x[0, ..., 0] = np.nan  # a NaN makes its row NaN
+        x.reshape(-1, shape[-1])[-1, :] = -np.inf  # so does a row of -inf
+        x.reshape(-1, shape[-1])[-1, 1] = 0.0
+    y = softmax_last(cupy, cupy.asarray(x))
+    e = np.exp(x - np.max(x, axis=-1, keepdims=True))
+    want = e / e.sum(axis=-1, keepdims=True)
+    np.testing.assert_allclose(cupy.asnumpy(y), want, rtol=1e-5 if dtype == np.float32 else 1e-12, atol=1e-7)
+    strided = cupy.asarray(np.ascontiguousarray(np.swapaxes(x, 0, -1))).swapaxes(0, -1)  # same values
+    np.testing.assert_allclose(cupy.asnumpy(softmax_last(cupy, strided)), want, rtol=1e-5, atol=1e-7)
+
+
+def test_tf32_sets_compute_type_and_math_mode():
+    import cupy
+    from cupy._core import _routines_linalg as linalg
+    from cupy.cuda import cublas, device
+
+    from parc.exec.engines.gpu import enable_tf32
+
+    old = cupy._core.get_compute_type(np.float32)
+    try:
+        enable_tf32(cupy)
+        assert cupy._core.get_compute_type(np.float32) == linalg.COMPUTE_TYPE_TF32
+        assert cublas.getMathMode(device.get_cublas_handle()) == 3
+        rng = np.random.default_rng(0)
+        a, b = rng.standard_normal((4, 256, 512)), rng.standard_normal((4, 512, 64))
+        got = cupy.asnumpy(cupy.asarray(a, np.float32) @ cupy.asarray(b, np.float32))
+        err = float(np.abs(got - a @ b).max())
+        assert 1e-4 < err < 1.0  # TF32's 10-bit mantissa shows; float32 would be ~1e-5
+    finally:
+        cupy._core.set_compute_type(np.float32, old)
+        cublas.setMathMode(device.get_cublas_handle(), 0)

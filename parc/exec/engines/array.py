@@ -19,7 +19,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from parc.errors import ParcError
-from parc.exec.engines import conv, elementwise, indexing, linalg, movement, norm, reduce
+from parc.exec.engines import conv, elementwise, gpu, indexing, linalg, movement, norm, reduce
 from parc.exec.engines.elementwise import DTYPES
 from parc.exec.engines.kernels import HOST_INPUTS, Maker, NodeInfo, Unsupported
 
@@ -96,6 +96,8 @@ class ArrayEngine:
 
     def __init__(self, model: onnx.ModelProto, device: str = "cpu") -> None:
         self._xp = xp = _array_module(device)
+        if xp is not np and gpu.tf32_requested():
+            gpu.enable_tf32(xp)
         self._host = (lambda a: a) if xp is np else xp.asnumpy
         graph = model.graph
         opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)

@@ -131,8 +131,19 @@ def make_pow(n: NodeInfo) -> Kernel:
 
 
 def make_mod(n: NodeInfo) -> Kernel:
-    fn = n.xp.fmod if n.attr("fmod", 0) else n.xp.mod
-    return lambda a, b: (fn(a, b),)
+    xp = n.xp
+    if n.attr("fmod", 0):
+        return lambda a, b: (xp.fmod(a, b),)
+
+    def mod(a, b):
+        if not xp.issubdtype(xp.result_type(a, b), xp.floating):
+            return (xp.mod(a, b),)
+        # Python's float modulo, the sign of the divisor's, from fmod: CuPy's mod gives NaN for a
+        # finite dividend over an infinite divisor (3 mod inf is 3, -1 mod inf is inf).
+        r = xp.fmod(a, b)
+        r = xp.where((r != 0) & ((r < 0) != (b < 0)), r + b, r)
+        return (xp.where(r == 0, xp.copysign(xp.zeros_like(r), b), r).astype(r.dtype, copy=False),)
+    return mod
 
 
 def make_bitshift(n: NodeInfo) -> Kernel:

@@ -9,7 +9,15 @@ from parc.exec.engines.kernels import Kernel, Maker, NodeInfo
 
 def make_matmul(n: NodeInfo) -> Kernel:
     xp = n.xp
-    return lambda a, b: (xp.matmul(a, b),)
+
+    def matmul(a, b):
+        if a.ndim > 2 and b.ndim == 2 and a.size:
+            # activations [..., k] times a weight [k, n]: one 2-D product. numpy and CuPy would
+            # otherwise loop over (or, CuPy, broadcast the weight into a pointer-array batched
+            # gemm that ignores TF32) the leading dims.
+            return (xp.matmul(a.reshape(-1, a.shape[-1]), b).reshape(*a.shape[:-1], b.shape[1]),)
+        return (xp.matmul(a, b),)
+    return matmul
 
 
 def make_gemm(n: NodeInfo) -> Kernel:

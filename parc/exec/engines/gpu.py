@@ -1,0 +1,108 @@
+"""What the array engine does differently on a GPU: TF32 matmuls and hand-written CUDA kernels.
+
+- `enable_tf32`: CuPy honours `CUPY_TF32` only where it calls `cublasGemmEx` (2-D products); its
+  batched products call the legacy `cublasSgemm*Batched`, which follow the handle's math mode. So
+  both are set: CuPy's float32 compute type and the cuBLAS handle's TF32 tensor-op math mode.
+- `softmax_last`: softmax over a contiguous last axis, one thread block per row, reading the row
+  from memory once (CuPy's max/exp/sum/divide read and write the whole tensor four times).
+
+`PARC_CUPY_KERNELS=0` turns the hand-written kernels off (the engine then uses CuPy's generic
+operations), for measuring what they give and for telling a kernel's bug from the graph's.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+
+CUBLAS_TF32_TENSOR_OP_MATH = 3  # cublasMath_t
+ENV_KERNELS = "PARC_CUPY_KERNELS"
+
+
+def kernels_enabled() -> bool:
+    return os.environ.get(ENV_KERNELS, "1") != "0"
+
+
+def tf32_requested() -> bool:
+    return os.environ.get("CUPY_TF32", "0") not in ("", "0")
+
+
+def enable_tf32(cupy: ModuleType) -> None:
+    """float32 matmuls on TF32 tensor cores, for this thread's cuBLAS handle on the current device."""
+    from cupy._core import _routines_linalg as linalg
+    from cupy.cuda import cublas, device
+
+    cupy._core.set_compute_type(np.float32, linalg.COMPUTE_TYPE_TF32)
+    cublas.setMathMode(device.get_cublas_handle(),
+                       getattr(cublas, "CUBLAS_TF32_TENSOR_OP_MATH", CUBLAS_TF32_TENSOR_OP_MATH))
+
+
+_SOFTMAX = r"""
+// `pad` stands in for the lanes past the last warp: any element of the row for a max, 0 for a sum.
+template <typename T>
+__device__ T block_reduce(T v, T* shared, bool is_max, T pad) {
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = (blockDim.x + 31) / 32;
+    for (int o = 16; o > 0; o >>= 1) {
+        T other = __shfl_xor_sync(0xffffffff, v, o);
+        v = is_max ? (other > v ? other : v) : v + other;
+    }
+    if (lane == 0) shared[warp] = v;
+    __syncthreads();
+    if (warp == 0) {
+        v = lane < warps ? shared[lane] : pad;
+        for (int o = 16; o > 0; o >>= 1) {
+            T other = __shfl_xor_sync(0xffffffff, v, o);
+            v = is_max ? (other > v ? other : v) : v + other;
+        }
+        if (lane == 0) shared[0] = v;
+    }
+    __syncthreads();
+    T r = shared[0];
+    __syncthreads();
+    return r;
+}
+
+template <typename T>
+__global__ void softmax_rows(const T* x, T* y, long long cols) {
+    __shared__ T shared[32];
+    const T* row = x + (long long)blockIdx.x * cols;
+    T* out = y + (long long)blockIdx.x * cols;
+    T m = row[0];  // a lower bound of the row's max (NaNs never compare greater: as NumPy, a NaN
+                   // in the row makes the sum, and so every output, NaN)
+    for (long long j = threadIdx.x; j < cols; j += blockDim.x) m = row[j] > m ? row[j] : m;
+    m = block_reduce<T>(m, shared, true, row[0]);
+    T s = 0;
+    for (long long j = threadIdx.x; j < cols; j += blockDim.x) s += exp(row[j] - m);
+    s = block_reduce<T>(s, shared, false, (T)0);
+    for (long long j = threadIdx.x; j < cols; j += blockDim.x) out[j] = exp(row[j] - m) / s;
+}
+"""
+
+
+@functools.cache
+def _softmax_kernel(cupy: ModuleType, dtype: str) -> Any:
+    module = cupy.RawModule(code=_SOFTMAX, options=("--std=c++14",),
+                            name_expressions=[f"softmax_rows<{dtype}>"])
+    return module.get_function(f"softmax_rows<{dtype}>")
+
+
+_CTYPES = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}
+
+
+def softmax_last(cupy: ModuleType, x: Any) -> Any | None:
+    """Softmax over the last axis of a CuPy array, or None where the kernel does not apply
+    (another dtype, an empty or zero-width tensor)."""
+    ctype = _CTYPES.get(x.dtype)
+    if ctype is None or x.ndim == 0 or x.size == 0 or x.shape[-1] == 0:
+        return None
+    x = cupy.ascontiguousarray(x)
+    cols = x.shape[-1]
+    rows = x.size // cols
+    y = cupy.empty_like(x)
+    threads = 32 if cols <= 32 else 128 if cols <= 1024 else 256
+    _softmax_kernel(cupy, ctype)((rows,), (threads,), (x, y, np.int64(cols)))
+    return y
