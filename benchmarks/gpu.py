@@ -136,9 +136,11 @@ def _cuda_time(fn, reps: int) -> float:
 
 
 # ---- parc ----------------------------------------------------------------------------------------
-def run_parc(work: Path, steps: int, tf32: bool) -> dict:
+def run_parc(work: Path, steps: int, tf32: bool, kernels: bool = True) -> dict:
+    """`parc run --engine cupy`; without `kernels`, CuPy's generic operations only
+    (PARC_CUPY_KERNELS=0: no fused elementwise kernels, no softmax kernel)."""
     res = parc_cli("run", str(work / "plan"), "--steps", str(steps), "--engine", "cupy", "--json",
-                   *(["--tf32"] if tf32 else []))
+                   *(["--tf32"] if tf32 else []), env=None if kernels else {"PARC_CUPY_KERNELS": "0"})
     records = [json.loads(line) for line in res.stdout.splitlines() if line.startswith("{")]
     return {"losses": [r["loss"] for r in records], "step_times_s": [r["step_time_s"] for r in records],
             "device_bytes": max(r.get("device_bytes", 0) for r in records)}
@@ -325,13 +327,13 @@ def summary(r: dict) -> str:
     lines.append("| precision | parc step ms | torch step ms | time ratio | parc GiB | torch GiB | mem ratio "
                  "| max loss rel diff | parc MFU |")
     lines.append("|---|---|---|---|---|---|---|---|---|")
-    for prec in ("fp32", "tf32"):
-        p, t = r.get(f"parc_{prec}"), r.get(f"torch_{prec}")
+    for prec in ("fp32", "tf32", "fp32_generic", "tf32_generic"):
+        p, t = r.get(f"parc_{prec}"), r.get(f"torch_{prec.removesuffix('_generic')}")
         if not p or not t:
             continue
         pm, tm = med(p["step_times_s"]), med(t["step_times_s"])
         diff = max(abs(a - b) / abs(b) for a, b in zip(p["losses"][:5], t["losses"][:5]))
-        peak = c.get(f"matmul_{prec}_flops")
+        peak = c.get(f"matmul_{prec.removesuffix('_generic')}_flops")
         mfu = f"{flops / pm / peak:.1%}" if peak else "-"
         pb, tb = p.get("device_bytes", 0), t.get("device_bytes", 0)
         ratio = f"{pb / tb:.3f}" if tb else "-"
@@ -362,6 +364,7 @@ def main() -> None:
     ap.add_argument("--devices", default="1xh100-80g")
     ap.add_argument("--steps", type=int, default=7)
     ap.add_argument("--tf32", action="store_true")
+    ap.add_argument("--no-kernels", action="store_true", help="parc without its own CUDA kernels")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--results", type=Path, help="where `all` writes results.json (default: in --work)")
     ap.add_argument("--skip", action="append", default=[], help="parts of `all` to leave out")
@@ -372,7 +375,7 @@ def main() -> None:
     elif a.kind == "ceilings":
         print(json.dumps(ceilings()))
     elif a.kind == "parc":
-        print(json.dumps(run_parc(a.work, a.steps, a.tf32)))
+        print(json.dumps(run_parc(a.work, a.steps, a.tf32, not a.no_kernels)))
     elif a.kind == "torch":
         print(json.dumps(run_torch(a.work, a.steps, a.tf32, a.device)))
     elif a.kind == "profile-parc":
@@ -403,6 +406,8 @@ def main() -> None:
             flag = ["--tf32"] if prec == "tf32" else []
             if f"parc_{prec}" not in a.skip:
                 save(f"parc_{prec}", child("parc", a.work, "--steps", str(a.steps), *flag))
+            if f"parc_{prec}_generic" not in a.skip and a.device == "cuda":
+                save(f"parc_{prec}_generic", child("parc", a.work, "--steps", str(a.steps), *flag, "--no-kernels"))
             if f"torch_{prec}" not in a.skip:
                 save(f"torch_{prec}", child("torch", a.work, "--steps", str(a.steps), *flag, *dev))
         if "profile" not in a.skip:

@@ -83,3 +83,33 @@ def test_tf32_sets_compute_type_and_math_mode():
     finally:
         cupy._core.set_compute_type(np.float32, old)
         cublas.setMathMode(device.get_cublas_handle(), 0)
+
+
+@pytest.mark.parametrize("name", ["gpt-tiny", "unet-tiny", "moe-tiny"])
+def test_fused_kernels_equal_unfused_on_the_gpu(name, tmp_path, capfd):
+    import cupy
+
+    from parc.autodiff import OptimizerConfig, make_training_step
+    from parc.exec.engines.array import ArrayEngine
+    from parc.exec.engines.fusion import Group
+    from parc.ir import from_model, load, to_onnx
+    from parc.models import build_model
+    from parc.passes.lower import index_limit
+
+    graph = load(build_model(name, tmp_path / f"{name}.onnx"))
+    make_training_step(graph, OptimizerConfig("adamw", lr=1e-3, weight_decay=0.01))
+    model = to_onnx(graph)
+    rng = np.random.default_rng(0)
+    feeds = {}
+    for v in from_model(model).inputs:
+        if v.dtype.is_float:
+            feeds[v.name] = rng.standard_normal(v.shape).astype(v.dtype.numpy)
+        else:
+            feeds[v.name] = rng.integers(0, index_limit(v), size=v.shape).astype(v.dtype.numpy)
+    fused, plain = ArrayEngine(model, device="gpu", fuse=True), ArrayEngine(model, device="gpu", fuse=False)
+    got, want = fused.run(feeds), plain.run(feeds)
+    assert "could not fuse" not in capfd.readouterr().err
+    groups = [s[0] for s in fused._steps if isinstance(s[0], Group)]
+    assert groups and all(g._kernels and all(k is not None for k in g._kernels.values()) for g in groups)
+    for k in want:  # --fmad=false: each operation rounds as CuPy's own kernel does
+        np.testing.assert_allclose(cupy.asnumpy(got[k]), cupy.asnumpy(want[k]), rtol=1e-6, atol=1e-7)

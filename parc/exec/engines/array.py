@@ -19,7 +19,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from parc.errors import ParcError
-from parc.exec.engines import conv, elementwise, gpu, indexing, linalg, movement, norm, reduce
+from parc.exec.engines import conv, elementwise, fusion, gpu, indexing, linalg, movement, norm, reduce
 from parc.exec.engines.elementwise import DTYPES
 from parc.exec.engines.kernels import HOST_INPUTS, Maker, NodeInfo, Unsupported
 
@@ -94,7 +94,9 @@ class ArrayEngine:
 
     name = "cupy"
 
-    def __init__(self, model: onnx.ModelProto, device: str = "cpu") -> None:
+    def __init__(self, model: onnx.ModelProto, device: str = "cpu", fuse: bool | None = None) -> None:
+        """`fuse`: run elementwise trees as one kernel each (`fusion`); by default on a GPU
+        unless PARC_CUPY_KERNELS=0 (on NumPy the groups run node by node: tests only)."""
         self._xp = xp = _array_module(device)
         if xp is not np and gpu.tf32_requested():
             gpu.enable_tf32(xp)
@@ -121,7 +123,7 @@ class ArrayEngine:
                 consts[t.name] = array
         self._required = [k for k in self._inputs if k not in self._values]
 
-        steps, defined = [], {"", *self._inputs, *self._values}
+        steps, ops, defined = [], [], {"", *self._inputs, *self._values}
         for i, node in enumerate(graph.node):
             label = f"node {node.name or f'#{i} ({node.output[0] if node.output else node.op_type})'!r}"
             kernel = self._make(node, label, opset, consts)
@@ -134,6 +136,9 @@ class ArrayEngine:
                 continue
             steps.append((kernel, self._input_keys(node, consts),
                           tuple((j, k) for j, k in enumerate(node.output) if k), f"{label} ({node.op_type})"))
+            ops.append(node.op_type)
+        if fuse if fuse is not None else (xp is not np and gpu.kernels_enabled()):
+            steps = fusion.fuse(steps, ops, self._outputs, xp)
         self._steps = self._with_frees(steps)
         # op type -> [calls, seconds]; filled by run() while not None (CUDA events on a GPU)
         self.profile: dict[str, list] | None = None

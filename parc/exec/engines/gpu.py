@@ -42,6 +42,9 @@ def enable_tf32(cupy: ModuleType) -> None:
 
 
 _SOFTMAX = r"""
+__device__ float ex(float v) { return expf(v); }
+__device__ double ex(double v) { return exp(v); }
+
 // `pad` stands in for the lanes past the last warp: any element of the row for a max, 0 for a sum.
 template <typename T>
 __device__ T block_reduce(T v, T* shared, bool is_max, T pad) {
@@ -76,9 +79,9 @@ __global__ void softmax_rows(const T* x, T* y, long long cols) {
     for (long long j = threadIdx.x; j < cols; j += blockDim.x) m = row[j] > m ? row[j] : m;
     m = block_reduce<T>(m, shared, true, row[0]);
     T s = 0;
-    for (long long j = threadIdx.x; j < cols; j += blockDim.x) s += exp(row[j] - m);
+    for (long long j = threadIdx.x; j < cols; j += blockDim.x) s += ex(row[j] - m);
     s = block_reduce<T>(s, shared, false, (T)0);
-    for (long long j = threadIdx.x; j < cols; j += blockDim.x) out[j] = exp(row[j] - m) / s;
+    for (long long j = threadIdx.x; j < cols; j += blockDim.x) out[j] = ex(row[j] - m) / s;
 }
 """
 

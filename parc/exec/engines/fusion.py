@@ -1,0 +1,175 @@
+"""Elementwise fusion for the array engine: a chain of elementwise nodes becomes one kernel.
+
+A training step is mostly elementwise nodes over large tensors (the optimizer's update, GELU and
+layer normalisation and their gradients, the attention mask), and on a GPU each one reads its
+inputs from memory and writes its output back. When the engine is built, `fuse` groups them:
+an elementwise node takes in the node producing one of its inputs when that value has no other
+reader and is not a graph output, so each group is a tree whose intermediates nobody else sees.
+A group of two or more nodes runs as one CuPy `ElementwiseKernel` whose body is the group's
+nodes as C statements, one local variable per intermediate: each input is read once and only the
+root's value is written. CuPy's kernels broadcast their inputs as ONNX does, so the tree's leaves
+may have any shapes that broadcast.
+
+The kernel is compiled for the float type of the group's inputs at its first run; it is built
+with `--fmad=false`, so that each operation rounds as CuPy's own kernel for it would (no fused
+multiply-add), and the fused and unfused runs agree to the bit. A group whose inputs have other
+types than the one it was made for (float16, integers, mixed float types) runs its nodes one by
+one, as does every group on NumPy, where there is nothing to gain but the tests run the same
+grouping. `PARC_CUPY_KERNELS=0` turns fusion off.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+# op -> (inputs, C body with {0}, {1}, {2} for the inputs and T for the float type)
+OPS: dict[str, tuple[int, str]] = {
+    "Add": (2, "{0} + {1}"), "Sub": (2, "{0} - {1}"), "Mul": (2, "{0} * {1}"), "Div": (2, "{0} / {1}"),
+    "Pow": (2, "pow({0}, {1})"), "Neg": (1, "-{0}"), "Exp": (1, "exp({0})"), "Log": (1, "log({0})"),
+    "Sqrt": (1, "sqrt({0})"), "Reciprocal": (1, "(T)1 / {0}"), "Tanh": (1, "tanh({0})"),
+    "Erf": (1, "erf({0})"), "Abs": (1, "fabs({0})"), "Identity": (1, "{0}"),
+    "Relu": (1, "({0} > (T)0 || {0} != {0}) ? {0} : (T)0"),  # NumPy's maximum(x, 0) keeps a NaN
+    "Sigmoid": (1, "(T)1 / ((T)1 + exp(-{0}))"),
+    "Where": (3, "{0} ? {1} : {2}"),  # the condition is bool, the others the float type
+}
+CTYPES = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}
+
+
+@dataclass
+class Op:
+    """One node of a group: its kernel (for the unfused run), input keys, output key and type."""
+
+    kernel: Any
+    op: str
+    inputs: tuple[str, ...]
+    output: str
+    label: str
+
+
+@dataclass
+class Group:
+    """A tree of elementwise nodes run as one step; `ops` in the graph's order, the root last."""
+
+    ops: list[Op]
+    xp: Any
+    leaves: tuple[str, ...] = ()
+    _kernels: dict[tuple, Any] = field(default_factory=dict)
+    _failed: bool = False
+
+    def __post_init__(self) -> None:
+        made = {o.output for o in self.ops}
+        self.leaves = tuple(dict.fromkeys(k for o in self.ops for k in o.inputs if k not in made))
+
+    @property
+    def output(self) -> str:
+        return self.ops[-1].output
+
+    @property
+    def label(self) -> str:
+        return f"{self.ops[-1].label.rpartition(' (')[0]} and {len(self.ops) - 1} more (Fused)"
+
+    def __call__(self, *leaves: Any) -> tuple[Any]:
+        kernel = None if self._failed or self.xp is np else self._kernel(leaves)
+        if kernel is None:
+            return (self.unfused(leaves),)
+        try:
+            return (kernel(*leaves),)
+        except Exception as e:  # CuPy compiles at the first call
+            if type(e).__name__ != "CompileException":
+                raise
+            self._refuse(e)
+            return (self.unfused(leaves),)
+
+    def _refuse(self, e: Exception) -> None:
+        """A compiler's refusal is parc's bug, said once; the nodes still run, one by one."""
+        self._failed = True
+        print(f"parc: could not fuse {self.label}: {type(e).__name__}: {' '.join(str(e).split())[:300]}",
+              file=sys.stderr)
+
+    def unfused(self, leaves: Sequence[Any]) -> Any:
+        """The group's nodes one by one (NumPy, or types the kernel was not made for)."""
+        env = dict(zip(self.leaves, leaves))
+        for o in self.ops:
+            env[o.output] = o.kernel(*[env[k] for k in o.inputs])[0]
+        return env[self.output]
+
+    def _kernel(self, leaves: Sequence[Any]) -> Any:
+        types = tuple(getattr(a, "dtype", None) for a in leaves)
+        if types not in self._kernels:
+            self._kernels[types] = self._compile(types)
+        return self._kernels[types]
+
+    def _compile(self, types: tuple) -> Any:
+        conditions = {o.inputs[0] for o in self.ops if o.op == "Where"}
+        floats = {t for k, t in zip(self.leaves, types) if k not in conditions}
+        if len(floats) != 1 or next(iter(floats)) not in CTYPES:
+            return None
+        if any(t != np.dtype(np.bool_) for k, t in zip(self.leaves, types) if k in conditions):
+            return None
+        if any(o.inputs[0] in {p.output for p in self.ops} for o in self.ops if o.op == "Where"):
+            return None  # a condition computed inside the group (the ops here make floats only)
+        dtype = next(iter(floats))  # parameters take NumPy's type names ("float" would be float64)
+        params = ", ".join(f"{'bool' if k in conditions else dtype.name} in{i}" for i, k in enumerate(self.leaves))
+        try:
+            return self.xp.ElementwiseKernel(params, f"{dtype.name} out", self.body(CTYPES[dtype]),
+                                             f"parc_fused_{len(self.ops)}", options=("--fmad=false",))
+        except Exception as e:
+            self._refuse(e)
+            return None
+
+    def body(self, ctype: str) -> str:
+        """The kernel's C body: one local per node, the root's value stored."""
+        names = {k: f"in{i}" for i, k in enumerate(self.leaves)}
+        lines = [f"typedef {ctype} T;"]
+        for j, o in enumerate(self.ops):
+            names[o.output] = f"t{j}"
+            lines.append(f"T t{j} = {OPS[o.op][1].format(*(names[k] for k in o.inputs))};")
+        lines.append(f"out = t{len(self.ops) - 1};")
+        return "\n".join(lines)
+
+
+def fusible(op: str, inputs: Sequence[str], outputs: Sequence[tuple[int, str]]) -> bool:
+    arity = OPS.get(op, (None,))[0]
+    return (arity == len(inputs) and all(inputs) and len(outputs) == 1 and outputs[0][0] == 0
+            and "\0" not in "".join(inputs))
+
+
+def fuse(steps: list[tuple], ops: list[str], graph_outputs: Sequence[str], xp: Any) -> list[tuple]:
+    """The engine's steps (kernel, input keys, outputs, label) with elementwise trees fused, each
+    at its root's place. `ops` is each step's op type."""
+    readers = Counter(k for _, inputs, _, _ in steps for k in inputs)
+    keep = set(graph_outputs)
+    pending: dict[str, tuple[int, list[Op]]] = {}  # a fusible step's output -> (its index, its tree)
+    taken: set[int] = set()
+    order: dict[str, int] = {}  # a fusible step's output -> its index (the graph's order)
+    out: list[tuple | None] = []
+    for i, ((kernel, inputs, outputs, label), op) in enumerate(zip(steps, ops)):
+        if not fusible(op, inputs, outputs):
+            out.append((kernel, inputs, outputs, label))
+            continue
+        tree: list[Op] = []
+        for k in dict.fromkeys(inputs):
+            if k in pending and readers[k] == 1 and k not in keep:
+                j, sub = pending.pop(k)
+                taken.add(j)
+                tree.extend(sub)
+        tree.append(Op(kernel, op, tuple(inputs), outputs[0][1], label))
+        order[outputs[0][1]] = i
+        tree.sort(key=lambda o: order[o.output])
+        pending[outputs[0][1]] = (i, tree)
+        out.append(None)  # filled below: the tree may yet be taken into a later one
+    for i, tree in pending.values():
+        if len(tree) == 1:
+            o = tree[0]
+            out[i] = (o.kernel, o.inputs, ((0, o.output),), o.label)
+        else:
+            group = Group(tree, xp)
+            out[i] = (group, group.leaves, ((0, group.output),), group.label)
+    assert all(out[j] is None for j in taken)
+    return [s for s in out if s is not None]
