@@ -113,3 +113,21 @@ def test_fused_kernels_equal_unfused_on_the_gpu(name, tmp_path, capfd):
     assert groups and all(g._kernels and all(k is not None for k in g._kernels.values()) for g in groups)
     for k in want:  # --fmad=false: each operation rounds as CuPy's own kernel does
         np.testing.assert_allclose(cupy.asnumpy(got[k]), cupy.asnumpy(want[k]), rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize(("shape", "lead"), [((8, 1024, 64), 1), ((8, 1024, 64), 2), ((3, 5), 1), ((70000, 3), 1),
+                                             ((2, 3, 4, 5), 3), ((1, 7), 1), ((9000, 4096), 1)])
+def test_sum_over_leading_axes_matches_numpy(dtype, shape, lead):
+    import cupy
+
+    from parc.exec.engines.gpu import sum_leading
+
+    x = np.random.default_rng(1).standard_normal(shape).astype(dtype)
+    got = cupy.asnumpy(sum_leading(cupy, cupy.asarray(x), lead))
+    want = x.astype(np.float64).sum(axis=tuple(range(lead)))
+    assert got.shape == want.shape and got.dtype == dtype
+    np.testing.assert_allclose(got, want, rtol=1e-4 if dtype == np.float32 else 1e-12, atol=1e-3)
+    # a non-contiguous input is summed from a contiguous copy
+    t = cupy.asarray(np.ascontiguousarray(np.swapaxes(x, 0, -1))).swapaxes(0, -1)
+    np.testing.assert_allclose(cupy.asnumpy(sum_leading(cupy, t, lead)), want, rtol=1e-4, atol=1e-3)

@@ -5,14 +5,17 @@
   both are set: CuPy's float32 compute type and the cuBLAS handle's TF32 tensor-op math mode.
 - `softmax_last`: softmax over a contiguous last axis, one thread block per row, reading the row
   from memory once (CuPy's max/exp/sum/divide read and write the whole tensor four times).
+- `sum_leading`: ReduceSum/ReduceMean over leading axes, a column sum in chunks of rows.
+- elementwise fusion (`fusion.py`).
 
-`PARC_CUPY_KERNELS=0` turns the hand-written kernels off (the engine then uses CuPy's generic
+`PARC_CUPY_KERNELS=0` turns all of them off (the engine then uses CuPy's generic
 operations), for measuring what they give and for telling a kernel's bug from the graph's.
 """
 
 from __future__ import annotations
 
 import functools
+import math
 import os
 from types import ModuleType
 from typing import Any
@@ -109,3 +112,48 @@ def softmax_last(cupy: ModuleType, x: Any) -> Any | None:
     threads = 32 if cols <= 32 else 128 if cols <= 1024 else 256
     _softmax_kernel(cupy, ctype)((rows,), (threads,), (x, y, np.int64(cols)))
     return y
+
+
+_COLUMN_SUM = r"""
+template <typename T>
+__global__ void column_sums(const T* x, T* out, long long rows, long long cols, long long per_chunk) {
+    const long long j = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (j >= cols) return;
+    const long long start = (long long)blockIdx.y * per_chunk;
+    const long long stop = start + per_chunk < rows ? start + per_chunk : rows;
+    T s = 0;
+    for (long long r = start; r < stop; ++r) s += x[r * cols + j];
+    out[(long long)blockIdx.y * cols + j] = s;
+}
+"""
+THREADS_WANTED = 1 << 18  # about what an H100/H200 keeps resident (132 SMs x 2,048)
+
+
+@functools.cache
+def _column_kernel(cupy: ModuleType, dtype: str) -> Any:
+    module = cupy.RawModule(code=_COLUMN_SUM, options=("--std=c++14",),
+                            name_expressions=[f"column_sums<{dtype}>"])
+    return module.get_function(f"column_sums<{dtype}>")
+
+
+def sum_leading(cupy: ModuleType, x: Any, lead: int) -> Any | None:
+    """The sum of a CuPy array over its first `lead` axes (shape x.shape[lead:]), or None where the
+    kernel does not apply. CuPy's reductions over leading axes (a bias's or a broadcast weight's
+    gradient) give each output few threads; here each thread sums a column of a chunk of rows
+    (reads coalesced across the row), and the chunks' partial sums are summed the same way."""
+    ctype = _CTYPES.get(x.dtype)
+    if ctype is None or not 0 < lead < x.ndim or x.size == 0:
+        return None
+    x = cupy.ascontiguousarray(x)
+    cols = math.prod(x.shape[lead:])
+    rows = x.size // cols
+    kernel = _column_kernel(cupy, ctype)
+    while True:
+        chunks = max(1, min(rows // 8, -(-THREADS_WANTED // cols)))
+        per_chunk = -(-rows // chunks)
+        chunks = -(-rows // per_chunk)
+        out = cupy.empty((chunks, cols), x.dtype)
+        kernel((-(-cols // 256), chunks), (256,), (x, out, np.int64(rows), np.int64(cols), np.int64(per_chunk)))
+        if chunks == 1:
+            return out.reshape(x.shape[lead:])
+        x, rows = out, chunks

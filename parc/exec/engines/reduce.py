@@ -62,6 +62,13 @@ def _make_reduce(op: str, n: NodeInfo) -> Kernel:
                 info = np.iinfo(x.dtype)
                 return (xp.full(shape, info.min if empty < 0 else info.max, dtype=x.dtype),)
             return (xp.full(shape, empty, dtype=x.dtype),)
+        if op in ("ReduceSum", "ReduceMean") and xp is not np and tuple(sorted(ax)) == tuple(range(len(ax))) \
+                and gpu.kernels_enabled():
+            y = gpu.sum_leading(xp, x, len(ax))
+            if y is not None:
+                if op == "ReduceMean":
+                    y = y / x.dtype.type(math.prod(x.shape[:len(ax)]))
+                return (y.reshape((1,) * len(ax) + y.shape) if keepdims else y,)
         return (fn(x, ax, keepdims),)
     return reduce
 
