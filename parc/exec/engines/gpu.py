@@ -145,7 +145,8 @@ def sum_leading(cupy: ModuleType, x: Any, lead: int) -> Any | None:
     if ctype is None or not 0 < lead < x.ndim or x.size == 0:
         return None
     x = cupy.ascontiguousarray(x)
-    cols = math.prod(x.shape[lead:])
+    shape = x.shape[lead:]
+    cols = math.prod(shape)
     rows = x.size // cols
     kernel = _column_kernel(cupy, ctype)
     while True:
@@ -155,5 +156,5 @@ def sum_leading(cupy: ModuleType, x: Any, lead: int) -> Any | None:
         out = cupy.empty((chunks, cols), x.dtype)
         kernel((-(-cols // 256), chunks), (256,), (x, out, np.int64(rows), np.int64(cols), np.int64(per_chunk)))
         if chunks == 1:
-            return out.reshape(x.shape[lead:])
+            return out.reshape(shape)
         x, rows = out, chunks
