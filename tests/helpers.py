@@ -21,6 +21,27 @@ def inp(name: str, shape, dtype=TensorProto.FLOAT) -> onnx.ValueInfoProto:
     return helper.make_tensor_value_info(name, dtype, shape)
 
 
+def tiny_training_step(name: str, directory, optimizer=None) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    """(a zoo model's training step, built in `directory`; seeded feeds for its data inputs:
+    floats standard normal, token ids and labels below the size they index)."""
+    from parc.autodiff import OptimizerConfig, make_training_step
+    from parc.ir import from_model, load, to_onnx
+    from parc.models import build_model
+    from parc.passes.lower import index_limit
+
+    graph = load(build_model(name, directory / f"{name}.onnx"))
+    make_training_step(graph, optimizer or OptimizerConfig("adamw", lr=1e-3, weight_decay=0.01))
+    model = to_onnx(graph)
+    rng = np.random.default_rng(0)
+    feeds = {}
+    for v in from_model(model).inputs:  # the data inputs: parameters and state are constants here
+        if v.dtype.is_float:  # type: ignore[union-attr]
+            feeds[v.name] = rng.standard_normal(v.shape).astype(v.dtype.numpy)  # type: ignore[union-attr]
+        else:
+            feeds[v.name] = rng.integers(0, index_limit(v), size=v.shape).astype(v.dtype.numpy)  # type: ignore[union-attr]
+    return model, feeds
+
+
 def legacy_gpt_block_model() -> onnx.ModelProto:
     """A PyTorch-legacy-style attention reshape: Shape -> Gather -> Unsqueeze -> Concat -> Reshape,
     a causal mask from ConstantOfShape/Range/Expand of computed shapes, and a Where."""

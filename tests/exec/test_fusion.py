@@ -8,15 +8,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from helpers import inp, make_model, tensor
+from helpers import inp, make_model, tensor, tiny_training_step
 from onnx import TensorProto, helper
 
-from parc.autodiff import OptimizerConfig, make_training_step
 from parc.exec.engines.array import ArrayEngine
 from parc.exec.engines.fusion import Group
-from parc.ir import from_model, load, to_onnx
-from parc.models import build_model
-from parc.passes.lower import index_limit
 
 n = helper.make_node
 
@@ -81,16 +77,7 @@ def test_fusion_is_off_on_numpy_by_default():
 
 @pytest.mark.parametrize("name", ["gpt-tiny", "unet-tiny"])
 def test_training_step_fused_equals_unfused(name, tmp_path):
-    graph = load(build_model(name, tmp_path / f"{name}.onnx"))
-    make_training_step(graph, OptimizerConfig("adamw", lr=1e-3, weight_decay=0.01))
-    model = to_onnx(graph)
-    rng = np.random.default_rng(0)
-    feeds = {}
-    for v in from_model(model).inputs:
-        if v.dtype.is_float:  # type: ignore[union-attr]
-            feeds[v.name] = rng.standard_normal(v.shape).astype(v.dtype.numpy)  # type: ignore[union-attr]
-        else:
-            feeds[v.name] = rng.integers(0, index_limit(v), size=v.shape).astype(v.dtype.numpy)  # type: ignore[union-attr]
+    model, feeds = tiny_training_step(name, tmp_path)
     fused, plain = ArrayEngine(model, fuse=True), ArrayEngine(model, fuse=False)
     assert len(fused._steps) < 0.7 * len(plain._steps)
     got, want = fused.run(feeds), plain.run(feeds)

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from parc.exec.runner import gpu_available
-from tests.helpers import parc
+from tests.helpers import parc, tiny_training_step
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not gpu_available(), reason="needs a CUDA GPU and CuPy")]
 
@@ -89,23 +89,10 @@ def test_tf32_sets_compute_type_and_math_mode():
 def test_fused_kernels_equal_unfused_on_the_gpu(name, tmp_path, capfd):
     import cupy
 
-    from parc.autodiff import OptimizerConfig, make_training_step
     from parc.exec.engines.array import ArrayEngine
     from parc.exec.engines.fusion import Group
-    from parc.ir import from_model, load, to_onnx
-    from parc.models import build_model
-    from parc.passes.lower import index_limit
 
-    graph = load(build_model(name, tmp_path / f"{name}.onnx"))
-    make_training_step(graph, OptimizerConfig("adamw", lr=1e-3, weight_decay=0.01))
-    model = to_onnx(graph)
-    rng = np.random.default_rng(0)
-    feeds = {}
-    for v in from_model(model).inputs:
-        if v.dtype.is_float:
-            feeds[v.name] = rng.standard_normal(v.shape).astype(v.dtype.numpy)
-        else:
-            feeds[v.name] = rng.integers(0, index_limit(v), size=v.shape).astype(v.dtype.numpy)
+    model, feeds = tiny_training_step(name, tmp_path)
     fused, plain = ArrayEngine(model, device="gpu", fuse=True), ArrayEngine(model, device="gpu", fuse=False)
     got, want = fused.run(feeds), plain.run(feeds)
     assert "could not fuse" not in capfd.readouterr().err

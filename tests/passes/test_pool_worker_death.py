@@ -3,6 +3,7 @@ line naming the job, not an internal error."""
 
 from __future__ import annotations
 
+import gc
 import os
 from dataclasses import dataclass
 
@@ -32,3 +33,39 @@ def _die_on_two(graph: Graph, job: _Job) -> int:
 def test_a_killed_worker_is_named():
     with pytest.raises(WorkerDiedError, match=r"process died .*out of memory.* while running [^;]*job 2.*--jobs 1"):
         run_jobs(_die_on_two, Graph(), [_Job(1), _Job(2), _Job(3)], 2)
+
+
+
+class _Finalized:
+    """Records, when finalized, which process ran its finalizer."""
+
+    log = ""
+
+    def __del__(self) -> None:
+        with open(_Finalized.log, "a") as f:
+            f.write(f"{os.getpid()}\n")
+
+
+def _collect_and_double(graph: Graph, job: int) -> int:
+    gc.collect()  # a worker's collection must not finalize what it inherited
+    return job * 2
+
+
+@pytest.mark.skipif(not can_fork(), reason="workers are forked")
+def test_workers_never_collect_inherited_garbage(tmp_path):
+    """Garbage left by earlier work is collected before the fork, never in a worker: an
+    onnxruntime session in a reference cycle hung a forked worker that collected it (its
+    destructor waits on threads that a fork does not copy)."""
+    _Finalized.log = str(tmp_path / "finalized")
+    gc.disable()  # keep the cycles as garbage until the pool forks
+    try:
+        for _ in range(4):
+            holder = {"object": _Finalized()}
+            holder["self"] = holder  # type: ignore[assignment]
+        del holder
+        assert run_jobs(_collect_and_double, Graph(), list(range(6)), 2) == [0, 2, 4, 6, 8, 10]
+    finally:
+        gc.enable()
+    gc.collect()
+    pids = (tmp_path / "finalized").read_text().split()
+    assert pids == [str(os.getpid())] * 4

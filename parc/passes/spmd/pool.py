@@ -11,6 +11,7 @@ where fork is unavailable, the jobs run in-process, in order.
 
 from __future__ import annotations
 
+import gc
 import io
 import multiprocessing
 import pickle
@@ -52,6 +53,12 @@ def run_jobs(fn: Callable[[Graph, J], T], graph: Graph, jobs: Sequence[J], proce
     if _SHARED is not None:
         raise RuntimeError("run_jobs: a pool is already running in this process")
     _SHARED = (fn, graph)
+    # Garbage left in this process (say an onnxruntime session in a reference cycle) must not be
+    # collected in a forked worker: its destructor would wait on locks of threads that were not
+    # forked (seen: a worker hung in ORT's pthread_cond_destroy). Collect it here, and freeze what
+    # is left so that the workers' collections never visit what they inherited.
+    gc.collect()
+    gc.freeze()
     try:
         pool = ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("fork"),
                                    initializer=_die_with_parent)
@@ -63,6 +70,7 @@ def run_jobs(fn: Callable[[Graph, J], T], graph: Graph, jobs: Sequence[J], proce
         finally:
             pool.shutdown(wait=True, cancel_futures=True)
     finally:
+        gc.unfreeze()
         _SHARED = None
 
 
