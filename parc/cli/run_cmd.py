@@ -61,7 +61,9 @@ def _common(f):
 
 @click.command()
 @click.argument("plan_dir", metavar="PLAN_DIR")
-@click.option("--steps", type=int, default=10, show_default=True, help="Training steps to run.")
+@click.option("--steps", type=int, default=10, show_default=True,
+              help="The total count of training steps: with --resume, the run goes on from the checkpoint's step "
+                   "up to this one.")
 @click.option("--data", type=click.Path(dir_okay=False), help="npz: one array per data input ([steps, ...] or one batch).")
 @click.option("--checkpoint", type=click.Path(file_okay=False), help="Checkpoint directory (written at the end).")
 @click.option("--checkpoint-every", type=int, default=0, metavar="N", help="Also checkpoint every N steps.")

@@ -31,6 +31,20 @@ class CommTimeout(ParcError):
     """A collective or point-to-point operation did not complete in time."""
 
 
+# Called about every HEARTBEAT_S while a rank waits on its peers (`parc run` sets it to the rank
+# state's `beat`): a rank that waits shows it is alive; one stopped or stuck elsewhere does not.
+heartbeat = None
+HEARTBEAT_S = 0.25
+
+
+def beat_every(last: float, now: float) -> float:
+    """Call the heartbeat when HEARTBEAT_S has passed since `last`; the new `last`."""
+    if heartbeat is not None and now - last >= HEARTBEAT_S:
+        heartbeat()
+        return now
+    return last
+
+
 @dataclass
 class MpiComm:
     """A communicator over mpi4py (`comm`: an MPI.Comm, COMM_WORLD by default)."""
@@ -91,13 +105,15 @@ class MpiComm:
         if request.Test():
             return
         deadline = time.monotonic() + self.timeout
-        polls = 0
+        polls, beat = 0, 0.0
         while not request.Test():
             polls += 1
             if polls < 200:
                 os.sched_yield()
                 continue
-            if time.monotonic() > deadline:
+            now = time.monotonic()
+            beat = beat_every(beat, now)
+            if now > deadline:
                 raise CommTimeout(f"rank {self.rank}: {what} did not complete within {self.timeout:g} s "
                                   f"(a peer may have died)")
             time.sleep(5e-5)

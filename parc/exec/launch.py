@@ -54,15 +54,27 @@ def find_mpiexec() -> str:
 def launch(ranks: int, argv: list[str], timeout: float | None = None) -> int:
     """Run `parc ARGV` as `ranks` MPI ranks; the job's exit code.
 
-    The ranks' stdout passes through; mpiexec's own banner about a rank that died is replaced
-    by one line naming the rank (each rank records its pid in a temporary directory)."""
+    The ranks' stdout passes through. Their stderr passes through too, less the process
+    manager's own lines (hydra's banner, MPICH's `Abort(...)` echo) and all but the first
+    timeout report. Each rank keeps a state file in a temporary job directory
+    (`parc.exec.watch`); the launcher watches the ranks' processes, so when the job fails it
+    names the rank that ended first, how and in which task, whatever the process manager then
+    did to the others."""
     import tempfile
+    import threading
 
-    with tempfile.TemporaryDirectory(prefix="parc-run-") as pids:
-        env = dict(os.environ, **{CHILD: "1", PIDS: pids})
+    from parc.exec.watch import FirstExit, how, read_state, where
+
+    with tempfile.TemporaryDirectory(prefix="parc-run-") as job:
+        env = dict(os.environ, **{CHILD: "1", PIDS: job})
         cmd = [find_mpiexec(), "-n", str(ranks), sys.executable, "-m", "parc.cli.main", *argv]
-        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True, bufsize=1)
-        dead: list[tuple[int, int | None]] = []
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                bufsize=1)
+        watch = FirstExit(job, ranks)
+        banner: list[tuple[int, int | None]] = []  # hydra's (pid, exit code): not always the first to die
+        reported: list[tuple[float, str]] = []  # the ranks' own error lines, with when they came
+        errors = threading.Thread(target=_forward_errors, args=(proc.stderr, reported), daemon=True)
+        errors.start()
         deadline = time.monotonic() + timeout if timeout else None
         assert proc.stdout is not None
         bar = _Bar() if sys.stdout.isatty() else None
@@ -71,10 +83,10 @@ def launch(ranks: int, argv: list[str], timeout: float | None = None) -> int:
                 bar.update(line)
             m = re.search(r"PID (\d+) RUNNING AT", line)
             if m:
-                dead.append((int(m.group(1)), None))
+                banner.append((int(m.group(1)), None))
             m = re.search(r"EXIT CODE: (\d+)", line)
-            if m and dead and dead[-1][1] is None:
-                dead[-1] = (dead[-1][0], int(m.group(1)))
+            if m and banner and banner[-1][1] is None:
+                banner[-1] = (banner[-1][0], int(m.group(1)))
             if not _mpiexec_banner(line):
                 if bar is not None:
                     bar.print(line.rstrip("\n"))
@@ -86,17 +98,45 @@ def launch(ranks: int, argv: list[str], timeout: float | None = None) -> int:
                 print(f"parc: error: the ranks did not finish within {timeout:g} s; stopped", file=sys.stderr)
                 return 1
         rc = proc.wait()
+        errors.join(timeout=5)
+        watch.stop()
         if bar is not None:
             bar.close()
-        if rc and dead:
-            by_pid = {}
-            for f in Path(pids).glob("rank_*.pid"):
-                by_pid[int(f.read_text())] = int(f.stem.split("_")[1])
-            pid, code = dead[0]
-            who = f"rank {by_pid[pid]}" if pid in by_pid else "a rank"
-            how = f"signal {code}" if code in (9, 15, 6, 11) else f"exit code {code}"
-            print(f"parc: error: {who} (pid {pid}) died ({how}); the other ranks were stopped", file=sys.stderr)
+        if rc and watch.first is not None:
+            rank, pid, status = watch.first
+            if status is None:  # reaped before the watcher read it: hydra's banner, when it names this pid
+                code = next((c for p, c in banner if p == pid and c is not None), None)
+                status = None if code is None else code if code in (6, 9, 11, 15) else code << 8
+            state = read_state(job, rank)
+            host = f" on {state['host']}" if state and state.get("host") else ""
+            # a rank that said what went wrong before any rank ended has explained the job's end
+            # (the others were then stopped for it); a rank that was killed could say nothing
+            said = any(t <= watch.when for t, _ in reported)
+            if not said:
+                print(f"parc: error: rank {rank} (pid {pid}{host}) {how(status)} {where(state)}; the other "
+                      "ranks were stopped because of it", file=sys.stderr)
+        elif rc and banner:  # the watcher saw no pid (a rank that died before recording it)
+            pid, code = banner[0]
+            print(f"parc: error: a rank (pid {pid}) died (exit code {code}); the other ranks were stopped",
+                  file=sys.stderr)
         return rc
+
+
+def _forward_errors(stream, reported: list[str]) -> None:
+    """The ranks' stderr to ours, less the process manager's noise and repeated timeouts."""
+    timeouts = 0
+    for line in stream:
+        text = line.strip()
+        if not text or text.startswith(("Abort(", "[proxy:", "[mpiexec@")) or _mpiexec_banner(line):
+            continue
+        if text.startswith("parc: rank "):
+            reported.append((time.monotonic(), text))
+            if "did not complete within" in text:
+                timeouts += 1
+                if timeouts > 1:  # the first says who never came; the others wait on the same ones
+                    continue
+        sys.stderr.write(line)
+        sys.stderr.flush()
 
 
 class _Bar:
@@ -151,10 +191,17 @@ def train(plan_dir: Path, *, steps: int, seed: int, engine: str, data: str | Non
                           if k in os.environ), rank))
         cupy.cuda.Device(local % cupy.cuda.runtime.getDeviceCount()).use()
         comm = NcclComm(comm, timeout=timeout)
-    if os.environ.get(PIDS):
-        (Path(os.environ[PIDS]) / f"rank_{rank}.pid").write_text(str(os.getpid()))
+    state = None
+    if os.environ.get(PIDS):  # parc's own launcher: a state file it and the other ranks read
+        from parc.exec import comm as comm_module
+        from parc.exec.watch import RankState
+
+        state = RankState(os.environ[PIDS], rank)
+        comm_module.heartbeat = state.beat
     try:
         runner = Rank(plan_dir, rank, comm, engine, init=init, seed=seed)
+        if state is not None:
+            runner.on_task = state.set
         if comm.size != runner.graph.ranks:
             raise UsageError(f"{plan_dir}: the plan has {runner.graph.ranks} ranks, this job {comm.size}")
         inputs = step_inputs(runner.program)
@@ -168,7 +215,12 @@ def train(plan_dir: Path, *, steps: int, seed: int, engine: str, data: str | Non
         loss_name = runner.program.loss
         batch_size = inputs[0]["shape"][0] if inputs and inputs[0]["shape"] else 1
         dumped = []
+        if start >= steps and rank == reporter:
+            echo(f"parc: the checkpoint in {checkpoint} is at step {start}, already at --steps {steps} (the "
+                 "total count of steps, not how many more): nothing to run; ask for more steps to go on")
         for step in range(start, steps):
+            if state is not None:
+                state.set(None, step)
             batch = source.batch(step) if source is not None else synthetic(inputs, seed, step)
             t0 = time.perf_counter()
             outs = runner.step(batch)
@@ -208,9 +260,19 @@ def train(plan_dir: Path, *, steps: int, seed: int, engine: str, data: str | Non
             np.savez(Path(dump) / name, **{f"{k}@{i}": v for i, d in enumerate(dumped) for k, v in d.items()})
         comm.barrier()
     except ParcError as e:
-        print(f"parc: rank {rank}: {e}", file=sys.stderr, flush=True)
+        from parc.exec.comm import CommTimeout
+
+        where = ""
+        if isinstance(e, CommTimeout) and state is not None:  # who never came, from their state files
+            from parc.exec.watch import absent_text
+
+            where = absent_text(os.environ[PIDS], rank, state.task, mpi.size)
+        text = re.sub(r"^rank \d+: ", "", str(e))  # a sub-communicator's own numbering: this rank is `rank`
+        sys.stderr.write(f"parc: rank {rank}: {text}{where}\n")  # one write: ranks' lines never interleave
+        sys.stderr.flush()
         comm.abort(2 if isinstance(e, UsageError) else 1)
     except Exception as e:  # any other failure of one rank ends the job, naming the rank
         first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-        print(f"parc: rank {rank}: {type(e).__name__}: {first}", file=sys.stderr, flush=True)
+        sys.stderr.write(f"parc: rank {rank}: {type(e).__name__}: {first}\n")
+        sys.stderr.flush()
         comm.abort(1)

@@ -18,7 +18,7 @@ import time
 import numpy as np
 
 from parc.errors import ParcError
-from parc.exec.comm import DEFAULT_TIMEOUT, CommTimeout
+from parc.exec.comm import DEFAULT_TIMEOUT, CommTimeout, beat_every
 
 _TYPES = {"float32": "NCCL_FLOAT32", "float64": "NCCL_FLOAT64", "float16": "NCCL_FLOAT16",
           "int32": "NCCL_INT32", "int64": "NCCL_INT64", "uint8": "NCCL_UINT8", "int8": "NCCL_INT8",
@@ -130,8 +130,11 @@ class NcclComm:
     def _until(self, event, comm, what: str) -> None:
         """Poll `event` until done; past the deadline, abort `comm` and raise CommTimeout."""
         deadline = time.monotonic() + self.timeout
+        beat = 0.0
         while not event.done:
-            if time.monotonic() > deadline:
+            now = time.monotonic()
+            beat = beat_every(beat, now)
+            if now > deadline:
                 comm.abort()
                 raise CommTimeout(f"rank {self.rank}: NCCL {what} did not complete within {self.timeout:g} s "
                                   f"(a peer may have died)")

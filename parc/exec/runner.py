@@ -197,6 +197,11 @@ class Rank:
         self._fault = _test_fault()
         self.steps = {t["id"]: Collective.from_json(t["step"]) for t in self.order if t["kind"] == "collective"}
         self._pieces: dict[tuple[str, int | None], tuple[np.ndarray, ...]] = {}  # data slices, made once
+        # called with each task's summary as it starts (None when the step ends): `parc run`
+        # records it in the rank's state file (`parc.exec.watch`), for failure messages
+        self.on_task: Any = None
+        self.task_info = [{k: t[k] for k in ("kind", "id", "micro_batch", "op", "shape", "group", "peer", "tensor",
+                                              "local", "module") if t.get(k) is not None} for t in self.order]
         self.count_bytes = 2  # steps whose held bytes are counted (the first two: a step's peak repeats)
         self.peak_bytes = 0  # the most bytes of tensors this rank held at once in a counted step
 
@@ -292,6 +297,8 @@ class Rank:
             mb = t.get("micro_batch")
             env = shared if mb is None else envs.setdefault(mb, {})
             kind = t["kind"]
+            if self.on_task is not None:
+                self.on_task(self.task_info[pos])
             try:
                 if kind == "source":
                     env[t["tensor"]] = self.xp.asarray(self.data_piece(t["tensor"], batch, mb))
@@ -344,7 +351,11 @@ class Rank:
                 first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
                 raise RunError(f"rank {self.rank}, task {t['id']}: {first}") from None
         if pending:
+            if self.on_task is not None:
+                self.on_task({"kind": "send completion", "id": "the step's sends"})
             self.comm.wait_sends(pending)
+        if self.on_task is not None:
+            self.on_task(None)
         for out, inp in self.program.bindings.items():
             if out in outputs and inp in self.state:
                 self.state[inp] = outputs[out]

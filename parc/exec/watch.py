@@ -1,0 +1,261 @@
+"""What each rank is doing, and which rank failed first: failure attribution for `parc run`.
+
+Each rank started by `parc run` keeps a small state file in the launcher's job directory
+(`PARC_RANK_PIDS`): its pid, host, step and the task it is in (kind, id, microbatch, peers),
+rewritten in place (a memory-mapped page) when a step or a communication task starts, so a rank
+that is killed leaves behind what it was doing.
+
+The launcher watches the ranks' processes (`FirstExit`: a pidfd per rank on Linux, else polling)
+and so knows which one ended first, even when the process manager then kills the others with
+the same signal (MPICH's hydra reports whichever pid it reaps first). A rank whose collective or
+transfer times out reads its peers' state files to name those that never reached it.
+"""
+
+from __future__ import annotations
+
+import json
+import mmap
+import os
+import select
+import socket
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+PAGE = 1024  # bytes of a state file
+
+
+def state_path(directory: str | Path, rank: int) -> Path:
+    return Path(directory) / f"rank_{rank}.state"
+
+
+class RankState:
+    """This rank's state file, rewritten in place (one mmap'd page)."""
+
+    def __init__(self, directory: str | Path, rank: int) -> None:
+        self.path = state_path(directory, rank)
+        with open(self.path, "wb") as f:
+            f.write(b" " * PAGE)
+        self._fd = os.open(self.path, os.O_RDWR)
+        self._map = mmap.mmap(self._fd, PAGE)
+        self.base = {"rank": rank, "pid": os.getpid(), "host": socket.gethostname()}
+        self.step: int | None = None
+        self.task: dict | None = None
+        self.set(None)
+
+    def set(self, task: dict | None, step: int | None = None) -> None:
+        """Record the task being run (None between tasks) and, when given, the step."""
+        if step is not None:
+            self.step = step
+        self.task = task
+        self.since = time.time()
+        self._write(self.since)
+
+    def beat(self) -> None:
+        """Show that this rank is alive (it waits on its peers): called while it waits."""
+        self._write(time.time())
+
+    def _write(self, beat: float) -> None:
+        record = {**self.base, "step": self.step, "task": self.task, "since": self.since, "beat": beat}
+        data = json.dumps(record, separators=(",", ":")).encode()[:PAGE - 1]
+        self._map[:] = data + b" " * (PAGE - len(data))
+
+    def close(self) -> None:
+        self._map.close()
+        os.close(self._fd)
+
+
+def read_state(directory: str | Path, rank: int) -> dict | None:
+    try:
+        text = state_path(directory, rank).read_text().strip()
+        return json.loads(text) if text else None
+    except (OSError, ValueError):
+        return None
+
+
+def describe_task(task: dict | None) -> str:
+    """'the all_reduce of (2, 16, 64) with ranks 0-3' or 'compute of module stage0.onnx'."""
+    if not task:
+        return "between tasks"
+    kind = task.get("kind")
+    if kind == "collective":
+        text = f"{task.get('op', 'collective')} of {task.get('shape')} with ranks {_ranks(task.get('group', []))}"
+    elif kind in ("send", "recv"):
+        text = f"{kind} of {task.get('tensor') or 'a value'} {'to' if kind == 'send' else 'from'} rank {task.get('peer')}"
+    else:
+        text = f"{kind} {task.get('id', '')}".strip()
+    if task.get("micro_batch") is not None:
+        text += f", microbatch {task['micro_batch']}"
+    return text
+
+
+def _ranks(group: list[int]) -> str:
+    group = sorted(group)
+    if group and group == list(range(group[0], group[-1] + 1)) and len(group) > 2:
+        return f"{group[0]}-{group[-1]}"
+    return ", ".join(map(str, group))
+
+
+def where(state: dict | None) -> str:
+    """'at step 37 in the all_reduce of ...' for a state record."""
+    if not state:
+        return "before its first step"
+    step = state.get("step")
+    at = f"at step {step + 1}" if step is not None else "before its first step"
+    return f"{at}, in {describe_task(state.get('task'))}" if state.get("task") else f"{at}, between tasks"
+
+
+STALE_S = 1.0  # a rank whose state has not moved for this long while others wait is not responding
+
+
+def absent_text(directory: str | Path, me: int, task: dict | None, ranks: int) -> str:
+    """For a collective or transfer of `task` that timed out on rank `me`: which ranks are not
+    responding (their state has not moved: stopped, hung or dead), else where the members that
+    are not in the task are, from the ranks' state files ('' when nothing can be said)."""
+    now = time.time()
+    silent = []
+    for r in range(ranks):
+        s = read_state(directory, r)
+        if r != me and s and now - max(s.get("beat") or 0, s.get("since") or 0) > STALE_S:
+            alive = _alive(int(s["pid"])) if s.get("pid") else True
+            silent.append(f"rank {r} (pid {s.get('pid')}{', dead' if not alive else ''}; {where(s)}, "
+                          f"no sign of life for {now - max(s.get('beat') or 0, s.get('since') or 0):.1f} s)")
+    if silent:
+        return "; not responding: " + "; ".join(silent)
+    if not task or task.get("kind") not in ("collective", "send", "recv"):
+        return ""
+    if task["kind"] == "collective":
+        missing = absent_members(directory, list(task.get("group", [])), task["id"], me)
+        if not missing:
+            return ""
+        now = time.time()
+        return "; never reached it: " + "; ".join(
+            f"rank {r} ({where(s)}{_for(now, s)})" for r, s in missing)
+    peer = task.get("peer")
+    s = read_state(directory, peer)
+    return f"; rank {peer} is {where(s)}{_for(time.time(), s)}"
+
+
+def _for(now: float, s: dict | None) -> str:
+    return f", for {now - s['since']:.1f} s" if s and s.get("since") else ""
+
+
+def absent_members(directory: str | Path, group: list[int], task_id: str, me: int) -> list[tuple[int, dict | None]]:
+    """The members of a collective (or the peer of a transfer) whose state shows they are not in
+    task `task_id`: (rank, their state)."""
+    out = []
+    for r in group:
+        if r == me:
+            continue
+        s = read_state(directory, r)
+        if not s or not s.get("task") or s["task"].get("id") != task_id:
+            out.append((r, s))
+    return out
+
+
+class FirstExit:
+    """Watches the ranks' processes (their pids as the ranks record them) from the launcher and
+    keeps the first to end: (rank, pid, wait status or None) in `first`, `when` it was seen.
+
+    The process manager kills the other ranks within milliseconds of the first death, so the
+    order cannot come from when this process gets to look: the pidfds (Linux) sit in one epoll,
+    whose ready list keeps events in the order they fired. Without pidfds the pids are polled
+    every 20 ms."""
+
+    def __init__(self, directory: str | Path, ranks: int) -> None:
+        self.directory = Path(directory)
+        self.ranks = ranks
+        self.first: tuple[int, int, int | None] | None = None
+        self.when = float("inf")  # time.monotonic() when the first rank's end was seen
+        self.pids: dict[int, int] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=1)
+
+    def _run(self) -> None:
+        epoll = select.epoll() if hasattr(os, "pidfd_open") and hasattr(select, "epoll") else None
+        fds: dict[int, int] = {}  # pidfd -> rank
+        try:
+            while not self._stop.is_set():
+                for r in range(self.ranks):
+                    if r in self.pids:
+                        continue
+                    s = read_state(self.directory, r)
+                    if not (s and s.get("pid")):
+                        continue
+                    self.pids[r] = pid = int(s["pid"])
+                    if epoll is not None:
+                        try:
+                            fd = os.pidfd_open(pid)
+                        except ProcessLookupError:
+                            return self._found(r, pid)
+                        fds[fd] = r
+                        epoll.register(fd, select.EPOLLIN)
+                if epoll is not None:
+                    events = epoll.poll(0.05 if len(self.pids) < self.ranks else 0.5)
+                    if events:
+                        r = fds[events[0][0]]  # the earliest: epoll's ready list is in firing order
+                        return self._found(r, self.pids[r])
+                else:
+                    for r, pid in self.pids.items():
+                        if not _alive(pid):
+                            return self._found(r, pid)
+                    time.sleep(0.02)
+        finally:
+            for fd in fds:
+                os.close(fd)
+            if epoll is not None:
+                epoll.close()
+
+    def _found(self, rank: int, pid: int) -> None:
+        self.when = time.monotonic()
+        self.first = (rank, pid, _zombie_status(pid))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return _zombie_status(pid) is None
+
+
+def _zombie_status(pid: int) -> int | None:
+    """The wait status of a process that has ended but is not yet reaped (Linux's
+    /proc/PID/stat field 52), else None."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = text[text.rindex(")") + 2:].split()
+    if fields[0] != "Z" or len(fields) < 50:
+        return None
+    return int(fields[49])
+
+
+def how(status: int | None) -> str:
+    """'killed by signal 9 (SIGKILL)', 'exit code 3' or 'ended' from a wait status."""
+    if status is None:
+        return ("ended without a word (a signal, most likely: a rank that raises says so first; its exit "
+                "status was reaped before parc could read it)")
+    import signal
+
+    if status & 0x7F:
+        sig = status & 0x7F
+        try:
+            name = signal.Signals(sig).name
+        except ValueError:
+            name = f"signal {sig}"
+        return f"was killed by signal {sig} ({name})"
+    return f"exited with code {status >> 8}"
+
+
+def job_directory() -> Any:
+    return os.environ.get("PARC_RANK_PIDS")

@@ -1,0 +1,86 @@
+"""Rank state files and the launcher's first-exit watch (parc/exec/watch.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from parc.exec.watch import FirstExit, RankState, absent_text, how, read_state, where
+
+ALLREDUCE = {"kind": "collective", "id": "c0.a0.g3", "op": "all_reduce", "shape": [2, 16], "group": [0, 1, 2, 3]}
+
+
+def test_state_is_rewritten_in_place(tmp_path):
+    state = RankState(tmp_path, 2)
+    assert read_state(tmp_path, 2)["task"] is None
+    state.set(ALLREDUCE, step=6)
+    first = read_state(tmp_path, 2)
+    assert first["rank"] == 2 and first["pid"] == os.getpid() and first["step"] == 6 and first["task"] == ALLREDUCE
+    time.sleep(0.01)
+    state.beat()
+    again = read_state(tmp_path, 2)
+    assert again["since"] == first["since"] and again["beat"] > first["beat"]
+    assert len((tmp_path / "rank_2.state").read_bytes()) == 1024
+    assert where(again) == "at step 7, in all_reduce of [2, 16] with ranks 0-3"
+    state.set({"kind": "recv", "id": "r1.recv.x", "peer": 0, "micro_batch": 1, "tensor": "x"})
+    assert where(read_state(tmp_path, 2)) == "at step 7, in recv of x from rank 0, microbatch 1"
+    state.close()
+
+
+def _write(tmp_path, rank: int, task, since: float, beat: float, pid: int | None = None) -> None:
+    record = {"rank": rank, "pid": pid or os.getpid(), "host": "h", "step": 3, "task": task, "since": since,
+              "beat": beat}
+    (tmp_path / f"rank_{rank}.state").write_text(json.dumps(record))
+
+
+def test_the_rank_that_shows_no_life_is_named(tmp_path):
+    now = time.time()
+    for r in (0, 2, 3):  # waiting in the collective, beating
+        _write(tmp_path, r, ALLREDUCE, now - 10, now - 0.1)
+    _write(tmp_path, 1, {"kind": "compute", "id": "r1.m004"}, now - 10, now - 10)  # stopped in its compute
+    text = absent_text(tmp_path, 0, ALLREDUCE, 4)
+    assert text.startswith("; not responding: rank 1 (pid ") and "at step 4, in compute r1.m004" in text
+    assert "rank 2" not in text and "rank 3" not in text
+
+
+def test_every_rank_alive_names_those_elsewhere(tmp_path):
+    now = time.time()
+    _write(tmp_path, 0, ALLREDUCE, now - 5, now)
+    _write(tmp_path, 1, {**ALLREDUCE, "id": "c0.a0.g4"}, now - 5, now)  # a different collective: a mismatch
+    text = absent_text(tmp_path, 0, ALLREDUCE, 2)
+    assert text.startswith("; never reached it: rank 1 (at step 4, in all_reduce") and "c0" not in text
+
+
+def test_how_a_process_ended():
+    assert how(9) == "was killed by signal 9 (SIGKILL)"
+    assert how(3 << 8) == "exited with code 3"
+    assert how(None).startswith("ended without a word")
+
+
+@pytest.mark.skipif(not hasattr(os, "pidfd_open"), reason="pidfds (Linux)")
+def test_first_exit_is_the_first_to_end_even_when_the_rest_follow_at_once(tmp_path):
+    procs = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]) for _ in range(4)]
+    try:
+        for r, p in enumerate(procs):
+            _write(tmp_path, r, None, time.time(), time.time(), pid=p.pid)
+        watch = FirstExit(tmp_path, 4)
+        time.sleep(0.3)
+        for victim in (2, 0, 3, 1):  # the rest within a millisecond, as a process manager does
+            procs[victim].kill()
+            if victim == 2:
+                time.sleep(0.002)
+        for p in procs:
+            p.wait()
+        deadline = time.monotonic() + 5
+        while watch.first is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        watch.stop()
+        assert watch.first is not None and watch.first[:2] == (2, procs[2].pid)
+    finally:
+        for p in procs:
+            p.kill()
