@@ -192,6 +192,7 @@ def train(plan_dir: Path, *, steps: int, seed: int, engine: str, data: str | Non
         cupy.cuda.Device(local % cupy.cuda.runtime.getDeviceCount()).use()
         comm = NcclComm(comm, timeout=timeout)
     state = None
+    current = -1  # the step being run (the fault switch reads it)
     if os.environ.get(PIDS):  # parc's own launcher: a state file it and the other ranks read
         from parc.exec import comm as comm_module
         from parc.exec.watch import RankState
@@ -202,6 +203,10 @@ def train(plan_dir: Path, *, steps: int, seed: int, engine: str, data: str | Non
         runner = Rank(plan_dir, rank, comm, engine, init=init, seed=seed)
         if state is not None:
             runner.on_task = state.set
+        if os.environ.get("PARC_FAULT"):  # the failure tests' switch (parc.exec.watch.parse_fault)
+            from parc.exec.watch import with_fault
+
+            runner.on_task = with_fault(runner.on_task, rank, lambda: current, os.environ["PARC_FAULT"])
         if comm.size != runner.graph.ranks:
             raise UsageError(f"{plan_dir}: the plan has {runner.graph.ranks} ranks, this job {comm.size}")
         inputs = step_inputs(runner.program)
@@ -219,6 +224,7 @@ def train(plan_dir: Path, *, steps: int, seed: int, engine: str, data: str | Non
             echo(f"parc: the checkpoint in {checkpoint} is at step {start}, already at --steps {steps} (the "
                  "total count of steps, not how many more): nothing to run; ask for more steps to go on")
         for step in range(start, steps):
+            current = step
             if state is not None:
                 state.set(None, step)
             batch = source.batch(step) if source is not None else synthetic(inputs, seed, step)

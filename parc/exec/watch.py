@@ -259,3 +259,56 @@ def how(status: int | None) -> str:
 
 def job_directory() -> Any:
     return os.environ.get("PARC_RANK_PIDS")
+
+
+FAULT_ENV = "PARC_FAULT"
+FAULT_ACTIONS = ("die", "hang", "raise")
+FAULT_KINDS = ("any", "compute", "collective", "send", "recv")
+
+
+class InjectedFault(RuntimeError):
+    """The error a `PARC_FAULT=...:raise` rank raises."""
+
+
+def parse_fault(spec: str) -> tuple[int, int, str, str]:
+    """`RANK:STEP:ACTION[:KIND]` -> (rank, step, action, kind): the fault-injection switch of the
+    failure tests (never set it otherwise). At step STEP (1-based), rank RANK dies (SIGKILL to
+    itself), hangs (stops, as SIGSTOP would) or raises, at its first task of KIND (default any)."""
+    from parc.errors import UsageError
+
+    parts = spec.split(":")
+    try:
+        rank, step = int(parts[0]), int(parts[1])
+        action, kind = parts[2], parts[3] if len(parts) > 3 else "any"
+    except (IndexError, ValueError):
+        raise UsageError(f"{FAULT_ENV}={spec}: expected RANK:STEP:ACTION[:KIND]") from None
+    if action not in FAULT_ACTIONS or kind not in FAULT_KINDS or len(parts) > 4 or step < 1:
+        raise UsageError(f"{FAULT_ENV}={spec}: ACTION is one of {', '.join(FAULT_ACTIONS)}, KIND one of "
+                         f"{', '.join(FAULT_KINDS)}, STEP >= 1")
+    return rank, step, action, kind
+
+
+def with_fault(on_task, rank: int, state_step, spec: str | None):
+    """`on_task` (may be None) wrapped so that the fault `spec` names strikes this rank."""
+    if not spec:
+        return on_task
+    target, step, action, kind = parse_fault(spec)
+    if target != rank:
+        return on_task
+
+    def hook(task: dict | None) -> None:
+        if on_task is not None:
+            on_task(task)
+        if task is None or state_step() != step - 1 or (kind != "any" and task.get("kind") != kind):
+            return
+        if action == "die":
+            import signal
+
+            os.kill(os.getpid(), signal.SIGKILL)
+        elif action == "hang":
+            import signal
+
+            os.kill(os.getpid(), signal.SIGSTOP)
+        else:
+            raise InjectedFault(f"injected fault ({FAULT_ENV}={spec}) in {describe_task(task)}")
+    return hook

@@ -255,3 +255,34 @@ def test_checkpoint_refuses_a_directory_of_other_files(plan_dir, tmp_path):
     (tmp_path / "notes.txt").write_text("mine")
     assert_one_line_error(parc("run", str(plan_dir), "--steps", "1", "--checkpoint", str(tmp_path)), "--checkpoint")
     assert (tmp_path / "notes.txt").read_text() == "mine"
+
+
+@pytest.mark.parametrize(("action", "needle"), [
+    ("die", "parc: error: rank 1 (pid "),
+    ("hang", "not responding: rank 1 (pid "),
+    ("raise", "parc: rank 1: InjectedFault: injected fault (PARC_FAULT=1:3:raise:collective) in all_reduce"),
+])
+def test_injected_faults_are_named(plan_dir, action, needle):
+    """PARC_FAULT=RANK:STEP:ACTION[:KIND], the fault-injection switch: each fault ends the job
+    within --timeout + 10 s, on one line naming the rank, with no process left."""
+    import os
+
+    t0 = time.monotonic()
+    res = subprocess.run([sys.executable, "-m", "parc.cli.main", "run", str(plan_dir), "--steps", "6",
+                          "--timeout", "3"], capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "PARC_FAULT": f"1:3:{action}:collective"})
+    assert time.monotonic() - t0 < 3 + 10 + 5  # and the ranks' start-up
+    assert res.returncode == 1, res.stderr
+    lines = [line for line in res.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and needle in lines[0], res.stderr
+    assert "at step 3" in lines[0] or action == "raise", lines[0]
+    assert _rank_pids(plan_dir) == {}
+    assert "step    2/6" in res.stdout and "step    3/6" not in res.stdout
+
+
+def test_a_bad_fault_switch_is_one_line(plan_dir):
+    import os
+
+    res = subprocess.run([sys.executable, "-m", "parc.cli.main", "run", str(plan_dir), "--steps", "1"],
+                         capture_output=True, text=True, timeout=60, env={**os.environ, "PARC_FAULT": "1:x:die"})
+    assert res.returncode == 2 and "PARC_FAULT=1:x:die: expected RANK:STEP:ACTION[:KIND]" in res.stderr, res.stderr
