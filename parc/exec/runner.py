@@ -95,6 +95,9 @@ def _test_fault() -> tuple[str, str, float] | None:
     raise ParcError(f"PARC_TEST_FAULT={spec}: expected scale:<tensor>:<factor> or skip:<tensor>")
 
 
+SEND_COMPLETION = {"kind": "send completion", "id": "the step's sends"}  # the task a step ends with
+
+
 def gpu_available() -> bool:
     """A CUDA GPU that CuPy can use."""
     try:
@@ -352,7 +355,7 @@ class Rank:
                 raise RunError(f"rank {self.rank}, task {t['id']}: {first}") from None
         if pending:
             if self.on_task is not None:
-                self.on_task({"kind": "send completion", "id": "the step's sends"})
+                self.on_task(SEND_COMPLETION)
             self.comm.wait_sends(pending)
         if self.on_task is not None:
             self.on_task(None)

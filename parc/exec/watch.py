@@ -2,13 +2,14 @@
 
 Each rank started by `parc run` keeps a small state file in the launcher's job directory
 (`PARC_RANK_PIDS`): its pid, host, step and the task it is in (kind, id, microbatch, peers),
-rewritten in place (a memory-mapped page) when a step or a communication task starts, so a rank
-that is killed leaves behind what it was doing.
+rewritten in place (a memory-mapped page) when a task starts and, while the rank waits on its
+peers, about every `comm.HEARTBEAT_S`, so a rank that is killed leaves behind what it was doing
+and one that stops shows no more life.
 
-The launcher watches the ranks' processes (`FirstExit`: a pidfd per rank on Linux, else polling)
-and so knows which one ended first, even when the process manager then kills the others with
-the same signal (MPICH's hydra reports whichever pid it reaps first). A rank whose collective or
-transfer times out reads its peers' state files to name those that never reached it.
+The launcher watches the ranks' processes (`FirstExit`: their pidfds in one epoll on Linux, else
+polling) and so knows which one ended first, even when the process manager then kills the others
+with the same signal (MPICH's hydra reports whichever pid it reaps first). A rank whose
+collective or transfer times out reads the others' state files to name those that show no life.
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ import socket
 import threading
 import time
 from pathlib import Path
-from typing import Any
 
 PAGE = 1024  # bytes of a state file
 
@@ -31,7 +31,8 @@ def state_path(directory: str | Path, rank: int) -> Path:
 
 
 class RankState:
-    """This rank's state file, rewritten in place (one mmap'd page)."""
+    """This rank's state file, rewritten in place (one mmap'd page). The runner calls `set` for
+    every task, so each task's JSON is made once and kept (tasks are the runner's own dicts)."""
 
     def __init__(self, directory: str | Path, rank: int) -> None:
         self.path = state_path(directory, rank)
@@ -39,7 +40,9 @@ class RankState:
             f.write(b" " * PAGE)
         self._fd = os.open(self.path, os.O_RDWR)
         self._map = mmap.mmap(self._fd, PAGE)
-        self.base = {"rank": rank, "pid": os.getpid(), "host": socket.gethostname()}
+        self._head = json.dumps({"rank": rank, "pid": os.getpid(), "host": socket.gethostname()},
+                                separators=(",", ":")).encode()[:-1]
+        self._encoded: dict[int, tuple[dict, bytes]] = {}  # id(task) -> (task, its JSON)
         self.step: int | None = None
         self.task: dict | None = None
         self.set(None)
@@ -56,9 +59,27 @@ class RankState:
         """Show that this rank is alive (it waits on its peers): called while it waits."""
         self._write(time.time())
 
+    def _task_json(self) -> bytes:
+        task = self.task
+        if task is None:
+            return b"null"
+        kept = self._encoded.get(id(task))
+        if kept is None or kept[0] is not task:
+            record = dict(task)
+            if "group" in record:  # as text, so that a group of thousands of ranks fits the page
+                record["group"] = _ranks(list(record["group"]))[:200]
+            if len(self._encoded) > 100_000:
+                self._encoded.clear()
+            kept = self._encoded[id(task)] = (task, json.dumps(record, separators=(",", ":")).encode())
+        return kept[1]
+
     def _write(self, beat: float) -> None:
-        record = {**self.base, "step": self.step, "task": self.task, "since": self.since, "beat": beat}
-        data = json.dumps(record, separators=(",", ":")).encode()[:PAGE - 1]
+        step = b"null" if self.step is None else b"%d" % self.step
+        data = b'%s,"step":%s,"since":%.6f,"beat":%.6f,"task":%s}' % (self._head, step, self.since, beat,
+                                                                       self._task_json())
+        if len(data) >= PAGE:  # a task too long to describe: its kind and id
+            short = json.dumps({k: self.task[k] for k in ("kind", "id") if k in self.task}).encode()  # type: ignore[index]
+            data = b'%s,"step":%s,"since":%.6f,"beat":%.6f,"task":%s}' % (self._head, step, self.since, beat, short)
         self._map[:] = data + b" " * (PAGE - len(data))
 
     def close(self) -> None:
@@ -90,7 +111,9 @@ def describe_task(task: dict | None) -> str:
     return text
 
 
-def _ranks(group: list[int]) -> str:
+def _ranks(group: list[int] | str) -> str:
+    if isinstance(group, str):  # as a state file keeps it
+        return group
     group = sorted(group)
     if group and group == list(range(group[0], group[-1] + 1)) and len(group) > 2:
         return f"{group[0]}-{group[-1]}"
@@ -256,9 +279,6 @@ def how(status: int | None) -> str:
         return f"was killed by signal {sig} ({name})"
     return f"exited with code {status >> 8}"
 
-
-def job_directory() -> Any:
-    return os.environ.get("PARC_RANK_PIDS")
 
 
 FAULT_ENV = "PARC_FAULT"

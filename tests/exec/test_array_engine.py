@@ -25,15 +25,13 @@ import warnings
 import numpy as np
 import onnx
 import pytest
-from helpers import inp, make_model, tensor
+from helpers import inp, make_model, tensor, tiny_training_step
 from onnx import TensorProto, helper, numpy_helper
 
-from parc.autodiff import OptimizerConfig, make_training_step
+from parc.autodiff import OptimizerConfig
 from parc.exec.engines.array import ArrayEngine, EngineError, supported_ops
 from parc.exec.runner import to_host
-from parc.ir import from_model, load, to_onnx
-from parc.models import build_model, list_models
-from parc.passes.lower import index_limit
+from parc.models import list_models
 
 ort = pytest.importorskip("onnxruntime")
 
@@ -59,23 +57,7 @@ FLOAT16_GPU_RTOL = 2.0**-8
 def step(request, tmp_path_factory) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
     """(a tiny model's AdamW training step, seeded feeds for its data inputs)."""
     name = request.param
-    graph = load(build_model(name, tmp_path_factory.mktemp(name) / f"{name}.onnx"))
-    make_training_step(graph, OPTIMIZER)
-    model = to_onnx(graph)
-    return model, _feeds(model, np.random.default_rng(0))
-
-
-def _feeds(model: onnx.ModelProto, rng: np.random.Generator) -> dict[str, np.ndarray]:
-    """Float images, and token ids or labels below the size they index."""
-    graph = from_model(model)
-    feeds = {}
-    for v in graph.inputs:  # the data inputs: parameters and optimizer state are constants here
-        if v.dtype.is_float:  # type: ignore[union-attr]
-            feeds[v.name] = rng.standard_normal(v.shape).astype(v.dtype.numpy)  # type: ignore[union-attr]
-        else:
-            ids = rng.integers(0, index_limit(v), size=v.shape)
-            feeds[v.name] = ids.astype(v.dtype.numpy)  # type: ignore[union-attr]
-    return feeds
+    return tiny_training_step(name, tmp_path_factory.mktemp(name), OPTIMIZER)
 
 
 @functools.cache
@@ -127,10 +109,7 @@ def test_gpu_training_step_matches_onnxruntime(tmp_path):
             pytest.skip("no CUDA device")
     except cupy.cuda.runtime.CUDARuntimeError:
         pytest.skip("no CUDA device")
-    graph = load(build_model("gpt-tiny", tmp_path / "gpt-tiny.onnx"))
-    make_training_step(graph, OPTIMIZER)
-    model = to_onnx(graph)
-    feeds = _feeds(model, np.random.default_rng(0))
+    model, feeds = tiny_training_step("gpt-tiny", tmp_path, OPTIMIZER)
     engine = ArrayEngine(model, device="gpu")
     assert engine.xp is cupy
     got = engine.run(feeds)

@@ -20,7 +20,8 @@ def test_state_is_rewritten_in_place(tmp_path):
     assert read_state(tmp_path, 2)["task"] is None
     state.set(ALLREDUCE, step=6)
     first = read_state(tmp_path, 2)
-    assert first["rank"] == 2 and first["pid"] == os.getpid() and first["step"] == 6 and first["task"] == ALLREDUCE
+    assert first["rank"] == 2 and first["pid"] == os.getpid() and first["step"] == 6
+    assert first["task"] == {**ALLREDUCE, "group": "0-3"}  # groups as text: thousands of ranks fit the page
     time.sleep(0.01)
     state.beat()
     again = read_state(tmp_path, 2)
@@ -29,6 +30,8 @@ def test_state_is_rewritten_in_place(tmp_path):
     assert where(again) == "at step 7, in all_reduce of [2, 16] with ranks 0-3"
     state.set({"kind": "recv", "id": "r1.recv.x", "peer": 0, "micro_batch": 1, "tensor": "x"})
     assert where(read_state(tmp_path, 2)) == "at step 7, in recv of x from rank 0, microbatch 1"
+    state.set({**ALLREDUCE, "group": list(range(0, 8192, 2))})  # 4,096 ranks, not a range
+    assert where(read_state(tmp_path, 2)).startswith("at step 7, in all_reduce of [2, 16] with ranks 0, 2, 4,")
     state.close()
 
 

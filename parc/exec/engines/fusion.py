@@ -28,6 +28,8 @@ from typing import Any
 
 import numpy as np
 
+from parc.exec.engines.gpu import CTYPES
+
 # op -> (inputs, C body with {0}, {1}, {2} for the inputs and T for the float type)
 OPS: dict[str, tuple[int, str]] = {
     "Add": (2, "{0} + {1}"), "Sub": (2, "{0} - {1}"), "Mul": (2, "{0} * {1}"), "Div": (2, "{0} / {1}"),
@@ -38,7 +40,6 @@ OPS: dict[str, tuple[int, str]] = {
     "Sigmoid": (1, "(T)1 / ((T)1 + exp(-{0}))"),
     "Where": (3, "{0} ? {1} : {2}"),  # the condition is bool, the others the float type
 }
-CTYPES = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}
 
 
 @dataclass

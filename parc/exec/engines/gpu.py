@@ -96,13 +96,13 @@ def _softmax_kernel(cupy: ModuleType, dtype: str) -> Any:
     return module.get_function(f"softmax_rows<{dtype}>")
 
 
-_CTYPES = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}
+CTYPES = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}  # the C types of the kernels
 
 
 def softmax_last(cupy: ModuleType, x: Any) -> Any | None:
     """Softmax over the last axis of a CuPy array, or None where the kernel does not apply
     (another dtype, an empty or zero-width tensor)."""
-    ctype = _CTYPES.get(x.dtype)
+    ctype = CTYPES.get(x.dtype)
     if ctype is None or x.ndim == 0 or x.size == 0 or x.shape[-1] == 0:
         return None
     x = cupy.ascontiguousarray(x)
@@ -141,7 +141,7 @@ def sum_leading(cupy: ModuleType, x: Any, lead: int) -> Any | None:
     kernel does not apply. CuPy's reductions over leading axes (a bias's or a broadcast weight's
     gradient) give each output few threads; here each thread sums a column of a chunk of rows
     (reads coalesced across the row), and the chunks' partial sums are summed the same way."""
-    ctype = _CTYPES.get(x.dtype)
+    ctype = CTYPES.get(x.dtype)
     if ctype is None or not 0 < lead < x.ndim or x.size == 0:
         return None
     x = cupy.ascontiguousarray(x)
