@@ -72,8 +72,7 @@ def launch(ranks: int, argv: list[str], timeout: float | None = None) -> int:
                                 bufsize=1)
         watch = FirstExit(job, ranks)
         banner: list[tuple[int, int | None]] = []  # hydra's (pid, exit code): not always the first to die
-        reported: list[tuple[float, str]] = []  # the ranks' own error lines, with when they came
-        errors = threading.Thread(target=_forward_errors, args=(proc.stderr, reported), daemon=True)
+        errors = threading.Thread(target=_forward_errors, args=(proc.stderr,), daemon=True)
         errors.start()
         deadline = time.monotonic() + timeout if timeout else None
         assert proc.stdout is not None
@@ -109,9 +108,10 @@ def launch(ranks: int, argv: list[str], timeout: float | None = None) -> int:
                 status = None if code is None else code if code in (6, 9, 11, 15) else code << 8
             state = read_state(job, rank)
             host = f" on {state['host']}" if state and state.get("host") else ""
-            # a rank that said what went wrong before any rank ended has explained the job's end
-            # (the others were then stopped for it); a rank that was killed could say nothing
-            said = any(t <= watch.when for t, _ in reported)
+            # a rank that said what went wrong (its state's error_at) before any rank ended has
+            # explained the job's end: the others were stopped for it. A killed rank says nothing.
+            errors_at = [s["error_at"] for r in range(ranks) if (s := read_state(job, r)) and "error_at" in s]
+            said = any(t <= watch.when for t in errors_at)
             if not said:
                 print(f"parc: error: rank {rank} (pid {pid}{host}) {how(status)} {where(state)}; the other "
                       "ranks were stopped because of it", file=sys.stderr)
@@ -122,7 +122,7 @@ def launch(ranks: int, argv: list[str], timeout: float | None = None) -> int:
         return rc
 
 
-def _forward_errors(stream, reported: list[str]) -> None:
+def _forward_errors(stream) -> None:
     """The ranks' stderr to ours, less the process manager's noise and repeated timeouts."""
     timeouts = 0
     for line in stream:
@@ -130,7 +130,6 @@ def _forward_errors(stream, reported: list[str]) -> None:
         if not text or text.startswith(("Abort(", "[proxy:", "[mpiexec@")) or _mpiexec_banner(line):
             continue
         if text.startswith("parc: rank "):
-            reported.append((time.monotonic(), text))
             if "did not complete within" in text:
                 timeouts += 1
                 if timeouts > 1:  # the first says who never came; the others wait on the same ones
@@ -273,12 +272,16 @@ def train(plan_dir: Path, *, steps: int, seed: int, engine: str, data: str | Non
             from parc.exec.watch import absent_text
 
             where = absent_text(os.environ[PIDS], rank, state.task, mpi.size)
+        if state is not None:
+            state.reported()
         text = re.sub(r"^rank \d+: ", "", str(e))  # a sub-communicator's own numbering: this rank is `rank`
         sys.stderr.write(f"parc: rank {rank}: {text}{where}\n")  # one write: ranks' lines never interleave
         sys.stderr.flush()
         comm.abort(2 if isinstance(e, UsageError) else 1)
     except Exception as e:  # any other failure of one rank ends the job, naming the rank
         first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        if state is not None:
+            state.reported()
         sys.stderr.write(f"parc: rank {rank}: {type(e).__name__}: {first}\n")
         sys.stderr.flush()
         comm.abort(1)

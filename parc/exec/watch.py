@@ -45,6 +45,7 @@ class RankState:
         self._encoded: dict[int, tuple[dict, bytes]] = {}  # id(task) -> (task, its JSON)
         self.step: int | None = None
         self.task: dict | None = None
+        self._error_at = b""
         self.set(None)
 
     def set(self, task: dict | None, step: int | None = None) -> None:
@@ -54,6 +55,12 @@ class RankState:
         self.task = task
         self.since = time.time()
         self._write(self.since)
+
+    def reported(self) -> None:
+        """Record that this rank is about to print its error and end the job (`error_at`): the
+        launcher then leaves the explaining to that line."""
+        self._error_at = b',"error_at":%.6f' % time.time()
+        self._write(time.time())
 
     def beat(self) -> None:
         """Show that this rank is alive (it waits on its peers): called while it waits."""
@@ -75,11 +82,12 @@ class RankState:
 
     def _write(self, beat: float) -> None:
         step = b"null" if self.step is None else b"%d" % self.step
-        data = b'%s,"step":%s,"since":%.6f,"beat":%.6f,"task":%s}' % (self._head, step, self.since, beat,
-                                                                       self._task_json())
+        data = b'%s%s,"step":%s,"since":%.6f,"beat":%.6f,"task":%s}' % (self._head, self._error_at, step,
+                                                                         self.since, beat, self._task_json())
         if len(data) >= PAGE:  # a task too long to describe: its kind and id
             short = json.dumps({k: self.task[k] for k in ("kind", "id") if k in self.task}).encode()  # type: ignore[index]
-            data = b'%s,"step":%s,"since":%.6f,"beat":%.6f,"task":%s}' % (self._head, step, self.since, beat, short)
+            data = b'%s%s,"step":%s,"since":%.6f,"beat":%.6f,"task":%s}' % (self._head, self._error_at, step,
+                                                                             self.since, beat, short)
         self._map[:] = data + b" " * (PAGE - len(data))
 
     def close(self) -> None:
@@ -190,7 +198,7 @@ class FirstExit:
         self.directory = Path(directory)
         self.ranks = ranks
         self.first: tuple[int, int, int | None] | None = None
-        self.when = float("inf")  # time.monotonic() when the first rank's end was seen
+        self.when = float("inf")  # time.time() when the first rank's end was seen (the ranks' clock)
         self.pids: dict[int, int] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -236,7 +244,7 @@ class FirstExit:
                 epoll.close()
 
     def _found(self, rank: int, pid: int) -> None:
-        self.when = time.monotonic()
+        self.when = time.time()
         self.first = (rank, pid, _zombie_status(pid))
 
 

@@ -30,6 +30,9 @@ def test_state_is_rewritten_in_place(tmp_path):
     assert where(again) == "at step 7, in all_reduce of [2, 16] with ranks 0-3"
     state.set({"kind": "recv", "id": "r1.recv.x", "peer": 0, "micro_batch": 1, "tensor": "x"})
     assert where(read_state(tmp_path, 2)) == "at step 7, in recv of x from rank 0, microbatch 1"
+    assert "error_at" not in read_state(tmp_path, 2)
+    state.reported()  # about to print its error: the launcher leaves the explaining to it
+    assert read_state(tmp_path, 2)["error_at"] >= again["beat"]
     state.set({**ALLREDUCE, "group": list(range(0, 8192, 2))})  # 4,096 ranks, not a range
     assert where(read_state(tmp_path, 2)).startswith("at step 7, in all_reduce of [2, 16] with ranks 0, 2, 4,")
     state.close()
