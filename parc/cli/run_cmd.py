@@ -78,6 +78,7 @@ def run(plan_dir: str, steps: int, data: str | None, checkpoint: str | None, che
         force: bool) -> None:
     """Run the plan in PLAN_DIR on its ranks for --steps steps (loss, step time, samples/s)."""
     from parc.exec.launch import CHILD, launch, rank_from_env, train
+    from parc.exec.watch import FAULT_ENV, parse_fault
 
     if steps < 1:
         raise UsageError(f"--steps {steps}: expected a count >= 1")
@@ -85,9 +86,12 @@ def run(plan_dir: str, steps: int, data: str | None, checkpoint: str | None, che
         raise UsageError("--resume needs --checkpoint DIR")
     if checkpoint_every < 0:
         raise UsageError(f"--checkpoint-every {checkpoint_every}: expected a count >= 0")
+    if os.environ.get(FAULT_ENV):  # the failure tests' switch: a bad one is one line, before any rank starts
+        parse_fault(os.environ[FAULT_ENV])
     in_job = rank_from_env() is not None or os.environ.get(CHILD)
     if in_job and not os.environ.get(CHILD):  # the user's own mpiexec or srun: each rank checks
         precheck(plan_dir, force)
+        _check_checkpoint(checkpoint, resume=False)  # each rank's resume checks the checkpoint it loads
     if not in_job:
         _, ranks = precheck(plan_dir, force)
         if data:
@@ -95,14 +99,7 @@ def run(plan_dir: str, steps: int, data: str | None, checkpoint: str | None, che
             from parc.plandir import load_program
 
             NpzData(data, step_inputs(load_program(plan_dir, 0)))
-        if resume:
-            from parc.exec.checkpoint import check_checkpoint
-
-            check_checkpoint(checkpoint)  # type: ignore[arg-type]
-        elif checkpoint:
-            from parc.exec.checkpoint import check_writable
-
-            check_writable(checkpoint)
+        _check_checkpoint(checkpoint, resume)
         if ranks > 1:
             argv = ["run", plan_dir, "--steps", str(steps), "--engine", engine, "--seed", str(seed), "--init", init,
                     "--timeout", str(timeout), "--force"]
@@ -119,6 +116,16 @@ def run(plan_dir: str, steps: int, data: str | None, checkpoint: str | None, che
     train(Path(plan_dir), steps=steps, seed=seed, engine=engine, data=data, as_json=as_json, timeout=timeout,
           dump=dump, checkpoint=checkpoint, resume=resume, checkpoint_every=checkpoint_every, init=init,
           tf32=tf32, echo=lambda s: click.echo(s))
+
+
+def _check_checkpoint(checkpoint: str | None, resume: bool) -> None:
+    """--checkpoint's directory: a valid checkpoint to resume from, and a place parc may write."""
+    from parc.exec.checkpoint import check_checkpoint, check_writable
+
+    if resume:
+        check_checkpoint(checkpoint)  # type: ignore[arg-type]
+    if checkpoint:
+        check_writable(checkpoint)
 
 
 @click.command()

@@ -1,10 +1,15 @@
 """Checkpoints of a running plan: per-rank shards, a manifest, resume, reshard on load, export.
 
-A checkpoint directory holds ``rank_<r>.npz`` (that rank's shards of every parameter and
-optimizer state tensor, written to a temporary file and renamed) and ``checkpoint.json``
-(written last, the same way): format, step, the plan's mesh, each tensor's global shape, dtype
-and layout, the source model, and the sha256 of every shard file. A directory whose files do
-not match is refused.
+A checkpoint directory holds ``checkpoint.json`` and one folder of shards, ``step_<N>/``, with
+``rank_<r>.npz`` (that rank's shards of every parameter and optimizer state tensor). The manifest
+says the format, step, the plan's mesh, each tensor's global shape, dtype and layout, the source
+model, and the sha256 of every shard file; a directory whose files do not match is refused.
+
+A save never touches the checkpoint it replaces: every rank writes its shard into a new folder
+(a temporary file, flushed to disk, then renamed), and when all have, rank 0 writes the new
+manifest the same way. Renaming the manifest is the commit: a job that dies at any point of a
+save leaves the previous complete checkpoint or the new complete one, never a mix. The old folder
+is removed after the commit.
 
 `load_checkpoint` continues a run exactly when the plan is the same; when it is not (another
 rank count, other layouts), each rank rebuilds its own shards from the saved ones (reshard on
@@ -15,6 +20,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -25,7 +32,8 @@ from parc.plandir.manifest import sha256_file
 from parc.sharding.layout import assemble, devices, shard_index
 from parc.sharding.spec import ShardSpec, ShardSpecError
 
-FORMAT = "parc.checkpoint/1"
+FORMAT = "parc.checkpoint/2"
+FORMATS = ("parc.checkpoint/1", FORMAT)  # /1 kept its shards beside the manifest
 MANIFEST = "checkpoint.json"
 
 
@@ -39,16 +47,27 @@ def _device_mesh(program: Program) -> tuple[int, ...]:
 
 
 def save_checkpoint(directory: str | Path, runner, step: int) -> None:
-    """Every rank writes its shards; rank 0 then writes the manifest (collective call)."""
+    """Every rank writes its shards into a new folder; rank 0 then commits the manifest
+    (collective call). Each file operation is announced to `runner.on_task` as a task
+    (`checkpoint_write`, `checkpoint_rename`, `checkpoint_commit`), so a rank's state says it
+    was saving, and the fault-injection switch can strike there."""
+    from parc.exec.runner import to_host
+
     root = Path(directory)
     root.mkdir(parents=True, exist_ok=True)
     r = runner.rank
-    tmp = root / f".rank_{r}.{os.getpid()}.npz"
-    from parc.exec.runner import to_host
-
+    folder = _new_folder(root, step)
+    (root / folder).mkdir(exist_ok=True)
+    name = f"{folder}/rank_{r}.npz"
+    tmp = root / folder / f".rank_{r}.{os.getpid()}.npz"
+    _announce(runner, "checkpoint_write", name)
     with open(tmp, "wb") as f:
         np.savez(f, **{k: to_host(v) for k, v in runner.state.items()})
-    os.replace(tmp, root / f"rank_{r}.npz")
+        f.flush()
+        os.fsync(f.fileno())
+    _announce(runner, "checkpoint_rename", name)
+    os.replace(tmp, root / name)
+    _announce(runner, None)
     runner.comm.barrier()
     if r == 0:
         program = runner.program
@@ -63,13 +82,70 @@ def save_checkpoint(directory: str | Path, runner, step: int) -> None:
                                       **({"ranks": list(prog.stage_ranks), "mesh": list(_device_mesh(prog))}
                                          if prog.stage_ranks is not None else {})}
         ranks = runner.graph.ranks
+        _fsync_dir(root / folder)
         doc = {"format": FORMAT, "step": step, "ranks": ranks, "mesh": list(_device_mesh(program)),
                "model": plan.get("model"), "tensors": tensors,
-               "files": {f"rank_{q}.npz": sha256_file(root / f"rank_{q}.npz") for q in range(ranks)}}
+               "files": {f"{folder}/rank_{q}.npz": sha256_file(root / folder / f"rank_{q}.npz")
+                         for q in range(ranks)}}
         tmp_doc = root / f".{MANIFEST}.{os.getpid()}"
-        tmp_doc.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
+        _announce(runner, "checkpoint_write", MANIFEST)
+        with open(tmp_doc, "w") as f:
+            f.write(json.dumps(doc, indent=1, sort_keys=True) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        _announce(runner, "checkpoint_commit", MANIFEST)
         os.replace(tmp_doc, root / MANIFEST)
+        _fsync_dir(root)
+        _announce(runner, None)
+        _remove_leftovers(root, keep=folder)
     runner.comm.barrier()
+
+
+def _announce(runner, kind: str | None, file: str = "") -> None:
+    if runner.on_task is not None:
+        runner.on_task(None if kind is None else {"kind": kind, "id": file})
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _committed_folder(root: Path) -> str | None:
+    """The folder the committed manifest's shards are in ('' for the /1 layout), or None."""
+    try:
+        parent = Path(next(iter(json.loads((root / MANIFEST).read_text())["files"]))).parent
+        return "" if parent == Path(".") else str(parent)
+    except (OSError, ValueError, KeyError, TypeError, StopIteration):
+        return None
+
+
+def _new_folder(root: Path, step: int) -> str:
+    """A folder for the shards of `step` that the committed checkpoint does not use: every rank
+    reads the same manifest (it changes only between the save's barriers), so all pick the same."""
+    name = f"step_{step:08d}"
+    return name if _committed_folder(root) != name else name + ".1"
+
+
+_LEFTOVER = re.compile(r"step_\d{8}(\.1)?|rank_\d+\.npz|\.rank_\d+\.\d+\.npz|\." + re.escape(MANIFEST) + r"\.\d+")
+
+
+def _remove_leftovers(root: Path, keep: str) -> None:
+    """Shard folders other than `keep`, /1 shards and temporary files of interrupted saves."""
+    for p in root.iterdir():
+        if p.name != keep and _LEFTOVER.fullmatch(p.name):
+            shutil.rmtree(p) if p.is_dir() else p.unlink(missing_ok=True)
+    for p in (root / keep).glob(".rank_*"):
+        p.unlink(missing_ok=True)
+
+
+def _shard_file(root: Path, doc: dict, rank: int) -> Path:
+    """Where a checkpoint keeps rank `rank`'s shards."""
+    name = f"rank_{rank}.npz"
+    return root / next((k for k in doc["files"] if Path(k).name == name), name)
 
 
 def _stage_programs(runner) -> list[Program]:
@@ -90,7 +166,12 @@ def check_writable(directory: str | Path) -> None:
     root = Path(directory)
     if root.exists() and not root.is_dir():
         raise UsageError(f"--checkpoint {root}: exists and is not a directory")
-    if root.is_dir() and any(root.iterdir()) and not (root / MANIFEST).is_file():
+    existing = next(p for p in (root, *root.absolute().parents) if p.exists())
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise UsageError(f"--checkpoint {root}: {'not writable' if existing == root else f'{existing} is not writable'}"
+                         " (parc writes the checkpoint there)")
+    if root.is_dir() and not (root / MANIFEST).is_file() and \
+            any(not _LEFTOVER.fullmatch(p.name) for p in root.iterdir()):  # an interrupted first save is fine
         raise UsageError(f"--checkpoint {root}: holds files and no {MANIFEST}; refusing to write a "
                          f"checkpoint among them")
 
@@ -105,10 +186,12 @@ def check_checkpoint(directory: str | Path) -> dict:
         doc = json.loads(path.read_text())
     except json.JSONDecodeError as e:
         raise UsageError(f"--checkpoint {root}: {MANIFEST} is not valid JSON ({e.msg})") from None
-    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+    if not isinstance(doc, dict) or doc.get("format") not in FORMATS:
         raise UsageError(f"--checkpoint {root}: unknown format {doc.get('format') if isinstance(doc, dict) else doc!r} "
-                         f"(this parc reads {FORMAT!r})")
+                         f"(this parc reads {' and '.join(map(repr, FORMATS))})")
     for name, digest in doc["files"].items():
+        if Path(name).is_absolute() or ".." in Path(name).parts:
+            raise UsageError(f"--checkpoint {root}: {MANIFEST} names a file outside the directory ({name})")
         f = root / name
         if not f.is_file():
             raise UsageError(f"--checkpoint {root}: {name} is missing")
@@ -121,7 +204,7 @@ def full_tensors(directory: str | Path, doc: dict, names=None, strict: bool = Tr
     """Whole tensors assembled from a checkpoint's shards. Replicas that differ between ranks
     raise ShardSpecError, or with `strict=False` give None (`parc verify` reports a mismatch)."""
     root = Path(directory)
-    files = [np.load(root / f"rank_{q}.npz") for q in range(doc["ranks"])]
+    files = [np.load(_shard_file(root, doc, q)) for q in range(doc["ranks"])]
     out: dict[str, np.ndarray | None] = {}
     for name, t in doc["tensors"].items():
         if names is not None and name not in names:
@@ -152,7 +235,7 @@ def load_checkpoint(directory: str | Path, runner) -> int:
             all(doc["tensors"][n]["spec"] == str(_device_spec(program, x["spec"])) and
                 _holders(doc, doc["tensors"][n]) == holders for n, x in mine.items()))
     if same:
-        with np.load(root / f"rank_{runner.rank}.npz") as f:
+        with np.load(_shard_file(root, doc, runner.rank)) as f:
             state = {n: f[n] for n in mine}
     else:  # reshard on load: this rank's shard of each whole tensor
         whole = full_tensors(root, doc, set(mine))

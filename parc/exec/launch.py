@@ -212,10 +212,11 @@ def train(plan_dir: Path, *, steps: int, seed: int, engine: str, data: str | Non
         reporter = runner.program.reporter or 0  # the rank holding the loss
         source = NpzData(data, inputs) if data else None
         start = 0
+        saved = None  # the step of the checkpoint in --checkpoint that holds this state
         if resume:
             from parc.exec.checkpoint import load_checkpoint
 
-            start = load_checkpoint(checkpoint, runner)  # type: ignore[arg-type]
+            start = saved = load_checkpoint(checkpoint, runner)  # type: ignore[arg-type]
         loss_name = runner.program.loss
         batch_size = inputs[0]["shape"][0] if inputs and inputs[0]["shape"] else 1
         dumped = []
@@ -233,6 +234,8 @@ def train(plan_dir: Path, *, steps: int, seed: int, engine: str, data: str | Non
             dt = time.perf_counter() - t0
             loss = float(to_host(outs[loss_name]).reshape(-1)[0]) if loss_name in outs else None
             last = step == steps - 1  # every rank's peak of tensors held, gathered after the last step
+            if last and mpi.size > 1:
+                mpi.barrier()  # with the timeout: the gather below has none
             peaks = (mpi.comm.gather(runner.peak_bytes, root=reporter) if mpi.size > 1 else [runner.peak_bytes]
                      ) if last else None
             if rank == reporter and dump is None:
@@ -255,7 +258,8 @@ def train(plan_dir: Path, *, steps: int, seed: int, engine: str, data: str | Non
                 from parc.exec.checkpoint import save_checkpoint
 
                 save_checkpoint(checkpoint, runner, step + 1)
-        if checkpoint:
+                saved = step + 1
+        if checkpoint and saved != max(steps, start):
             from parc.exec.checkpoint import save_checkpoint
 
             save_checkpoint(checkpoint, runner, max(steps, start))

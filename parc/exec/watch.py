@@ -112,11 +112,18 @@ def describe_task(task: dict | None) -> str:
         text = f"{task.get('op', 'collective')} of {task.get('shape')} with ranks {_ranks(task.get('group', []))}"
     elif kind in ("send", "recv"):
         text = f"{kind} of {task.get('tensor') or 'a value'} {'to' if kind == 'send' else 'from'} rank {task.get('peer')}"
+    elif kind in CHECKPOINT_TASKS:
+        text = f"{CHECKPOINT_TASKS[kind]} {task.get('id', '')}"
     else:
         text = f"{kind} {task.get('id', '')}".strip()
     if task.get("micro_batch") is not None:
         text += f", microbatch {task['micro_batch']}"
     return text
+
+
+CHECKPOINT_TASKS = {"checkpoint_write": "the checkpoint's write of",
+                    "checkpoint_rename": "the checkpoint's rename of",
+                    "checkpoint_commit": "the checkpoint's commit (rename) of"}
 
 
 def _ranks(group: list[int] | str) -> str:
@@ -291,7 +298,8 @@ def how(status: int | None) -> str:
 
 FAULT_ENV = "PARC_FAULT"
 FAULT_ACTIONS = ("die", "hang", "raise")
-FAULT_KINDS = ("any", "compute", "collective", "send", "recv")
+FAULT_KINDS = ("any", "compute", "collective", "send", "recv", "checkpoint_write", "checkpoint_rename",
+               "checkpoint_commit")
 
 
 class InjectedFault(RuntimeError):
@@ -301,7 +309,9 @@ class InjectedFault(RuntimeError):
 def parse_fault(spec: str) -> tuple[int, int, str, str]:
     """`RANK:STEP:ACTION[:KIND]` -> (rank, step, action, kind): the fault-injection switch of the
     failure tests (never set it otherwise). At step STEP (1-based), rank RANK dies (SIGKILL to
-    itself), hangs (stops, as SIGSTOP would) or raises, at its first task of KIND (default any)."""
+    itself), hangs (stops, as SIGSTOP would) or raises, at its first task of KIND (default any;
+    the checkpoint kinds strike in a save at the end of step STEP: a shard's write or rename, or
+    rank 0's commit of the manifest)."""
     from parc.errors import UsageError
 
     parts = spec.split(":")

@@ -206,9 +206,11 @@ def test_resume_continues_exactly_and_reshards(plan_dir, tmp_path):
     ck = tmp_path / "ck"
     first = parc("run", str(plan_dir), "--steps", "2", "--json", "--checkpoint", str(ck))
     assert first.returncode == 0, first.stderr
-    assert sorted(p.name for p in ck.iterdir()) == ["checkpoint.json", "rank_0.npz", "rank_1.npz"]
+    assert sorted(p.name for p in ck.iterdir()) == ["checkpoint.json", "step_00000002"]
+    assert sorted(p.name for p in (ck / "step_00000002").iterdir()) == ["rank_0.npz", "rank_1.npz"]
     rest = parc("run", str(plan_dir), "--steps", "4", "--json", "--checkpoint", str(ck), "--resume")
     assert rest.returncode == 0, rest.stderr
+    assert sorted(p.name for p in ck.iterdir()) == ["checkpoint.json", "step_00000004"]  # the old folder removed
     got = [json.loads(line)["loss"] for line in first.stdout.splitlines() + rest.stdout.splitlines()]
     assert got == want
     # the same checkpoint into a 1-rank plan of the same model: reshard on load, same losses
