@@ -91,7 +91,7 @@ def run(plan_dir: str, steps: int, data: str | None, checkpoint: str | None, che
     in_job = rank_from_env() is not None or os.environ.get(CHILD)
     if in_job and not os.environ.get(CHILD):  # the user's own mpiexec or srun: each rank checks
         precheck(plan_dir, force)
-        _check_checkpoint(checkpoint, resume=False)  # each rank's resume checks the checkpoint it loads
+        _check_checkpoint(checkpoint, False, plan_dir)  # each rank's resume checks the checkpoint it loads
     if not in_job:
         _, ranks = precheck(plan_dir, force)
         if data:
@@ -99,7 +99,7 @@ def run(plan_dir: str, steps: int, data: str | None, checkpoint: str | None, che
             from parc.plandir import load_program
 
             NpzData(data, step_inputs(load_program(plan_dir, 0)))
-        _check_checkpoint(checkpoint, resume)
+        _check_checkpoint(checkpoint, resume, plan_dir)
         if ranks > 1:
             argv = ["run", plan_dir, "--steps", str(steps), "--engine", engine, "--seed", str(seed), "--init", init,
                     "--timeout", str(timeout), "--force"]
@@ -118,12 +118,13 @@ def run(plan_dir: str, steps: int, data: str | None, checkpoint: str | None, che
           tf32=tf32, echo=lambda s: click.echo(s))
 
 
-def _check_checkpoint(checkpoint: str | None, resume: bool) -> None:
-    """--checkpoint's directory: a valid checkpoint to resume from, and a place parc may write."""
-    from parc.exec.checkpoint import check_checkpoint, check_writable
+def _check_checkpoint(checkpoint: str | None, resume: bool, plan_dir: str) -> None:
+    """--checkpoint's directory: a valid checkpoint the plan can resume from, and a place parc
+    may write."""
+    from parc.exec.checkpoint import check_resumable, check_writable
 
     if resume:
-        check_checkpoint(checkpoint)  # type: ignore[arg-type]
+        check_resumable(checkpoint, plan_dir)  # type: ignore[arg-type]
     if checkpoint:
         check_writable(checkpoint)
 

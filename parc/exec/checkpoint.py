@@ -167,6 +167,8 @@ def check_writable(directory: str | Path) -> None:
     if root.exists() and not root.is_dir():
         raise UsageError(f"--checkpoint {root}: exists and is not a directory")
     existing = next(p for p in (root, *root.absolute().parents) if p.exists())
+    if not existing.is_dir():
+        raise UsageError(f"--checkpoint {root}: {existing} is not a directory (parc writes the checkpoint there)")
     if not os.access(existing, os.W_OK | os.X_OK):
         raise UsageError(f"--checkpoint {root}: {'not writable' if existing == root else f'{existing} is not writable'}"
                          " (parc writes the checkpoint there)")
@@ -197,6 +199,35 @@ def check_checkpoint(directory: str | Path) -> dict:
             raise UsageError(f"--checkpoint {root}: {name} is missing")
         if sha256_file(f) != digest:
             raise UsageError(f"--checkpoint {root}: {name} does not match its sha256 in {MANIFEST}")
+    return doc
+
+
+def check_resumable(directory: str | Path, plan_dir: str | Path) -> dict:
+    """The checkpoint's manifest when the plan in `plan_dir` can resume from it (every state
+    tensor the plan holds is there, with its global shape and dtype; layouts may differ: they
+    are resharded), else UsageError naming the first that is not."""
+    from parc.exec.taskgraph import load_taskgraph
+
+    root = Path(directory)
+    doc = check_checkpoint(root)
+    graph = load_taskgraph(Path(plan_dir) / "taskgraph.json")
+    trained: set[str] = set()
+    for r in sorted({s["ranks"][0] for s in graph.stages} or {0}):
+        for x in load_program(plan_dir, r).residents:
+            if x["kind"] != "state":
+                continue
+            trained.add(x["name"])
+            t = doc["tensors"].get(x["name"])
+            if t is None:
+                raise UsageError(f"--checkpoint {root}: has no tensor '{x['name']}', which the plan in {plan_dir} "
+                                 "trains (a checkpoint of another model?)")
+            if list(t["shape"]) != list(x["shape"]) or t["dtype"] != x["dtype"]:
+                raise UsageError(f"--checkpoint {root}: '{x['name']}' is {t['dtype']} {list(t['shape'])} there, "
+                                 f"{x['dtype']} {list(x['shape'])} in the plan in {plan_dir} (another model size?)")
+    extra = sorted(set(doc["tensors"]) - trained)
+    if extra:
+        raise UsageError(f"--checkpoint {root}: holds {len(extra)} tensor(s) the plan in {plan_dir} does not train "
+                         f"('{extra[0]}'{', ...' if len(extra) > 1 else ''}; a checkpoint of another model?)")
     return doc
 
 

@@ -14,6 +14,7 @@ left waiting; collectives also time out (`--timeout`) when a peer dies without a
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -31,6 +32,7 @@ from parc.exec.data import NpzData, step_inputs, synthetic
 
 CHILD = "PARC_RANK_CHILD"  # set by the launcher: this process is one rank
 PIDS = "PARC_RANK_PIDS"  # set by the launcher: where each rank records its pid
+STATE_DIR = "PARC_STATE_DIR"  # under the user's own launcher: where the ranks' state directories go
 
 
 def rank_from_env() -> tuple[int, int] | None:
@@ -63,7 +65,7 @@ def launch(ranks: int, argv: list[str], timeout: float | None = None) -> int:
     import tempfile
     import threading
 
-    from parc.exec.watch import FirstExit, how, read_state, where
+    from parc.exec.watch import FirstExit, how, read_error, read_state, where
 
     with tempfile.TemporaryDirectory(prefix="parc-run-") as job:
         env = dict(os.environ, **{CHILD: "1", PIDS: job})
@@ -72,7 +74,8 @@ def launch(ranks: int, argv: list[str], timeout: float | None = None) -> int:
                                 bufsize=1)
         watch = FirstExit(job, ranks)
         banner: list[tuple[int, int | None]] = []  # hydra's (pid, exit code): not always the first to die
-        errors = threading.Thread(target=_forward_errors, args=(proc.stderr,), daemon=True)
+        said: list[str] = []  # the ranks' error lines forwarded
+        errors = threading.Thread(target=_forward_errors, args=(proc.stderr, said), daemon=True)
         errors.start()
         deadline = time.monotonic() + timeout if timeout else None
         assert proc.stdout is not None
@@ -111,25 +114,30 @@ def launch(ranks: int, argv: list[str], timeout: float | None = None) -> int:
             # a rank that said what went wrong (its state's error_at) before any rank ended has
             # explained the job's end: the others were stopped for it. A killed rank says nothing.
             errors_at = [s["error_at"] for r in range(ranks) if (s := read_state(job, r)) and "error_at" in s]
-            said = any(t <= watch.when for t in errors_at)
-            if not said:
+            if not any(t <= watch.when for t in errors_at):
                 print(f"parc: error: rank {rank} (pid {pid}{host}) {how(status)} {where(state)}; the other "
                       "ranks were stopped because of it", file=sys.stderr)
-        elif rc and banner:  # the watcher saw no pid (a rank that died before recording it)
+        if rc and not said:  # the process manager ended the job before it passed the ranks' lines on
+            lost = sorted((s["error_at"], r) for r in range(ranks) if (s := read_state(job, r)) and "error_at" in s)
+            if lost and (line := read_error(job, lost[0][1])):
+                print(line, file=sys.stderr)
+        if rc and watch.first is None and banner:  # the watcher saw no pid (a rank that died before recording it)
             pid, code = banner[0]
             print(f"parc: error: a rank (pid {pid}) died (exit code {code}); the other ranks were stopped",
                   file=sys.stderr)
         return rc
 
 
-def _forward_errors(stream) -> None:
-    """The ranks' stderr to ours, less the process manager's noise and repeated timeouts."""
+def _forward_errors(stream, said: list[str]) -> None:
+    """The ranks' stderr to ours, less the process manager's noise and repeated timeouts; the
+    ranks' error lines go into `said` too."""
     timeouts = 0
     for line in stream:
         text = line.strip()
         if not text or text.startswith(("Abort(", "[proxy:", "[mpiexec@")) or _mpiexec_banner(line):
             continue
         if text.startswith("parc: rank "):
+            said.append(text)
             if "did not complete within" in text:
                 timeouts += 1
                 if timeouts > 1:  # the first says who never came; the others wait on the same ones
@@ -168,6 +176,35 @@ def _mpiexec_banner(line: str) -> bool:
                                                     "Please see the FAQ page"))
 
 
+def _shared_state_dir(mpi) -> str:
+    """Under the user's own mpiexec or srun: the directory of the ranks' state files, named by
+    rank 0 and made on every host, under $PARC_STATE_DIR (a directory every node sees makes every
+    rank's state visible to every other) or the temporary directory (the ranks of one host)."""
+    import tempfile
+
+    name = mpi.comm.bcast(f"parc-run-{os.getpid()}-{time.time_ns()}" if mpi.rank == 0 else None, root=0)
+    root = Path(os.environ.get(STATE_DIR) or tempfile.gettempdir()) / name
+    root.mkdir(parents=True, exist_ok=True)
+    return str(root)
+
+
+def _explain_when_stopped(jobdir: str, rank: int, ranks: int) -> None:
+    """Under the user's launcher, which stops the other ranks with SIGTERM when one fails
+    (Slurm's srun, Open MPI's mpirun; MPICH's hydra uses SIGKILL, which nothing can catch): the
+    rank says it was stopped, and because of which rank, from the state files it can see."""
+    import signal
+
+    from parc.exec.watch import stopped_text
+
+    def stopped(signum, _frame) -> None:
+        sys.stderr.write(f"parc: rank {rank}: stopped by the launcher ({signal.Signals(signum).name})"
+                         f"{stopped_text(jobdir, rank, ranks)}\n")
+        sys.stderr.flush()
+        os._exit(128 + signum)
+
+    signal.signal(signal.SIGTERM, stopped)
+
+
 def train(plan_dir: Path, *, steps: int, seed: int, engine: str, data: str | None, as_json: bool,
           timeout: float, dump: str | None = None, checkpoint: str | None = None, resume: bool = False,
           checkpoint_every: int = 0, init: str = "source", tf32: bool = False,
@@ -190,18 +227,20 @@ def train(plan_dir: Path, *, steps: int, seed: int, engine: str, data: str | Non
                           if k in os.environ), rank))
         cupy.cuda.Device(local % cupy.cuda.runtime.getDeviceCount()).use()
         comm = NcclComm(comm, timeout=timeout)
-    state = None
     current = -1  # the step being run (the fault switch reads it)
-    if os.environ.get(PIDS):  # parc's own launcher: a state file it and the other ranks read
-        from parc.exec import comm as comm_module
-        from parc.exec.watch import RankState
+    from parc.exec import comm as comm_module
+    from parc.exec.watch import RankState
 
-        state = RankState(os.environ[PIDS], rank)
-        comm_module.heartbeat = state.beat
+    # a state file the other ranks (and parc's own launcher) read: in the launcher's job directory,
+    # else (the user's mpiexec or srun) in one the ranks agree on
+    jobdir = os.environ.get(PIDS) or _shared_state_dir(mpi)
+    state = RankState(jobdir, rank)
+    comm_module.heartbeat = state.beat
+    if not os.environ.get(PIDS) and rank_from_env() is not None:
+        _explain_when_stopped(jobdir, rank, mpi.size)
     try:
         runner = Rank(plan_dir, rank, comm, engine, init=init, seed=seed)
-        if state is not None:
-            runner.on_task = state.set
+        runner.on_task = state.set
         if os.environ.get("PARC_FAULT"):  # the failure tests' switch (parc.exec.watch.parse_fault)
             from parc.exec.watch import with_fault
 
@@ -225,8 +264,7 @@ def train(plan_dir: Path, *, steps: int, seed: int, engine: str, data: str | Non
                  "total count of steps, not how many more): nothing to run; ask for more steps to go on")
         for step in range(start, steps):
             current = step
-            if state is not None:
-                state.set(None, step)
+            state.set(None, step)
             batch = source.batch(step) if source is not None else synthetic(inputs, seed, step)
             t0 = time.perf_counter()
             outs = runner.step(batch)
@@ -268,24 +306,30 @@ def train(plan_dir: Path, *, steps: int, seed: int, engine: str, data: str | Non
             name = "outputs.npz" if rank == 0 else f"outputs.{rank}.npz"  # one per pipeline stage
             np.savez(Path(dump) / name, **{f"{k}@{i}": v for i, d in enumerate(dumped) for k, v in d.items()})
         comm.barrier()
+        if not os.environ.get(PIDS):  # a clean end leaves nothing behind
+            state.remove()
+            with contextlib.suppress(OSError):
+                os.rmdir(jobdir)  # the last rank out on each host
     except ParcError as e:
         from parc.exec.comm import CommTimeout
 
         where = ""
-        if isinstance(e, CommTimeout) and state is not None:  # who never came, from their state files
+        if isinstance(e, CommTimeout):  # who never came, from their state files
             from parc.exec.watch import absent_text
 
-            where = absent_text(os.environ[PIDS], rank, state.task, mpi.size)
-        if state is not None:
-            state.reported()
+            where = absent_text(jobdir, rank, state.task, mpi.size)
         text = re.sub(r"^rank \d+: ", "", str(e))  # a sub-communicator's own numbering: this rank is `rank`
-        sys.stderr.write(f"parc: rank {rank}: {text}{where}\n")  # one write: ranks' lines never interleave
-        sys.stderr.flush()
+        _report(state, f"parc: rank {rank}: {text}{where}")
         comm.abort(2 if isinstance(e, UsageError) else 1)
     except Exception as e:  # any other failure of one rank ends the job, naming the rank
         first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-        if state is not None:
-            state.reported()
-        sys.stderr.write(f"parc: rank {rank}: {type(e).__name__}: {first}\n")
-        sys.stderr.flush()
+        _report(state, f"parc: rank {rank}: {type(e).__name__}: {first}")
         comm.abort(1)
+
+
+def _report(state, line: str) -> None:
+    """A rank's error: into its state (the launcher prints it if the line below is lost), then to
+    stderr in one write (ranks' lines never interleave)."""
+    state.reported(line)
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()

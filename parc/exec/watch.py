@@ -42,6 +42,7 @@ class RankState:
         self._map = mmap.mmap(self._fd, PAGE)
         self._head = json.dumps({"rank": rank, "pid": os.getpid(), "host": socket.gethostname()},
                                 separators=(",", ":")).encode()[:-1]
+        self._link = _connect(directory, rank)  # closed by the kernel when this process ends
         self._encoded: dict[int, tuple[dict, bytes]] = {}  # id(task) -> (task, its JSON)
         self.step: int | None = None
         self.task: dict | None = None
@@ -56,9 +57,15 @@ class RankState:
         self.since = time.time()
         self._write(self.since)
 
-    def reported(self) -> None:
-        """Record that this rank is about to print its error and end the job (`error_at`): the
-        launcher then leaves the explaining to that line."""
+    def reported(self, line: str = "") -> None:
+        """Record that this rank is about to print its error `line` and end the job: the line
+        in `rank_<r>.error` (the process manager may kill the job before it forwards what the
+        rank printed; the launcher then prints it from there), then `error_at` in the state, so
+        the launcher leaves the explaining to that line."""
+        if line:
+            tmp = self.path.with_suffix(".error.tmp")
+            tmp.write_text(line)
+            os.replace(tmp, self.path.with_suffix(".error"))
         self._error_at = b',"error_at":%.6f' % time.time()
         self._write(time.time())
 
@@ -93,6 +100,42 @@ class RankState:
     def close(self) -> None:
         self._map.close()
         os.close(self._fd)
+        if self._link is not None:
+            self._link.close()
+
+    def remove(self) -> None:
+        """Close and delete the state file (a rank that ended cleanly)."""
+        self.close()
+        self.path.unlink(missing_ok=True)
+        self.path.with_suffix(".error").unlink(missing_ok=True)
+
+
+EXITS = "exits.sock"  # the launcher's socket in the job directory: each rank holds a connection
+
+
+def _connect(directory: str | Path, rank: int) -> socket.socket | None:
+    """A connection to the launcher's `FirstExit`, which sees it close the moment this process
+    ends (the kernel closes a dying process's files before anything else can react to its
+    death); None without a launcher."""
+    path = Path(directory) / EXITS
+    if not path.exists():
+        return None
+    link = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        link.connect(str(path))
+        link.sendall(b"%d %d\n" % (rank, os.getpid()))
+    except OSError:
+        link.close()
+        return None
+    return link
+
+
+def read_error(directory: str | Path, rank: int) -> str | None:
+    """The error line rank `rank` reported (`RankState.reported`), or None."""
+    try:
+        return state_path(directory, rank).with_suffix(".error").read_text()
+    except OSError:
+        return None
 
 
 def read_state(directory: str | Path, rank: int) -> dict | None:
@@ -175,6 +218,28 @@ def absent_text(directory: str | Path, me: int, task: dict | None, ranks: int) -
     return f"; rank {peer} is {where(s)}{_for(time.time(), s)}"
 
 
+def stopped_text(directory: str | Path, me: int, ranks: int) -> str:
+    """For a rank the launcher stops because another failed: '; because rank 2 (pid ...) had
+    ended, at step 5, in ...', from the state files this rank can see (a rank that reported an
+    error first; ranks of this host whose process is gone; ranks that show no life)."""
+    now, host = time.time(), socket.gethostname()
+    states = {r: s for r in range(ranks) if r != me and (s := read_state(directory, r))}
+    said = sorted((s["error_at"], r) for r, s in states.items() if "error_at" in s)
+    if said:
+        return f"; because rank {said[0][1]} failed first ({where(states[said[0][1]])}; see its line)"
+    gone = [f"rank {r} (pid {s.get('pid')} on {s.get('host')}) had ended, {where(s)}"
+            for r, s in states.items() if s.get("host") == host and s.get("pid") and not _alive(int(s["pid"]))]
+    if gone:
+        return "; because " + "; ".join(gone)
+    silent = [f"rank {r} (pid {s.get('pid')} on {s.get('host')}) showed no life for "
+              f"{now - max(s.get('beat') or 0, s.get('since') or 0):.1f} s, {where(s)}"
+              for r, s in states.items() if now - max(s.get("beat") or 0, s.get("since") or 0) > STALE_S]
+    if silent:
+        return "; not responding: " + "; ".join(silent)
+    return (f"; no rank's state seen from here shows why (on {len(states) + 1} of {ranks} ranks; "
+            "set PARC_STATE_DIR to a directory every node sees to see all)")
+
+
 def _for(now: float, s: dict | None) -> str:
     return f", for {now - s['since']:.1f} s" if s and s.get("since") else ""
 
@@ -193,13 +258,17 @@ def absent_members(directory: str | Path, group: list[int], task_id: str, me: in
 
 
 class FirstExit:
-    """Watches the ranks' processes (their pids as the ranks record them) from the launcher and
-    keeps the first to end: (rank, pid, wait status or None) in `first`, `when` it was seen.
+    """Watches the ranks from the launcher and keeps the first to end: (rank, pid, wait status or
+    None) in `first`, `when` it was seen.
 
     The process manager kills the other ranks within milliseconds of the first death, so the
-    order cannot come from when this process gets to look: the pidfds (Linux) sit in one epoll,
-    whose ready list keeps events in the order they fired. Without pidfds the pids are polled
-    every 20 ms."""
+    order cannot come from when this process gets to look, nor from when each process ends:
+    MPICH's hydra sees the first rank's pipes close and kills the others while that rank is still
+    being torn down, and a smaller process may finish dying first. So each rank holds a
+    connection to a socket of this watcher (`EXITS`), closed by the kernel at the same point as
+    its pipes, and the connections sit in one epoll, whose ready list keeps events in the order
+    they fired. Ranks without a connection are watched by their pidfds in the same epoll, and
+    without pidfds (not Linux) polled every 20 ms."""
 
     def __init__(self, directory: str | Path, ranks: int) -> None:
         self.directory = Path(directory)
@@ -207,6 +276,10 @@ class FirstExit:
         self.first: tuple[int, int, int | None] | None = None
         self.when = float("inf")  # time.time() when the first rank's end was seen (the ranks' clock)
         self.pids: dict[int, int] = {}
+        self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._listener.bind(str(self.directory / EXITS))
+        self._listener.listen(max(ranks, 8))
+        self._listener.setblocking(False)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
@@ -214,10 +287,16 @@ class FirstExit:
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(timeout=1)
+        self._listener.close()
 
     def _run(self) -> None:
-        epoll = select.epoll() if hasattr(os, "pidfd_open") and hasattr(select, "epoll") else None
+        epoll = select.epoll() if hasattr(select, "epoll") else None
+        pidfds = hasattr(os, "pidfd_open") and epoll is not None
+        links: dict[int, tuple[socket.socket, list]] = {}  # fd -> (connection, [rank or None, bytes, pid])
         fds: dict[int, int] = {}  # pidfd -> rank
+        linked: set[int] = set()  # ranks watched by their connection
+        if epoll is not None:
+            epoll.register(self._listener.fileno(), select.EPOLLIN)
         try:
             while not self._stop.is_set():
                 for r in range(self.ranks):
@@ -227,32 +306,81 @@ class FirstExit:
                     if not (s and s.get("pid")):
                         continue
                     self.pids[r] = pid = int(s["pid"])
-                    if epoll is not None:
+                    if pidfds and r not in linked:
                         try:
                             fd = os.pidfd_open(pid)
                         except ProcessLookupError:
                             return self._found(r, pid)
                         fds[fd] = r
-                        epoll.register(fd, select.EPOLLIN)
-                if epoll is not None:
-                    events = epoll.poll(0.05 if len(self.pids) < self.ranks else 0.5)
-                    if events:
-                        r = fds[events[0][0]]  # the earliest: epoll's ready list is in firing order
-                        return self._found(r, self.pids[r])
-                else:
+                        epoll.register(fd, select.EPOLLIN)  # type: ignore[union-attr]
+                if epoll is None:
                     for r, pid in self.pids.items():
                         if not _alive(pid):
                             return self._found(r, pid)
                     time.sleep(0.02)
+                    continue
+                for fd, _ in epoll.poll(0.05 if len(self.pids) < self.ranks else 0.5):  # in firing order
+                    if fd == self._listener.fileno():
+                        self._accept(epoll, links)
+                    elif fd in links:
+                        conn, seen = links[fd]
+                        ended = self._read(conn, seen)
+                        if seen[0] is not None and seen[0] not in linked:
+                            linked.add(seen[0])
+                            for pfd in [k for k, v in fds.items() if v == seen[0]]:  # its connection is enough
+                                epoll.unregister(pfd)
+                                os.close(pfd)
+                                del fds[pfd]
+                        if ended and seen[0] is not None:
+                            return self._found(seen[0], seen[2])
+                    elif fd in fds:
+                        return self._found(fds[fd], self.pids[fds[fd]])
         finally:
             for fd in fds:
                 os.close(fd)
+            for conn, _ in links.values():
+                conn.close()
             if epoll is not None:
                 epoll.close()
 
+    def _accept(self, epoll, links: dict) -> None:
+        while True:
+            try:
+                conn, _ = self._listener.accept()
+            except BlockingIOError:
+                return
+            conn.setblocking(False)
+            links[conn.fileno()] = (conn, [None, b"", -1])
+            epoll.register(conn.fileno(), select.EPOLLIN | select.EPOLLRDHUP)
+
+    @staticmethod
+    def _read(conn: socket.socket, seen: list) -> bool:
+        """Read what a rank sent (its number and pid); True when its connection has closed."""
+        while True:
+            try:
+                data = conn.recv(64)
+            except BlockingIOError:
+                return False
+            except OSError:
+                return True
+            if not data:
+                return True
+            seen[1] += data
+            if seen[0] is None and b"\n" in seen[1]:
+                seen[0], seen[2] = map(int, seen[1].split(b"\n")[0].split())
+
     def _found(self, rank: int, pid: int) -> None:
         self.when = time.time()
-        self.first = (rank, pid, _zombie_status(pid))
+        status = None
+        if hasattr(os, "pidfd_open") and pid > 0:  # its files are closed; wait for it to be a zombie
+            try:
+                fd = os.pidfd_open(pid)
+                select.select([fd], [], [], 0.5)
+                os.close(fd)
+            except OSError:
+                pass
+            status = _zombie_status(pid)
+        self.first = (rank, pid, status)
 
 
 def _alive(pid: int) -> bool:

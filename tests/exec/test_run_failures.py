@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -253,6 +254,41 @@ def test_training_lowers_the_loss(tmp_path):
     assert len(losses) == 20 and np.mean(losses[-4:]) < losses[0] - 0.5, losses
 
 
+@pytest.mark.parametrize(("change", "needle"), [
+    (["--optimizer", "adamw"], "has no tensor"),  # the same model with another optimizer: moments missing
+    (["--set", "hidden=32"], "another model size?"),
+    (["--set", "layers=1"], "does not train"),
+])
+def test_a_checkpoint_of_another_model_is_refused_before_launch(plan_dir, tmp_path, change, needle):
+    ck = tmp_path / "ck"
+    assert parc("run", str(plan_dir), "--steps", "1", "--checkpoint", str(ck)).returncode == 0
+    build = [c for c in change if c != "--optimizer" and c != "adamw"]
+    assert parc("models", "build", "gpt-tiny", *build, "-o", str(tmp_path / "m.onnx")).returncode == 0
+    optimizer = "adamw" if "adamw" in change else "sgd"
+    assert parc("grad", str(tmp_path / "m.onnx"), "--optimizer", optimizer, "-o", str(tmp_path / "t.onnx")).returncode == 0
+    res = parc("plan", str(tmp_path / "t.onnx"), "--devices", "2xa100-80g", "--mesh-dims", "1", "--jobs", "1",
+               "-o", str(tmp_path / "other"))
+    assert res.returncode == 0, res.stderr
+    before = sorted(p.name for p in ck.iterdir())
+    res = parc("run", str(tmp_path / "other"), "--steps", "2", "--checkpoint", str(ck), "--resume")
+    assert_one_line_error(res, f"--checkpoint {ck}", needle)
+    assert sorted(p.name for p in ck.iterdir()) == before  # nothing of the user's lost
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only directories")
+def test_checkpoint_directory_that_is_not_writable(plan_dir, tmp_path):
+    (tmp_path / "ro").mkdir(mode=0o555)
+    assert_one_line_error(parc("run", str(plan_dir), "--steps", "1", "--checkpoint", str(tmp_path / "ro" / "ck")),
+                          "--checkpoint", "is not writable")
+
+
+def test_checkpoint_under_a_file(plan_dir, tmp_path):
+    (tmp_path / "f").write_text("mine")
+    assert_one_line_error(parc("run", str(plan_dir), "--steps", "1", "--checkpoint", str(tmp_path / "f" / "ck")),
+                          "--checkpoint", "is not a directory")
+    assert (tmp_path / "f").read_text() == "mine"
+
+
 def test_checkpoint_refuses_a_directory_of_other_files(plan_dir, tmp_path):
     (tmp_path / "notes.txt").write_text("mine")
     assert_one_line_error(parc("run", str(plan_dir), "--steps", "1", "--checkpoint", str(tmp_path)), "--checkpoint")
@@ -288,3 +324,52 @@ def test_a_bad_fault_switch_is_one_line(plan_dir):
     res = subprocess.run([sys.executable, "-m", "parc.cli.main", "run", str(plan_dir), "--steps", "1"],
                          capture_output=True, text=True, timeout=60, env={**os.environ, "PARC_FAULT": "1:x:die"})
     assert res.returncode == 2 and "PARC_FAULT=1:x:die: expected RANK:STEP:ACTION[:KIND]" in res.stderr, res.stderr
+
+
+def _user_mpiexec(plan_dir: Path, ranks: int, fault: str, options=(), run_options=(),
+                  env: dict | None = None) -> subprocess.Popen:
+    """`mpiexec OPTIONS -n RANKS parc run PLAN RUN_OPTIONS` as a user starts it: no parc launcher."""
+    return subprocess.Popen([MPIEXEC, *options, "-n", str(ranks), sys.executable, "-m", "parc.cli.main", "run",
+                             str(plan_dir), "--steps", "100000", *run_options],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PARC_FAULT": fault, **(env or {})})
+
+
+def test_under_your_own_mpiexec_a_hung_rank_is_named(plan_dir, tmp_path):
+    """Without parc's launcher the ranks agree on a state directory themselves
+    ($PARC_STATE_DIR here), so the timeout still names the rank that stopped, and its task."""
+    proc = _user_mpiexec(plan_dir, 2, "1:3:hang:collective", run_options=["--timeout", "5"],
+                         env={"PARC_STATE_DIR": str(tmp_path)})
+    try:
+        _, err = proc.communicate(timeout=90)
+    finally:
+        proc.kill()
+    assert proc.returncode != 0
+    assert "not responding: rank 1 (" in err and "at step 3, in all_reduce" in err, err
+    assert [p.name for p in tmp_path.iterdir()][0].startswith("parc-run-")  # the state files, for a post-mortem
+
+
+def test_a_launcher_that_stops_the_ranks_with_sigterm_hears_why(plan_dir):
+    """Slurm's srun and Open MPI's mpirun stop the other ranks with SIGTERM when one fails: each
+    says it was stopped, and because of which rank (tests/exec/test_watch.py covers a dead one;
+    here rank 1 stops, and the test sends SIGTERM to rank 0 as srun would)."""
+    proc = _user_mpiexec(plan_dir, 2, "1:3:hang:collective")
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            pids = _rank_pids(plan_dir)
+            if 1 in pids and Path(f"/proc/{pids[1]}/stat").read_text().split(") ")[1][0] == "T":
+                break  # rank 1 has stopped itself
+            assert time.monotonic() < deadline and proc.poll() is None, (pids, proc.communicate()[1])
+            time.sleep(0.1)
+        time.sleep(1.5)  # longer than watch.STALE_S
+        subprocess.run(["kill", "-TERM", str(pids[0])])
+        t0 = time.monotonic()
+        while proc.poll() is None and pids[0] in _rank_pids(plan_dir).values() and time.monotonic() - t0 < 10:
+            time.sleep(0.1)
+        subprocess.run(["kill", "-9", str(pids[1])])
+        _, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    line = next(line for line in err.splitlines() if line.startswith("parc: rank 0: stopped by the launcher (SIGTERM)"))
+    assert f"not responding: rank 1 (pid {pids[1]} on " in line and "at step 3, in all_reduce" in line, err

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from parc.exec.watch import FirstExit, RankState, absent_text, how, read_state, where
+from parc.exec.watch import FirstExit, RankState, absent_text, how, read_state, stopped_text, where
 
 ALLREDUCE = {"kind": "collective", "id": "c0.a0.g3", "op": "all_reduce", "shape": [2, 16], "group": [0, 1, 2, 3]}
 
@@ -91,3 +91,55 @@ def test_first_exit_is_the_first_to_end_even_when_the_rest_follow_at_once(tmp_pa
     finally:
         for p in procs:
             p.kill()
+
+
+def test_first_exit_sees_the_first_rank_close_before_it_is_reaped(tmp_path):
+    """MPICH's hydra sees a rank's pipes close and kills the others while that rank is still
+    being torn down, so a smaller process may finish dying first. Each rank's connection to the
+    watcher closes when its pipes do: the order of those closes names the first."""
+    watch = FirstExit(tmp_path, 3)
+    code = ("import sys, time; from parc.exec.watch import RankState; "
+            f"s = RankState({str(tmp_path)!r}, int(sys.argv[1])); "
+            "big = b'x' * int(sys.argv[2]); "  # pages written: a slow teardown
+            "print('ready', flush=True); time.sleep(60)")
+    sizes = {0: 0, 1: 0, 2: 1 << 30}  # rank 2 takes longest to die
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(r), str(sizes[r])], stdout=subprocess.PIPE)
+             for r in range(3)]
+    try:
+        for p in procs:
+            assert p.stdout.readline() == b"ready\n"
+        procs[2].kill()
+        assert procs[2].stdout.read() == b""  # its pipe closed: now kill the rest, as hydra does
+        for victim in (0, 1):
+            procs[victim].kill()
+        for p in procs:
+            p.wait()
+        deadline = time.monotonic() + 5
+        while watch.first is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert watch.first is not None and watch.first[:2] == (2, procs[2].pid)
+    finally:
+        watch.stop()
+        for p in procs:
+            p.kill()
+
+
+def test_a_stopped_rank_says_because_of_which(tmp_path):
+    """What a rank that its launcher stops with SIGTERM says, from the state files it can see."""
+    now = time.time()
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    for r in range(3):
+        _write(tmp_path, r, ALLREDUCE, now, now)
+    _write(tmp_path, 2, ALLREDUCE, now - 5, now - 5, pid=gone.pid)  # its process is gone
+    record = json.loads((tmp_path / "rank_2.state").read_text())
+    (tmp_path / "rank_2.state").write_text(json.dumps({**record, "host": __import__("socket").gethostname()}))
+    assert stopped_text(tmp_path, 0, 3).startswith(f"; because rank 2 (pid {gone.pid} on ")
+    assert "had ended, at step 4, in all_reduce of [2, 16] with ranks 0-3" in stopped_text(tmp_path, 0, 3)
+    _write(tmp_path, 1, ALLREDUCE, now, now)
+    state = json.loads((tmp_path / "rank_1.state").read_text())
+    (tmp_path / "rank_1.state").write_text(json.dumps({**state, "error_at": now}))  # rank 1 said what failed
+    assert stopped_text(tmp_path, 0, 3).startswith("; because rank 1 failed first (at step 4")
+    for r in range(3):
+        _write(tmp_path, r, ALLREDUCE, now, time.time())
+    assert "no rank's state seen from here shows why" in stopped_text(tmp_path, 0, 3)
