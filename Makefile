@@ -39,7 +39,7 @@ demo: $(STAMP)  ## build a small GPT, make a training step, plan it (8 GPUs), ex
 	$(BIN)/parc models build gpt-medium -o $(DEMO)/gpt-medium.onnx
 	$(BIN)/parc inspect $(DEMO)/gpt-medium.onnx
 
-bench: $(STAMP)  ## import/inspect, grad and plan time, plan quality, executor overhead, stage search, mixed clusters, predicted vs measured (docs/benchmarks.md)
+bench: $(STAMP)  ## import/inspect, grad and plan time, plan quality, executor overhead, stage search, mixed clusters, predicted vs measured, fault injection (docs/benchmarks.md)
 	$(BIN)/python benchmarks/run.py
 	$(BIN)/python benchmarks/grad.py
 	$(BIN)/python benchmarks/plan.py
@@ -47,6 +47,7 @@ bench: $(STAMP)  ## import/inspect, grad and plan time, plan quality, executor o
 	$(BIN)/python benchmarks/pipeline.py
 	$(BIN)/python benchmarks/hetero.py
 	$(BIN)/python benchmarks/predict.py
+	$(BIN)/python benchmarks/faults.py
 
 lint: $(STAMP)  ## ruff lint
 	$(BIN)/ruff check parc tests benchmarks scripts

@@ -203,8 +203,11 @@ class Rank:
         # called with each task's summary as it starts (None when the step ends): `parc run`
         # records it in the rank's state file (`parc.exec.watch`), for failure messages
         self.on_task: Any = None
-        self.task_info = [{k: t[k] for k in ("kind", "id", "micro_batch", "op", "shape", "group", "peer", "tensor",
-                                              "local", "module") if t.get(k) is not None} for t in self.order]
+        stage = next((i for i, st in enumerate(self.graph.stages) if rank in st["ranks"]), None)
+        where = {"stage": stage} if len(self.graph.stages) > 1 and stage is not None else {}  # a pipeline's
+        self.task_info = [{**{k: t[k] for k in ("kind", "id", "micro_batch", "op", "shape", "group", "peer", "tensor",
+                                                "local", "module", "pass") if t.get(k) is not None}, **where}
+                          for t in self.order]
         self.count_bytes = 2  # steps whose held bytes are counted (the first two: a step's peak repeats)
         self.peak_bytes = 0  # the most bytes of tensors this rank held at once in a counted step
 

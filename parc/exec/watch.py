@@ -161,7 +161,12 @@ def describe_task(task: dict | None) -> str:
         text = f"{kind} {task.get('id', '')}".strip()
     if task.get("micro_batch") is not None:
         text += f", microbatch {task['micro_batch']}"
+    if task.get("stage") is not None:
+        text += f", stage {task['stage']}" + (f" ({PASSES[task['pass']]})" if task.get("pass") in PASSES else "")
     return text
+
+
+PASSES = {"F": "forward", "B": "backward", "A": "after the microbatches"}
 
 
 CHECKPOINT_TASKS = {"checkpoint_write": "the checkpoint's write of",

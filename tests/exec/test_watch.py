@@ -69,6 +69,16 @@ def test_how_a_process_ended():
 
 
 @pytest.mark.skipif(not hasattr(os, "pidfd_open"), reason="pidfds (Linux)")
+def _first_of(watch: FirstExit, procs) -> None:
+    """Wait for every process, then (up to 5 s) for the watcher's verdict."""
+    for p in procs:
+        p.wait()
+    deadline = time.monotonic() + 5
+    while watch.first is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+@pytest.mark.skipif(not hasattr(os, "pidfd_open"), reason="pidfds (Linux)")
 def test_first_exit_is_the_first_to_end_even_when_the_rest_follow_at_once(tmp_path):
     """The watcher may wake after all four have ended: the order comes from epoll's ready list."""
     procs = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]) for _ in range(4)]
@@ -81,11 +91,7 @@ def test_first_exit_is_the_first_to_end_even_when_the_rest_follow_at_once(tmp_pa
         procs[2].wait()  # ended (a process manager reacts to that: it reaps the process first)
         for victim in (0, 3, 1):  # then kills the rest at once, before the watcher may have looked
             procs[victim].kill()
-        for p in procs:
-            p.wait()
-        deadline = time.monotonic() + 5
-        while watch.first is None and time.monotonic() < deadline:
-            time.sleep(0.01)
+        _first_of(watch, procs)
         watch.stop()
         assert watch.first is not None and watch.first[:2] == (2, procs[2].pid)
     finally:
@@ -112,11 +118,7 @@ def test_first_exit_sees_the_first_rank_close_before_it_is_reaped(tmp_path):
         assert procs[2].stdout.read() == b""  # its pipe closed: now kill the rest, as hydra does
         for victim in (0, 1):
             procs[victim].kill()
-        for p in procs:
-            p.wait()
-        deadline = time.monotonic() + 5
-        while watch.first is None and time.monotonic() < deadline:
-            time.sleep(0.01)
+        _first_of(watch, procs)
         assert watch.first is not None and watch.first[:2] == (2, procs[2].pid)
     finally:
         watch.stop()
@@ -143,3 +145,11 @@ def test_a_stopped_rank_says_because_of_which(tmp_path):
     for r in range(3):
         _write(tmp_path, r, ALLREDUCE, now, time.time())
     assert "no rank's state seen from here shows why" in stopped_text(tmp_path, 0, 3)
+
+
+def test_a_pipeline_task_names_its_stage():
+    from parc.exec.watch import describe_task
+
+    task = {"kind": "send", "id": "r0.send.x.to2.mb1", "peer": 2, "tensor": "x", "micro_batch": 1, "stage": 0,
+            "pass": "B"}
+    assert describe_task(task) == "send of x to rank 2, microbatch 1, stage 0 (backward)"
