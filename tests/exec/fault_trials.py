@@ -127,12 +127,14 @@ def reference(plan: Path, work: Path) -> Reference:
 
 
 def make_trial(seed: int, refs: dict[str, Reference]) -> Trial:
-    """The fault of trial `seed`: a plan, an action, a rank and a kind of task that rank runs, a step."""
+    """The fault of trial `seed`: a plan, an action, a kind of task the plan runs (each equally
+    likely: rank 0's checkpoint commit as often as a collective), a rank that runs it, a step."""
     rng = random.Random(seed)
     plan = rng.choice(sorted(refs))
     action = rng.choice(ACTIONS)
-    rank = rng.choice(sorted(refs[plan].kinds))
-    kind = rng.choice(refs[plan].kinds[rank])
+    kinds = refs[plan].kinds
+    kind = rng.choice(sorted({k for ks in kinds.values() for k in ks}))
+    rank = rng.choice([r for r in sorted(kinds) if kind in kinds[r]])
     return Trial(seed, plan, rank, rng.randint(2, STEPS), action, kind)
 
 
