@@ -32,6 +32,7 @@ from parc.exec.data import NpzData, step_inputs, synthetic
 
 CHILD = "PARC_RANK_CHILD"  # set by the launcher: this process is one rank
 PIDS = "PARC_RANK_PIDS"  # set by the launcher: where each rank records its pid
+ABORT_GRACE_S = 0.2  # between a rank's error line and its MPI_Abort
 STATE_DIR = "PARC_STATE_DIR"  # under the user's own launcher: where the ranks' state directories go
 
 
@@ -188,6 +189,32 @@ def _shared_state_dir(mpi) -> str:
     return str(root)
 
 
+def _start_sentinel(mpi, jobdir: str) -> str:
+    """Under the user's own launcher, the lowest rank of each host starts the sentinel
+    (`parc.exec.sentinel`), handing it a listening socket; the socket's path, which every rank
+    of the host connects to."""
+    import socket
+    import tempfile
+
+    from mpi4py import MPI
+
+    local = mpi.comm.Split_type(MPI.COMM_TYPE_SHARED)
+    ranks = local.allgather(mpi.rank)
+    path = Path(tempfile.gettempdir()) / f"{Path(jobdir).name}.{socket.gethostname()}.sock"
+    if local.Get_rank() == 0:
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener.bind(str(path))
+        listener.listen(len(ranks) + 8)
+        subprocess.Popen([sys.executable, "-m", "parc.exec.sentinel", str(listener.fileno()), jobdir,
+                          ",".join(map(str, ranks)), str(mpi.size)],
+                         pass_fds=(listener.fileno(),), start_new_session=True,  # hydra's cleanup passes it by
+                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+        listener.close()
+    local.Barrier()
+    local.Free()
+    return str(path)
+
+
 def _explain_when_stopped(jobdir: str, rank: int, ranks: int) -> None:
     """Under the user's launcher, which stops the other ranks with SIGTERM when one fails
     (Slurm's srun, Open MPI's mpirun; MPICH's hydra uses SIGKILL, which nothing can catch): the
@@ -234,9 +261,11 @@ def train(plan_dir: Path, *, steps: int, seed: int, engine: str, data: str | Non
     # a state file the other ranks (and parc's own launcher) read: in the launcher's job directory,
     # else (the user's mpiexec or srun) in one the ranks agree on
     jobdir = os.environ.get(PIDS) or _shared_state_dir(mpi)
-    state = RankState(jobdir, rank)
+    user_launcher = not os.environ.get(PIDS) and rank_from_env() is not None
+    keep = bool(os.environ.get(PIDS)) or user_launcher  # after a failure: the launcher's, or for a look afterwards
+    state = RankState(jobdir, rank, link=_start_sentinel(mpi, jobdir) if user_launcher else None)
     comm_module.heartbeat = state.beat
-    if not os.environ.get(PIDS) and rank_from_env() is not None:
+    if user_launcher:
         _explain_when_stopped(jobdir, rank, mpi.size)
     try:
         runner = Rank(plan_dir, rank, comm, engine, init=init, seed=seed)
@@ -306,6 +335,7 @@ def train(plan_dir: Path, *, steps: int, seed: int, engine: str, data: str | Non
             name = "outputs.npz" if rank == 0 else f"outputs.{rank}.npz"  # one per pipeline stage
             np.savez(Path(dump) / name, **{f"{k}@{i}": v for i, d in enumerate(dumped) for k, v in d.items()})
         comm.barrier()
+        state.ended()
         if not os.environ.get(PIDS):  # a clean end leaves nothing behind
             state.remove()
             with contextlib.suppress(OSError):
@@ -319,17 +349,21 @@ def train(plan_dir: Path, *, steps: int, seed: int, engine: str, data: str | Non
 
             where = absent_text(jobdir, rank, state.task, mpi.size)
         text = re.sub(r"^rank \d+: ", "", str(e))  # a sub-communicator's own numbering: this rank is `rank`
-        _report(state, f"parc: rank {rank}: {text}{where}")
+        _report(state, f"parc: rank {rank}: {text}{where}", jobdir, keep)
         comm.abort(2 if isinstance(e, UsageError) else 1)
     except Exception as e:  # any other failure of one rank ends the job, naming the rank
         first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-        _report(state, f"parc: rank {rank}: {type(e).__name__}: {first}")
+        _report(state, f"parc: rank {rank}: {type(e).__name__}: {first}", jobdir, keep)
         comm.abort(1)
 
 
-def _report(state, line: str) -> None:
+def _report(state, line: str, jobdir: str, keep: bool) -> None:
     """A rank's error: into its state (the launcher prints it if the line below is lost), then to
-    stderr in one write (ranks' lines never interleave)."""
+    stderr in one write (ranks' lines never interleave). A state directory of this process's
+    own (one rank, no launcher) is removed: nobody reads it."""
     state.reported(line)
     sys.stderr.write(line + "\n")
     sys.stderr.flush()
+    time.sleep(ABORT_GRACE_S)  # hydra forwards the line before the abort tears the job down (3 in 100 were lost)
+    if not keep:
+        shutil.rmtree(jobdir, ignore_errors=True)

@@ -14,6 +14,7 @@ collective or transfer times out reads the others' state files to name those tha
 
 from __future__ import annotations
 
+import contextlib
 import json
 import mmap
 import os
@@ -34,7 +35,7 @@ class RankState:
     """This rank's state file, rewritten in place (one mmap'd page). The runner calls `set` for
     every task, so each task's JSON is made once and kept (tasks are the runner's own dicts)."""
 
-    def __init__(self, directory: str | Path, rank: int) -> None:
+    def __init__(self, directory: str | Path, rank: int, link: str | Path | None = None) -> None:
         self.path = state_path(directory, rank)
         with open(self.path, "wb") as f:
             f.write(b" " * PAGE)
@@ -42,7 +43,7 @@ class RankState:
         self._map = mmap.mmap(self._fd, PAGE)
         self._head = json.dumps({"rank": rank, "pid": os.getpid(), "host": socket.gethostname()},
                                 separators=(",", ":")).encode()[:-1]
-        self._link = _connect(directory, rank)  # closed by the kernel when this process ends
+        self._link = _connect(link or Path(directory) / EXITS, rank)  # closed by the kernel when this process ends
         self._encoded: dict[int, tuple[dict, bytes]] = {}  # id(task) -> (task, its JSON)
         self.step: int | None = None
         self.task: dict | None = None
@@ -103,6 +104,12 @@ class RankState:
         if self._link is not None:
             self._link.close()
 
+    def ended(self) -> None:
+        """Tell the watcher this rank ends cleanly (its connection's close is not a failure)."""
+        if self._link is not None:
+            with contextlib.suppress(OSError):
+                self._link.sendall(b"end\n")
+
     def remove(self) -> None:
         """Close and delete the state file (a rank that ended cleanly)."""
         self.close()
@@ -113,11 +120,11 @@ class RankState:
 EXITS = "exits.sock"  # the launcher's socket in the job directory: each rank holds a connection
 
 
-def _connect(directory: str | Path, rank: int) -> socket.socket | None:
-    """A connection to the launcher's `FirstExit`, which sees it close the moment this process
-    ends (the kernel closes a dying process's files before anything else can react to its
-    death); None without a launcher."""
-    path = Path(directory) / EXITS
+def _connect(path: str | Path, rank: int) -> socket.socket | None:
+    """A connection to a `FirstExit` (the launcher's, or the sentinel's under the user's own
+    launcher), which sees it close the moment this process ends (the kernel closes a dying
+    process's files before anything else can react to its death); None without one."""
+    path = Path(path)
     if not path.exists():
         return None
     link = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -275,15 +282,20 @@ class FirstExit:
     they fired. Ranks without a connection are watched by their pidfds in the same epoll, and
     without pidfds (not Linux) polled every 20 ms."""
 
-    def __init__(self, directory: str | Path, ranks: int) -> None:
+    def __init__(self, directory: str | Path, ranks: int | list[int], listener: socket.socket | None = None) -> None:
         self.directory = Path(directory)
-        self.ranks = ranks
+        self.watched = list(range(ranks)) if isinstance(ranks, int) else list(ranks)
         self.first: tuple[int, int, int | None] | None = None
         self.when = float("inf")  # time.time() when the first rank's end was seen (the ranks' clock)
         self.pids: dict[int, int] = {}
-        self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self._listener.bind(str(self.directory / EXITS))
-        self._listener.listen(max(ranks, 8))
+        self.clean: set[int] = set()  # ranks that said they ended cleanly (`RankState.ended`)
+        self.linked_ever = 0  # connections accepted
+        self.open_links = 0  # connections not yet closed
+        if listener is None:
+            listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            listener.bind(str(self.directory / EXITS))
+            listener.listen(max(len(self.watched), 8))
+        self._listener = listener
         self._listener.setblocking(False)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -304,8 +316,8 @@ class FirstExit:
             epoll.register(self._listener.fileno(), select.EPOLLIN)
         try:
             while not self._stop.is_set():
-                for r in range(self.ranks):
-                    if r in self.pids:
+                for r in self.watched:
+                    if r in self.pids or r in self.clean:
                         continue
                     s = read_state(self.directory, r)
                     if not (s and s.get("pid")):
@@ -320,11 +332,11 @@ class FirstExit:
                         epoll.register(fd, select.EPOLLIN)  # type: ignore[union-attr]
                 if epoll is None:
                     for r, pid in self.pids.items():
-                        if not _alive(pid):
+                        if r not in self.clean and not _alive(pid):
                             return self._found(r, pid)
                     time.sleep(0.02)
                     continue
-                for fd, _ in epoll.poll(0.05 if len(self.pids) < self.ranks else 0.5):  # in firing order
+                for fd, _ in epoll.poll(0.05 if len(self.pids) < len(self.watched) else 0.5):  # in firing order
                     if fd == self._listener.fileno():
                         self._accept(epoll, links)
                     elif fd in links:
@@ -336,10 +348,17 @@ class FirstExit:
                                 epoll.unregister(pfd)
                                 os.close(pfd)
                                 del fds[pfd]
-                        if ended and seen[0] is not None:
-                            return self._found(seen[0], seen[2])
+                        if ended:
+                            epoll.unregister(fd)
+                            self.open_links -= 1
+                            if seen[3]:  # a clean end
+                                self.clean.add(seen[0])
+                            elif seen[0] is not None:
+                                return self._found(seen[0], seen[2])
                     elif fd in fds:
-                        return self._found(fds[fd], self.pids[fds[fd]])
+                        epoll.unregister(fd)
+                        if fds[fd] not in self.clean:
+                            return self._found(fds[fd], self.pids[fds[fd]])
         finally:
             for fd in fds:
                 os.close(fd)
@@ -355,12 +374,15 @@ class FirstExit:
             except BlockingIOError:
                 return
             conn.setblocking(False)
-            links[conn.fileno()] = (conn, [None, b"", -1])
+            links[conn.fileno()] = (conn, [None, b"", -1, False])
+            self.linked_ever += 1
+            self.open_links += 1
             epoll.register(conn.fileno(), select.EPOLLIN | select.EPOLLRDHUP)
 
     @staticmethod
     def _read(conn: socket.socket, seen: list) -> bool:
-        """Read what a rank sent (its number and pid); True when its connection has closed."""
+        """Read what a rank sent (its number and pid, then `end` at a clean end); True when its
+        connection has closed."""
         while True:
             try:
                 data = conn.recv(64)
@@ -371,8 +393,10 @@ class FirstExit:
             if not data:
                 return True
             seen[1] += data
-            if seen[0] is None and b"\n" in seen[1]:
-                seen[0], seen[2] = map(int, seen[1].split(b"\n")[0].split())
+            lines = seen[1].split(b"\n")
+            if seen[0] is None and len(lines) > 1:
+                seen[0], seen[2] = map(int, lines[0].split())
+            seen[3] = b"end" in lines[1:]
 
     def _found(self, rank: int, pid: int) -> None:
         self.when = time.time()

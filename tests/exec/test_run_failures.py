@@ -326,13 +326,13 @@ def test_a_bad_fault_switch_is_one_line(plan_dir):
     assert res.returncode == 2 and "PARC_FAULT=1:x:die: expected RANK:STEP:ACTION[:KIND]" in res.stderr, res.stderr
 
 
-def _user_mpiexec(plan_dir: Path, ranks: int, fault: str, options=(), run_options=(),
+def _user_mpiexec(plan_dir: Path, ranks: int, fault: str | None, options=(), run_options=(),
                   env: dict | None = None) -> subprocess.Popen:
     """`mpiexec OPTIONS -n RANKS parc run PLAN RUN_OPTIONS` as a user starts it: no parc launcher."""
     return subprocess.Popen([MPIEXEC, *options, "-n", str(ranks), sys.executable, "-m", "parc.cli.main", "run",
                              str(plan_dir), "--steps", "100000", *run_options],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "PARC_FAULT": fault, **(env or {})})
+                            env={**os.environ, **({"PARC_FAULT": fault} if fault else {}), **(env or {})})
 
 
 def test_under_your_own_mpiexec_a_hung_rank_is_named(plan_dir, tmp_path):
@@ -373,3 +373,33 @@ def test_a_launcher_that_stops_the_ranks_with_sigterm_hears_why(plan_dir):
         proc.kill()
     line = next(line for line in err.splitlines() if line.startswith("parc: rank 0: stopped by the launcher (SIGTERM)"))
     assert f"not responding: rank 1 (pid {pids[1]} on " in line and "at step 3, in all_reduce" in line, err
+
+
+@pytest.mark.parametrize("victim", [0, 1])
+def test_under_your_own_mpiexec_a_killed_rank_is_named(plan_dir, victim):
+    """hydra kills every rank with SIGKILL at once, so no rank can speak: the sentinel the lowest
+    rank of the host started (parc.exec.sentinel) names the one that ended first."""
+    proc = _user_mpiexec(plan_dir, 2, None)
+    try:
+        deadline = time.monotonic() + 60
+        while len(pids := _rank_pids(plan_dir)) < 2:
+            assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()[1]
+            time.sleep(0.1)
+        time.sleep(2)
+        subprocess.run(["kill", "-9", str(pids[victim])])
+        _, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert f"parc: error: rank {victim} (pid {pids[victim]} on " in err, err
+    assert "the other ranks were stopped because of it" in err and f"rank {1 - victim} (pid" not in err, err
+
+
+def test_under_your_own_mpiexec_a_clean_run_leaves_nothing(plan_dir, tmp_path):
+    import tempfile
+
+    before = set(Path(tempfile.gettempdir()).glob("parc-run-*"))
+    res = subprocess.run([MPIEXEC, "-n", "2", sys.executable, "-m", "parc.cli.main", "run", str(plan_dir), "--steps", "2"],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0 and res.stderr == "", res.stderr
+    assert set(Path(tempfile.gettempdir()).glob("parc-run-*")) == before  # state directory and sockets removed
+    assert subprocess.run(["pgrep", "-f", "parc.exec.sentinel"], capture_output=True).stdout == b""
