@@ -9,7 +9,10 @@ environment (`rank_from_env`) and runs `train`. On a cluster, start the ranks yo
     srun -N 2 --ntasks-per-node 8 parc run plan/          # Slurm (PMI)
 
 A rank that fails prints one line naming itself and aborts the job (MPI_Abort), so no rank is
-left waiting; collectives also time out (`--timeout`) when a peer dies without a word.
+left waiting; collectives also time out (`--timeout`) when a peer dies without a word. Who failed
+first is known from the ranks' state files and connections (`parc.exec.watch`): `launch`
+watches them under `parc run`, a sentinel per host (`parc.exec.sentinel`) under the user's own
+launcher.
 """
 
 from __future__ import annotations
@@ -343,18 +346,22 @@ def train(plan_dir: Path, *, steps: int, seed: int, engine: str, data: str | Non
     except ParcError as e:
         from parc.exec.comm import CommTimeout
 
-        where = ""
-        if isinstance(e, CommTimeout):  # who never came, from their state files
-            from parc.exec.watch import absent_text
+        try:
+            where = ""
+            if isinstance(e, CommTimeout):  # who never came, from their state files
+                from parc.exec.watch import absent_text
 
-            where = absent_text(jobdir, rank, state.task, mpi.size)
-        text = re.sub(r"^rank \d+: ", "", str(e))  # a sub-communicator's own numbering: this rank is `rank`
-        _report(state, f"parc: rank {rank}: {text}{where}", jobdir, keep)
-        comm.abort(2 if isinstance(e, UsageError) else 1)
+                where = absent_text(jobdir, rank, state.task, mpi.size)
+            text = re.sub(r"^rank \d+: ", "", str(e))  # a sub-communicator's own numbering: this rank is `rank`
+            _report(state, f"parc: rank {rank}: {text}{where}", jobdir, keep)
+        finally:  # whatever happens while reporting, the job ends
+            comm.abort(2 if isinstance(e, UsageError) else 1)
     except Exception as e:  # any other failure of one rank ends the job, naming the rank
         first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-        _report(state, f"parc: rank {rank}: {type(e).__name__}: {first}", jobdir, keep)
-        comm.abort(1)
+        try:
+            _report(state, f"parc: rank {rank}: {type(e).__name__}: {first}", jobdir, keep)
+        finally:
+            comm.abort(1)
 
 
 def _report(state, line: str, jobdir: str, keep: bool) -> None:

@@ -64,9 +64,10 @@ class RankState:
         rank printed; the launcher then prints it from there), then `error_at` in the state, so
         the launcher leaves the explaining to that line."""
         if line:
-            tmp = self.path.with_suffix(".error.tmp")
-            tmp.write_text(line)
-            os.replace(tmp, self.path.with_suffix(".error"))
+            with contextlib.suppress(OSError):  # the directory may be gone: the line still goes to stderr
+                tmp = self.path.with_suffix(".error.tmp")
+                tmp.write_text(line)
+                os.replace(tmp, self.path.with_suffix(".error"))
         self._error_at = b',"error_at":%.6f' % time.time()
         self._write(time.time())
 

@@ -349,11 +349,11 @@ def test_under_your_own_mpiexec_a_hung_rank_is_named(plan_dir, tmp_path):
     assert [p.name for p in tmp_path.iterdir()][0].startswith("parc-run-")  # the state files, for a post-mortem
 
 
-def test_a_launcher_that_stops_the_ranks_with_sigterm_hears_why(plan_dir):
+def test_a_launcher_that_stops_the_ranks_with_sigterm_hears_why(plan_dir, tmp_path):
     """Slurm's srun and Open MPI's mpirun stop the other ranks with SIGTERM when one fails: each
     says it was stopped, and because of which rank (tests/exec/test_watch.py covers a dead one;
     here rank 1 stops, and the test sends SIGTERM to rank 0 as srun would)."""
-    proc = _user_mpiexec(plan_dir, 2, "1:3:hang:collective")
+    proc = _user_mpiexec(plan_dir, 2, "1:3:hang:collective", env={"PARC_STATE_DIR": str(tmp_path)})
     try:
         deadline = time.monotonic() + 60
         while True:
@@ -376,10 +376,10 @@ def test_a_launcher_that_stops_the_ranks_with_sigterm_hears_why(plan_dir):
 
 
 @pytest.mark.parametrize("victim", [0, 1])
-def test_under_your_own_mpiexec_a_killed_rank_is_named(plan_dir, victim):
+def test_under_your_own_mpiexec_a_killed_rank_is_named(plan_dir, victim, tmp_path):
     """hydra kills every rank with SIGKILL at once, so no rank can speak: the sentinel the lowest
     rank of the host started (parc.exec.sentinel) names the one that ended first."""
-    proc = _user_mpiexec(plan_dir, 2, None)
+    proc = _user_mpiexec(plan_dir, 2, None, env={"PARC_STATE_DIR": str(tmp_path)})
     try:
         deadline = time.monotonic() + 60
         while len(pids := _rank_pids(plan_dir)) < 2:
