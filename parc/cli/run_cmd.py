@@ -44,8 +44,10 @@ def precheck(plan_dir: str, force: bool) -> tuple[dict, int]:
 
 def _common(f):
     for opt in reversed([
-        click.option("--engine", type=click.Choice(["auto", "ort", "cupy"]), default="auto", show_default=True,
-                     help="auto: onnxruntime on CPU; cupy: parc's own kernels (NumPy on CPU, CuPy on GPU)."),
+        click.option("--engine", type=click.Choice(["auto", "ort", "cupy", "numpy"]), default="auto",
+                     show_default=True,
+                     help="auto: cupy on a GPU, else ort; ort: onnxruntime on the CPU; cupy: parc's own kernels "
+                          "on a GPU (refused without one); numpy: the same kernels on the CPU."),
         click.option("--seed", type=int, default=0, show_default=True,
                      help="Seed of the synthetic data (and of the parameters with --init seeded)."),
         click.option("--init", type=click.Choice(["source", "seeded"]), default="source", show_default=True,
@@ -78,6 +80,7 @@ def run(plan_dir: str, steps: int, data: str | None, checkpoint: str | None, che
         force: bool) -> None:
     """Run the plan in PLAN_DIR on its ranks for --steps steps (loss, step time, samples/s)."""
     from parc.exec.launch import CHILD, launch, rank_from_env, train
+    from parc.exec.runner import pick_engine
     from parc.exec.watch import FAULT_ENV, parse_fault
 
     if steps < 1:
@@ -88,6 +91,7 @@ def run(plan_dir: str, steps: int, data: str | None, checkpoint: str | None, che
         raise UsageError(f"--checkpoint-every {checkpoint_every}: expected a count >= 0")
     if os.environ.get(FAULT_ENV):  # the failure tests' switch: a bad one is one line, before any rank starts
         parse_fault(os.environ[FAULT_ENV])
+    pick_engine(engine)  # --engine cupy without a usable GPU: one line, before any rank starts
     in_job = rank_from_env() is not None or os.environ.get(CHILD)
     if in_job and not os.environ.get(CHILD):  # the user's own mpiexec or srun: each rank checks
         precheck(plan_dir, force)
@@ -142,10 +146,12 @@ def verify(plan_dir: str, steps: int, rtol: float, atol: float, as_json: bool, d
     """Run the source model on one device (onnxruntime) and the plan on its ranks from the same
     state and data; compare the outputs every step and the parameters at the end (exit 1 on a
     mismatch)."""
+    from parc.exec.runner import pick_engine
     from parc.exec.verify import compare, plan_run, reference_run
 
     if steps < 1:
         raise UsageError(f"--steps {steps}: expected a count >= 1")
+    pick_engine(engine)
     plan, ranks = precheck(plan_dir, force)
     want = reference_run(plan_dir, plan, ranks, steps, seed, init, data)
     with tempfile.TemporaryDirectory(prefix="parc-verify-") as tmp:

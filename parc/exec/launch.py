@@ -358,8 +358,14 @@ def train(plan_dir: Path, *, steps: int, seed: int, engine: str, data: str | Non
             comm.abort(2 if isinstance(e, UsageError) else 1)
     except Exception as e:  # any other failure of one rank ends the job, naming the rank
         first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        line = f"parc: rank {rank}: {type(e).__name__}: {first}"
+        if type(e).__name__ == "OutOfMemoryError":  # CuPy's: the device is full
+            from parc.exec.watch import where
+
+            line = (f"parc: rank {rank}: out of GPU memory {where({'step': current, 'task': state.task})} "
+                    f"({first}); the plan needs a device with more memory, more devices or a smaller batch")
         try:
-            _report(state, f"parc: rank {rank}: {type(e).__name__}: {first}", jobdir, keep)
+            _report(state, line, jobdir, keep)
         finally:
             comm.abort(1)
 

@@ -30,7 +30,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from parc.errors import ParcError, PlanFormatError
+from parc.errors import ParcError, PlanFormatError, UsageError
 from parc.exec.taskgraph import MB_END, MB_FIRST, MB_START, WHOLE, last_uses, load_taskgraph
 from parc.plandir import TASKGRAPH_FILE, load_program, rank_dir
 from parc.sharding.layout import shard_index
@@ -38,7 +38,7 @@ from parc.sharding.reshard import Collective
 from parc.sharding.simulator import run_step
 from parc.sharding.spec import ShardSpec, Split
 
-ENGINES = ("auto", "ort", "cupy")
+ENGINES = ("auto", "ort", "cupy", "numpy")
 
 
 class RunError(ParcError):
@@ -98,28 +98,67 @@ def _test_fault() -> tuple[str, str, float] | None:
 SEND_COMPLETION = {"kind": "send completion", "id": "the step's sends"}  # the task a step ends with
 
 
+MIN_CUPY = 13  # the oldest CuPy major version parc runs on (pyproject's cuda12/cuda13 extras)
+MIN_CUDA = 12000  # the oldest CUDA runtime (cudaRuntimeGetVersion: 1000 * major + 10 * minor)
+
+
+def gpu_problem(cupy_module: Any = None) -> str | None:
+    """Why parc cannot run CuPy on a GPU here, or None when it can: CuPy missing or too old, no
+    driver or device, a CUDA runtime too old. `cupy_module` stands in for CuPy in tests."""
+    cupy = cupy_module
+    if cupy is None:
+        try:
+            import cupy
+        except ImportError:
+            return "CuPy is not installed (pip install 'parc[cuda13]' or 'parc[cuda12]')"
+        except Exception as e:  # a broken install: CUDA libraries missing
+            return f"CuPy does not load ({_first_line(e)})"
+    try:
+        major = int(str(cupy.__version__).split(".")[0])
+    except ValueError:
+        major = MIN_CUPY
+    if major < MIN_CUPY:
+        return f"CuPy {cupy.__version__} is older than parc supports (>= {MIN_CUPY})"
+    try:
+        count = cupy.cuda.runtime.getDeviceCount()
+        version = cupy.cuda.runtime.runtimeGetVersion()
+    except Exception as e:  # no driver, or the driver is older than the runtime
+        return f"CUDA reports no usable GPU ({_first_line(e)})"
+    if count == 0:
+        shown = os.environ.get("CUDA_VISIBLE_DEVICES")
+        return "no GPU is visible" + (f" (CUDA_VISIBLE_DEVICES={shown!r})" if shown is not None else "")
+    if version < MIN_CUDA:
+        return (f"CUDA runtime {version // 1000}.{version % 1000 // 10} is older than parc supports "
+                f"(>= {MIN_CUDA // 1000}.{MIN_CUDA % 1000 // 10})")
+    return None
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return f"{type(e).__name__}: {text.splitlines()[0]}" if text else type(e).__name__
+
+
 def gpu_available() -> bool:
     """A CUDA GPU that CuPy can use."""
-    try:
-        import cupy
-
-        return cupy.cuda.runtime.getDeviceCount() > 0
-    except Exception:  # no cupy, no driver, no device
-        return False
+    return gpu_problem() is None
 
 
 def pick_engine(engine: str) -> tuple[str, str]:
     """(engine, device): `ort` runs onnxruntime on the CPU (onnxruntime-gpu's CUDA EP is not
-    wired up yet); `cupy` runs parc's kernels on a GPU when there is one, else on NumPy; `auto`
-    is cupy on a GPU, else ort."""
+    wired up yet); `cupy` runs parc's kernels on a GPU, and is refused without one (one line
+    saying why); `numpy` runs the same kernels on the CPU; `auto` is cupy on a GPU, else ort."""
     if engine not in ENGINES:
-        raise ParcError(f"--engine {engine}: expected one of {', '.join(ENGINES)}")
+        raise UsageError(f"--engine {engine}: expected one of {', '.join(ENGINES)}")
     if engine == "ort":
         return "ort", "cpu"
-    gpu = gpu_available()
+    if engine == "numpy":
+        return "cupy", "cpu"
     if engine == "cupy":
-        return "cupy", "gpu" if gpu else "cpu"
-    return ("cupy", "gpu") if gpu else ("ort", "cpu")
+        problem = gpu_problem()
+        if problem is not None:
+            raise UsageError(f"--engine cupy: {problem}; --engine numpy runs parc's kernels on the CPU")
+        return "cupy", "gpu"
+    return ("cupy", "gpu") if gpu_available() else ("ort", "cpu")
 
 
 def to_host(x) -> np.ndarray:

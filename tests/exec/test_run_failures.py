@@ -403,3 +403,46 @@ def test_under_your_own_mpiexec_a_clean_run_leaves_nothing(plan_dir, tmp_path):
     assert res.returncode == 0 and res.stderr == "", res.stderr
     assert set(Path(tempfile.gettempdir()).glob("parc-run-*")) == before  # state directory and sockets removed
     assert subprocess.run(["pgrep", "-f", "parc.exec.sentinel"], capture_output=True).stdout == b""
+
+
+def test_engine_cupy_without_a_gpu_is_one_line(plan_dir):
+    """No GPU visible (CUDA_VISIBLE_DEVICES empty, or no CuPy here): refused before any rank
+    starts, naming the flag and the reason; `--engine numpy` runs the same kernels on the CPU."""
+    for command in ("run", "verify"):
+        res = subprocess.run([sys.executable, "-m", "parc.cli.main", command, str(plan_dir), "--steps", "1",
+                              "--engine", "cupy"], capture_output=True, text=True, timeout=120,
+                             env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+        assert_one_line_error(res, "--engine cupy: ", "--engine numpy")
+    res = parc("run", str(plan_dir), "--steps", "2", "--engine", "numpy", "--json")
+    assert res.returncode == 0 and len(res.stdout.splitlines()) == 2, res.stderr
+
+
+class _FakeCupy:
+    """Stands in for CuPy in `gpu_problem`."""
+
+    def __init__(self, version="14.0.0", count=1, runtime=13000, error=None):
+        import types
+
+        def count_fn():
+            if error:
+                raise error
+            return count
+
+        self.__version__ = version
+        self.cuda = types.SimpleNamespace(runtime=types.SimpleNamespace(getDeviceCount=count_fn,
+                                                                        runtimeGetVersion=lambda: runtime))
+
+
+@pytest.mark.parametrize(("fake", "needle"), [
+    (_FakeCupy(), None),
+    (_FakeCupy(version="12.3.0"), "CuPy 12.3.0 is older than parc supports (>= 13)"),
+    (_FakeCupy(count=0), "no GPU is visible"),
+    (_FakeCupy(runtime=11080), "CUDA runtime 11.8 is older than parc supports (>= 12.0)"),
+    (_FakeCupy(error=RuntimeError("cudaErrorInsufficientDriver: CUDA driver version is insufficient")),
+     "CUDA reports no usable GPU (RuntimeError: cudaErrorInsufficientDriver"),
+])
+def test_why_a_gpu_cannot_be_used(fake, needle):
+    from parc.exec.runner import gpu_problem
+
+    got = gpu_problem(fake)
+    assert got == needle if needle is None else needle in got
