@@ -214,7 +214,15 @@ def _matmul(ctx: GradContext, node: Node, dys: Grads) -> Grads:
     if ctx.need(0):
         da = ctx.reshape(ctx.unbroadcast(ctx.op("MatMul", [dy2, _swap_last(ctx, b2)]), a2.shape), a.shape)
     if ctx.need(1):
-        db = ctx.reshape(ctx.unbroadcast(ctx.op("MatMul", [_swap_last(ctx, a2), dy2]), b2.shape), b.shape)
+        if b2.rank == 2 and a2.rank > 2 and all(isinstance(d, int) for d in a2.shape):
+            # a weight applied over batch dims: one 2-D product over the flattened rows,
+            # a2^T @ dy2 as [rows, K]^T @ [rows, N], instead of a batched product and a sum
+            rows = int(np.prod(a2.shape[:-1]))
+            db = ctx.op("Gemm", [ctx.reshape(a2, (rows, a2.shape[-1])), ctx.reshape(dy2, (rows, dy2.shape[-1]))],
+                        transA=1)
+            db = ctx.reshape(db, b.shape)
+        else:
+            db = ctx.reshape(ctx.unbroadcast(ctx.op("MatMul", [_swap_last(ctx, a2), dy2]), b2.shape), b.shape)
     return [da, db]
 
 
