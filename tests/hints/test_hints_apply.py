@@ -93,7 +93,7 @@ def node(model, name):
 def test_backward_and_optimizer_nodes_take_their_forward_nodes_scope(step):
     names = dict(zip((n.name for n in step.nodes), scope_names(step)))
     assert names["h.0.mlp.fc.matmul"] == "h.0.mlp.fc.matmul"
-    assert names["h.0.mlp.fc.matmul.grad.MatMul_1"] == "h.0.mlp.fc.matmul"
+    assert names["h.0.mlp.fc.matmul.grad.Gemm_0"] == "h.0.mlp.fc.matmul"  # the weight's gradient
     assert names["h.0.mlp.fc.weight.update.Sub_0"] == "h.0.mlp.fc.matmul"  # the parameter's first reader
     assert names["wte.weight.update.Sub_0"] == "wte.gather"  # tied: the embedding reads it first
     assert "h.0.mlp.fc.weight" in param_names(step)
