@@ -95,7 +95,7 @@ def run(plan_dir: str, steps: int, data: str | None, checkpoint: str | None, che
     in_job = rank_from_env() is not None or os.environ.get(CHILD)
     if in_job and not os.environ.get(CHILD):  # the user's own mpiexec or srun: each rank checks
         precheck(plan_dir, force)
-        _check_checkpoint(checkpoint, False, plan_dir)  # each rank's resume checks the checkpoint it loads
+        _check_checkpoint(checkpoint, resume, plan_dir, hashes=False)  # each rank's load checks the sha256
     if not in_job:
         _, ranks = precheck(plan_dir, force)
         if data:
@@ -122,13 +122,13 @@ def run(plan_dir: str, steps: int, data: str | None, checkpoint: str | None, che
           tf32=tf32, echo=lambda s: click.echo(s))
 
 
-def _check_checkpoint(checkpoint: str | None, resume: bool, plan_dir: str) -> None:
+def _check_checkpoint(checkpoint: str | None, resume: bool, plan_dir: str, hashes: bool = True) -> None:
     """--checkpoint's directory: a valid checkpoint the plan can resume from, and a place parc
     may write."""
     from parc.exec.checkpoint import check_resumable, check_writable
 
     if resume:
-        check_resumable(checkpoint, plan_dir)  # type: ignore[arg-type]
+        check_resumable(checkpoint, plan_dir, hashes)  # type: ignore[arg-type]
     if checkpoint:
         check_writable(checkpoint)
 

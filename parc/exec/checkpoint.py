@@ -1,6 +1,6 @@
 """Checkpoints of a running plan: per-rank shards, a manifest, resume, reshard on load, export.
 
-A checkpoint directory holds ``checkpoint.json`` and one folder of shards, ``step_<N>/``, with
+A checkpoint directory holds ``checkpoint.json`` and one folder of shards, ``step_<N>.<run>/``, with
 ``rank_<r>.npz`` (that rank's shards of every parameter and optimizer state tensor). The manifest
 says the format, step, the plan's mesh, each tensor's global shape, dtype and layout, the source
 model, and the sha256 of every shard file; a directory whose files do not match is refused.
@@ -18,6 +18,7 @@ load). `export_checkpoint` writes the source model with the trained values as on
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -46,9 +47,10 @@ def _device_mesh(program: Program) -> tuple[int, ...]:
     return program.mesh[1:] if program.micro_batches > 1 else program.mesh
 
 
-def save_checkpoint(directory: str | Path, runner, step: int) -> None:
+def save_checkpoint(directory: str | Path, runner, step: int, run: str = "") -> None:
     """Every rank writes its shards into a new folder; rank 0 then commits the manifest
-    (collective call). Each file operation is announced to `runner.on_task` as a task
+    (collective call). `run` names this run (every rank passes the same): the folder is never
+    one a checkpoint of an earlier run uses, whatever any rank reads of the directory. Each file operation is announced to `runner.on_task` as a task
     (`checkpoint_write`, `checkpoint_rename`, `checkpoint_commit`), so a rank's state says it
     was saving, and the fault-injection switch can strike there."""
     from parc.exec.runner import to_host
@@ -56,7 +58,7 @@ def save_checkpoint(directory: str | Path, runner, step: int) -> None:
     root = Path(directory)
     root.mkdir(parents=True, exist_ok=True)
     r = runner.rank
-    folder = _new_folder(root, step)
+    folder = f"step_{step:08d}" + (f".{run}" if run else "")  # `run`: the same on every rank, new each run
     (root / folder).mkdir(exist_ok=True)
     name = f"{folder}/rank_{r}.npz"
     tmp = root / folder / f".rank_{r}.{os.getpid()}.npz"
@@ -114,32 +116,21 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _committed_folder(root: Path) -> str | None:
-    """The folder the committed manifest's shards are in ('' for the /1 layout), or None."""
-    try:
-        parent = Path(next(iter(json.loads((root / MANIFEST).read_text())["files"]))).parent
-        return "" if parent == Path(".") else str(parent)
-    except (OSError, ValueError, KeyError, TypeError, StopIteration):
-        return None
-
-
-def _new_folder(root: Path, step: int) -> str:
-    """A folder for the shards of `step` that the committed checkpoint does not use: every rank
-    reads the same manifest (it changes only between the save's barriers), so all pick the same."""
-    name = f"step_{step:08d}"
-    return name if _committed_folder(root) != name else name + ".1"
-
-
-_LEFTOVER = re.compile(r"step_\d{8}(\.1)?|rank_\d+\.npz|\.rank_\d+\.\d+\.npz|\." + re.escape(MANIFEST) + r"\.\d+")
+_LEFTOVER = re.compile(r"step_\d{8}(\.[0-9a-f]+)?|rank_\d+\.npz|\.rank_\d+\.\d+\.npz|\." + re.escape(MANIFEST) + r"\.\d+")
 
 
 def _remove_leftovers(root: Path, keep: str) -> None:
     """Shard folders other than `keep`, /1 shards and temporary files of interrupted saves."""
-    for p in root.iterdir():
-        if p.name != keep and _LEFTOVER.fullmatch(p.name):
-            shutil.rmtree(p) if p.is_dir() else p.unlink(missing_ok=True)
-    for p in (root / keep).glob(".rank_*"):
-        p.unlink(missing_ok=True)
+    with contextlib.suppress(OSError):  # best effort: the checkpoint is committed already
+        for p in root.iterdir():
+            if p.name == keep or not _LEFTOVER.fullmatch(p.name):
+                continue
+            if p.is_dir():
+                shutil.rmtree(p, ignore_errors=True)
+            else:
+                p.unlink(missing_ok=True)
+        for p in (root / keep).glob(".rank_*"):
+            p.unlink(missing_ok=True)
 
 
 def _shard_file(root: Path, doc: dict, rank: int) -> Path:
@@ -178,8 +169,9 @@ def check_writable(directory: str | Path) -> None:
                          f"checkpoint among them")
 
 
-def check_checkpoint(directory: str | Path) -> dict:
-    """The checkpoint's manifest, or UsageError naming what is missing or changed."""
+def check_checkpoint(directory: str | Path, hashes: bool = True) -> dict:
+    """The checkpoint's manifest, or UsageError naming what is missing or changed (the shards'
+    sha256 too, unless `hashes` is False)."""
     root = Path(directory)
     path = root / MANIFEST
     if not path.is_file():
@@ -197,19 +189,20 @@ def check_checkpoint(directory: str | Path) -> dict:
         f = root / name
         if not f.is_file():
             raise UsageError(f"--checkpoint {root}: {name} is missing")
-        if sha256_file(f) != digest:
+        if hashes and sha256_file(f) != digest:
             raise UsageError(f"--checkpoint {root}: {name} does not match its sha256 in {MANIFEST}")
     return doc
 
 
-def check_resumable(directory: str | Path, plan_dir: str | Path) -> dict:
+def check_resumable(directory: str | Path, plan_dir: str | Path, hashes: bool = True) -> dict:
     """The checkpoint's manifest when the plan in `plan_dir` can resume from it (every state
     tensor the plan holds is there, with its global shape and dtype; layouts may differ: they
-    are resharded), else UsageError naming the first that is not."""
+    are resharded), else UsageError naming the first that is not. `hashes=False` leaves the
+    shards' sha256 to `load_checkpoint` (each rank of a user's launcher checks this)."""
     from parc.exec.taskgraph import load_taskgraph
 
     root = Path(directory)
-    doc = check_checkpoint(root)
+    doc = check_checkpoint(root, hashes)
     graph = load_taskgraph(Path(plan_dir) / "taskgraph.json")
     trained: set[str] = set()
     for r in sorted({s["ranks"][0] for s in graph.stages} or {0}):
@@ -227,7 +220,7 @@ def check_resumable(directory: str | Path, plan_dir: str | Path) -> dict:
     extra = sorted(set(doc["tensors"]) - trained)
     if extra:
         raise UsageError(f"--checkpoint {root}: holds {len(extra)} tensor(s) the plan in {plan_dir} does not train "
-                         f"('{extra[0]}'{', ...' if len(extra) > 1 else ''}; a checkpoint of another model?)")
+                         f"('{extra[0]}'{', ...' if len(extra) > 1 else ''}; a checkpoint of another model or optimizer?)")
     return doc
 
 

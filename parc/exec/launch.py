@@ -74,9 +74,9 @@ def launch(ranks: int, argv: list[str], timeout: float | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="parc-run-") as job:
         env = dict(os.environ, **{CHILD: "1", PIDS: job})
         cmd = [find_mpiexec(), "-n", str(ranks), sys.executable, "-m", "parc.cli.main", *argv]
+        watch = FirstExit(job, ranks)  # its socket exists before any rank looks for it
         proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                 bufsize=1)
-        watch = FirstExit(job, ranks)
         banner: list[tuple[int, int | None]] = []  # hydra's (pid, exit code): not always the first to die
         said: list[str] = []  # the ranks' error lines forwarded
         errors = threading.Thread(target=_forward_errors, args=(proc.stderr, said), daemon=True)
@@ -187,15 +187,21 @@ def _shared_state_dir(mpi) -> str:
     import tempfile
 
     name = mpi.comm.bcast(f"parc-run-{os.getpid()}-{time.time_ns()}" if mpi.rank == 0 else None, root=0)
-    root = Path(os.environ.get(STATE_DIR) or tempfile.gettempdir()) / name
-    root.mkdir(parents=True, exist_ok=True)
-    return str(root)
+    for base in (os.environ.get(STATE_DIR), tempfile.gettempdir()):
+        if base:
+            try:
+                (Path(base) / name).mkdir(parents=True, exist_ok=True)
+                return str(Path(base) / name)
+            except OSError:  # PARC_STATE_DIR not writable here: the temporary directory
+                continue
+    return tempfile.mkdtemp(prefix="parc-run-")
 
 
 def _start_sentinel(mpi, jobdir: str) -> str:
     """Under the user's own launcher, the lowest rank of each host starts the sentinel
     (`parc.exec.sentinel`), handing it a listening socket; the socket's path, which every rank
     of the host connects to."""
+    import hashlib
     import socket
     import tempfile
 
@@ -203,22 +209,28 @@ def _start_sentinel(mpi, jobdir: str) -> str:
 
     local = mpi.comm.Split_type(MPI.COMM_TYPE_SHARED)
     ranks = local.allgather(mpi.rank)
-    path = Path(tempfile.gettempdir()) / f"{Path(jobdir).name}.{socket.gethostname()}.sock"
+    key = hashlib.sha256(f"{Path(jobdir).name}.{socket.gethostname()}".encode()).hexdigest()[:16]
+    path = Path(tempfile.gettempdir()) / f"parc-{key}.sock"  # short: a socket's path has 107 bytes at most
     if local.Get_rank() == 0:
-        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        listener.bind(str(path))
-        listener.listen(len(ranks) + 8)
-        subprocess.Popen([sys.executable, "-m", "parc.exec.sentinel", str(listener.fileno()), jobdir,
-                          ",".join(map(str, ranks)), str(mpi.size)],
-                         pass_fds=(listener.fileno(),), start_new_session=True,  # hydra's cleanup passes it by
-                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
-        listener.close()
-    local.Barrier()
+        try:
+            listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                listener.bind(str(path))
+                listener.listen(len(ranks) + 8)
+                subprocess.Popen([sys.executable, "-m", "parc.exec.sentinel", str(listener.fileno()), jobdir,
+                                  ",".join(map(str, ranks)), str(mpi.size)],
+                                 pass_fds=(listener.fileno(),), start_new_session=True,  # hydra's cleanup passes it by
+                                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+            finally:
+                listener.close()
+        except OSError:  # no sentinel: the ranks run on, only without it
+            path.unlink(missing_ok=True)
+    local.Barrier()  # every rank of the host reaches it, sentinel or not
     local.Free()
     return str(path)
 
 
-def _explain_when_stopped(jobdir: str, rank: int, ranks: int) -> None:
+def _explain_when_stopped(jobdir: str, rank: int, ranks: int, state) -> None:
     """Under the user's launcher, which stops the other ranks with SIGTERM when one fails
     (Slurm's srun, Open MPI's mpirun; MPICH's hydra uses SIGKILL, which nothing can catch): the
     rank says it was stopped, and because of which rank, from the state files it can see."""
@@ -227,6 +239,7 @@ def _explain_when_stopped(jobdir: str, rank: int, ranks: int) -> None:
     from parc.exec.watch import stopped_text
 
     def stopped(signum, _frame) -> None:
+        state.stopped()  # the others' handlers do not count this rank among those that ended first
         sys.stderr.write(f"parc: rank {rank}: stopped by the launcher ({signal.Signals(signum).name})"
                          f"{stopped_text(jobdir, rank, ranks)}\n")
         sys.stderr.flush()
@@ -258,6 +271,9 @@ def train(plan_dir: Path, *, steps: int, seed: int, engine: str, data: str | Non
         cupy.cuda.Device(local % cupy.cuda.runtime.getDeviceCount()).use()
         comm = NcclComm(comm, timeout=timeout)
     current = -1  # the step being run (the fault switch reads it)
+    import secrets
+
+    run_id = mpi.comm.bcast(secrets.token_hex(4) if rank == 0 else None, root=0)  # names this run's checkpoints
     from parc.exec import comm as comm_module
     from parc.exec.watch import RankState
 
@@ -266,10 +282,17 @@ def train(plan_dir: Path, *, steps: int, seed: int, engine: str, data: str | Non
     jobdir = os.environ.get(PIDS) or _shared_state_dir(mpi)
     user_launcher = not os.environ.get(PIDS) and rank_from_env() is not None
     keep = bool(os.environ.get(PIDS)) or user_launcher  # after a failure: the launcher's, or for a look afterwards
-    state = RankState(jobdir, rank, link=_start_sentinel(mpi, jobdir) if user_launcher else None)
+    link = _start_sentinel(mpi, jobdir) if user_launcher else None
+    try:
+        state = RankState(jobdir, rank, link=link)
+    except OSError:  # a state directory this rank cannot write: one of its own (the others cannot see it)
+        import tempfile
+
+        jobdir = tempfile.mkdtemp(prefix="parc-run-")
+        state = RankState(jobdir, rank, link=link)
     comm_module.heartbeat = state.beat
     if user_launcher:
-        _explain_when_stopped(jobdir, rank, mpi.size)
+        _explain_when_stopped(jobdir, rank, mpi.size, state)
     try:
         runner = Rank(plan_dir, rank, comm, engine, init=init, seed=seed)
         runner.on_task = state.set
@@ -327,12 +350,12 @@ def train(plan_dir: Path, *, steps: int, seed: int, engine: str, data: str | Non
             if checkpoint and checkpoint_every and (step + 1) % checkpoint_every == 0:
                 from parc.exec.checkpoint import save_checkpoint
 
-                save_checkpoint(checkpoint, runner, step + 1)
+                save_checkpoint(checkpoint, runner, step + 1, run_id)
                 saved = step + 1
         if checkpoint and saved != max(steps, start):
             from parc.exec.checkpoint import save_checkpoint
 
-            save_checkpoint(checkpoint, runner, max(steps, start))
+            save_checkpoint(checkpoint, runner, max(steps, start), run_id)
         first = rank == (runner.program.stage_ranks or (0,))[0]
         if dump is not None and (rank == 0 or (first and dumped and dumped[0])):
             name = "outputs.npz" if rank == 0 else f"outputs.{rank}.npz"  # one per pipeline stage
@@ -362,7 +385,8 @@ def train(plan_dir: Path, *, steps: int, seed: int, engine: str, data: str | Non
         if type(e).__name__ == "OutOfMemoryError":  # CuPy's: the device is full
             from parc.exec.watch import where
 
-            line = (f"parc: rank {rank}: out of GPU memory {where({'step': current, 'task': state.task})} "
+            line = (f"parc: rank {rank}: out of GPU memory "
+                    f"{where({'step': current if current >= 0 else None, 'task': state.task})} "
                     f"({first}); the plan needs a device with more memory, more devices or a smaller batch")
         try:
             _report(state, line, jobdir, keep)

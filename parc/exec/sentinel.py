@@ -41,6 +41,8 @@ def _watch(watch: FirstExit, jobdir: str, ranks: list[int], size: int) -> int:
     start = time.monotonic()
     while watch.first is None:
         time.sleep(0.02)
+        if not watch.alive() and watch.first is None:
+            return 0  # the watcher failed: nothing to say, and hydra must not wait on this process
         if watch.clean >= set(ranks):
             return 0  # every rank of this host ended cleanly
         if watch.linked_ever and not watch.open_links and watch.first is None:
@@ -49,12 +51,12 @@ def _watch(watch: FirstExit, jobdir: str, ranks: list[int], size: int) -> int:
                 return 0
         if not watch.linked_ever and time.monotonic() - start > START_S:
             return 0
-    watch.stop()
+    watch.stop()  # joins the watcher: the first rank's wait status is read
     rank, pid, status = watch.first
     state = read_state(jobdir, rank)
     if state and state.get("error_at") and state["error_at"] <= watch.when:
         return 0  # it said what went wrong itself
-    others = [read_state(jobdir, r) for r in ranks if r != rank]
+    others = [read_state(jobdir, r) for r in range(size) if r != rank]  # other hosts' too, when shared
     if any(s and s.get("error_at") and s["error_at"] <= watch.when for s in others):
         return 0  # another rank of this host reported an error first: its line explains the end
     host = f" on {state['host']}" if state and state.get("host") else ""

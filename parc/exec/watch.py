@@ -71,6 +71,11 @@ class RankState:
         self._error_at = b',"error_at":%.6f' % time.time()
         self._write(time.time())
 
+    def stopped(self) -> None:
+        """Record that the launcher stopped this rank (SIGTERM): it did not end first."""
+        self._error_at += b',"stopped_at":%.6f' % time.time()
+        self._write(time.time())
+
     def beat(self) -> None:
         """Show that this rank is alive (it waits on its peers): called while it waits."""
         self._write(time.time())
@@ -240,6 +245,7 @@ def stopped_text(directory: str | Path, me: int, ranks: int) -> str:
     said = sorted((s["error_at"], r) for r, s in states.items() if "error_at" in s)
     if said:
         return f"; because rank {said[0][1]} failed first ({where(states[said[0][1]])}; see its line)"
+    states = {r: s for r, s in states.items() if "stopped_at" not in s}  # stopped by the launcher too
     gone = [f"rank {r} (pid {s.get('pid')} on {s.get('host')}) had ended, {where(s)}"
             for r, s in states.items() if s.get("host") == host and s.get("pid") and not _alive(int(s["pid"]))]
     if gone:
@@ -307,6 +313,10 @@ class FirstExit:
         self._thread.join(timeout=1)
         self._listener.close()
 
+    def alive(self) -> bool:
+        """Whether the watcher is still watching (it ends when it finds the first, or fails)."""
+        return self._thread.is_alive()
+
     def _run(self) -> None:
         epoll = select.epoll() if hasattr(select, "epoll") else None
         pidfds = hasattr(os, "pidfd_open") and epoll is not None
@@ -351,11 +361,11 @@ class FirstExit:
                                 del fds[pfd]
                         if ended:
                             epoll.unregister(fd)
-                            self.open_links -= 1
+                            if seen[0] is not None and not seen[3]:  # `first` is set before the count drops
+                                return self._found(seen[0], seen[2])
                             if seen[3]:  # a clean end
                                 self.clean.add(seen[0])
-                            elif seen[0] is not None:
-                                return self._found(seen[0], seen[2])
+                            self.open_links -= 1
                     elif fd in fds:
                         epoll.unregister(fd)
                         if fds[fd] not in self.clean:
@@ -396,11 +406,15 @@ class FirstExit:
             seen[1] += data
             lines = seen[1].split(b"\n")
             if seen[0] is None and len(lines) > 1:
-                seen[0], seen[2] = map(int, lines[0].split())
+                try:
+                    seen[0], seen[2] = map(int, lines[0].split())
+                except ValueError:  # not a rank's greeting: ignore the connection
+                    return True
             seen[3] = b"end" in lines[1:]
 
     def _found(self, rank: int, pid: int) -> None:
         self.when = time.time()
+        self.first = (rank, pid, None)  # its wait status follows, once it is a zombie
         status = None
         if hasattr(os, "pidfd_open") and pid > 0:  # its files are closed; wait for it to be a zombie
             try:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -207,11 +208,13 @@ def test_resume_continues_exactly_and_reshards(plan_dir, tmp_path):
     ck = tmp_path / "ck"
     first = parc("run", str(plan_dir), "--steps", "2", "--json", "--checkpoint", str(ck))
     assert first.returncode == 0, first.stderr
-    assert sorted(p.name for p in ck.iterdir()) == ["checkpoint.json", "step_00000002"]
-    assert sorted(p.name for p in (ck / "step_00000002").iterdir()) == ["rank_0.npz", "rank_1.npz"]
+    names = sorted(p.name for p in ck.iterdir())  # step_<N>.<run>: a folder no earlier run's checkpoint uses
+    assert names[0] == "checkpoint.json" and re.fullmatch(r"step_00000002\.[0-9a-f]{8}", names[1]) and len(names) == 2
+    assert sorted(p.name for p in (ck / names[1]).iterdir()) == ["rank_0.npz", "rank_1.npz"]
     rest = parc("run", str(plan_dir), "--steps", "4", "--json", "--checkpoint", str(ck), "--resume")
     assert rest.returncode == 0, rest.stderr
-    assert sorted(p.name for p in ck.iterdir()) == ["checkpoint.json", "step_00000004"]  # the old folder removed
+    names = sorted(p.name for p in ck.iterdir())  # the old folder removed
+    assert names[0] == "checkpoint.json" and re.fullmatch(r"step_00000004\.[0-9a-f]{8}", names[1]) and len(names) == 2
     got = [json.loads(line)["loss"] for line in first.stdout.splitlines() + rest.stdout.splitlines()]
     assert got == want
     # the same checkpoint into a 1-rank plan of the same model: reshard on load, same losses

@@ -153,3 +153,22 @@ def test_a_pipeline_task_names_its_stage():
     task = {"kind": "send", "id": "r0.send.x.to2.mb1", "peer": 2, "tensor": "x", "micro_batch": 1, "stage": 0,
             "pass": "B"}
     assert describe_task(task) == "send of x to rank 2, microbatch 1, stage 0 (backward)"
+
+
+def test_ranks_the_launcher_stopped_are_not_blamed(tmp_path):
+    """srun sends SIGTERM to every rank at once: a rank whose handler runs late sees the others
+    gone, but they marked themselves stopped, so only the one that ended first is named."""
+    import socket
+
+    now = time.time()
+    gone = [subprocess.Popen([sys.executable, "-c", "pass"]) for _ in range(2)]
+    for p in gone:
+        p.wait()
+    for r, p in zip((1, 2), gone):
+        _write(tmp_path, r, ALLREDUCE, now - 5, now - 5, pid=p.pid)
+        record = json.loads((tmp_path / f"rank_{r}.state").read_text())
+        (tmp_path / f"rank_{r}.state").write_text(json.dumps({**record, "host": socket.gethostname()}))
+    record = json.loads((tmp_path / "rank_2.state").read_text())
+    (tmp_path / "rank_2.state").write_text(json.dumps({**record, "stopped_at": now}))  # stopped, not first
+    text = stopped_text(tmp_path, 0, 3)
+    assert text.startswith(f"; because rank 1 (pid {gone[0].pid} on ") and "rank 2" not in text, text
