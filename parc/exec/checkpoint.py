@@ -50,9 +50,10 @@ def _device_mesh(program: Program) -> tuple[int, ...]:
 def save_checkpoint(directory: str | Path, runner, step: int, run: str = "") -> None:
     """Every rank writes its shards into a new folder; rank 0 then commits the manifest
     (collective call). `run` names this run (every rank passes the same): the folder is never
-    one a checkpoint of an earlier run uses, whatever any rank reads of the directory. Each file operation is announced to `runner.on_task` as a task
-    (`checkpoint_write`, `checkpoint_rename`, `checkpoint_commit`), so a rank's state says it
-    was saving, and the fault-injection switch can strike there."""
+    one a checkpoint of an earlier run uses, whatever any rank reads of the directory. Each file
+    operation is announced to `runner.on_task` as a task (`checkpoint_write`,
+    `checkpoint_rename`, `checkpoint_commit`), so a rank's state says it was saving, and the
+    fault-injection switch can strike there."""
     from parc.exec.runner import to_host
 
     root = Path(directory)
@@ -61,15 +62,8 @@ def save_checkpoint(directory: str | Path, runner, step: int, run: str = "") -> 
     folder = f"step_{step:08d}" + (f".{run}" if run else "")  # `run`: the same on every rank, new each run
     (root / folder).mkdir(exist_ok=True)
     name = f"{folder}/rank_{r}.npz"
-    tmp = root / folder / f".rank_{r}.{os.getpid()}.npz"
-    _announce(runner, "checkpoint_write", name)
-    with open(tmp, "wb") as f:
-        np.savez(f, **{k: to_host(v) for k, v in runner.state.items()})
-        f.flush()
-        os.fsync(f.fileno())
-    _announce(runner, "checkpoint_rename", name)
-    os.replace(tmp, root / name)
-    _announce(runner, None)
+    _write_then_rename(runner, root / name, name, "checkpoint_rename",
+                       lambda f: np.savez(f, **{k: to_host(v) for k, v in runner.state.items()}))
     runner.comm.barrier()
     if r == 0:
         program = runner.program
@@ -89,18 +83,25 @@ def save_checkpoint(directory: str | Path, runner, step: int, run: str = "") -> 
                "model": plan.get("model"), "tensors": tensors,
                "files": {f"{folder}/rank_{q}.npz": sha256_file(root / folder / f"rank_{q}.npz")
                          for q in range(ranks)}}
-        tmp_doc = root / f".{MANIFEST}.{os.getpid()}"
-        _announce(runner, "checkpoint_write", MANIFEST)
-        with open(tmp_doc, "w") as f:
-            f.write(json.dumps(doc, indent=1, sort_keys=True) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-        _announce(runner, "checkpoint_commit", MANIFEST)
-        os.replace(tmp_doc, root / MANIFEST)
+        _write_then_rename(runner, root / MANIFEST, MANIFEST, "checkpoint_commit",
+                           lambda f: f.write((json.dumps(doc, indent=1, sort_keys=True) + "\n").encode()))
         _fsync_dir(root)
-        _announce(runner, None)
         _remove_leftovers(root, keep=folder)
     runner.comm.barrier()
+
+
+def _write_then_rename(runner, target: Path, label: str, rename_kind: str, write) -> None:
+    """`write(file)` into a temporary file beside `target`, flushed to disk, then renamed over
+    it; each step announced as a task (`checkpoint_write`, then `rename_kind`)."""
+    tmp = target.parent / f".{target.name}.{os.getpid()}"
+    _announce(runner, "checkpoint_write", label)
+    with open(tmp, "wb") as f:
+        write(f)
+        f.flush()
+        os.fsync(f.fileno())
+    _announce(runner, rename_kind, label)
+    os.replace(tmp, target)
+    _announce(runner, None)
 
 
 def _announce(runner, kind: str | None, file: str = "") -> None:
@@ -116,7 +117,9 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-_LEFTOVER = re.compile(r"step_\d{8}(\.[0-9a-f]+)?|rank_\d+\.npz|\.rank_\d+\.\d+\.npz|\." + re.escape(MANIFEST) + r"\.\d+")
+# what a save leaves besides the committed folder: other folders, /1 shards, temporary files
+_LEFTOVER = re.compile(r"step_\d{8}(\.[0-9a-f]+)?|rank_\d+\.npz|\.rank_\d+\.(npz\.)?\d+(\.npz)?|\."
+                       + re.escape(MANIFEST) + r"\.\d+")
 
 
 def _remove_leftovers(root: Path, keep: str) -> None:
@@ -183,15 +186,22 @@ def check_checkpoint(directory: str | Path, hashes: bool = True) -> dict:
     if not isinstance(doc, dict) or doc.get("format") not in FORMATS:
         raise UsageError(f"--checkpoint {root}: unknown format {doc.get('format') if isinstance(doc, dict) else doc!r} "
                          f"(this parc reads {' and '.join(map(repr, FORMATS))})")
-    for name, digest in doc["files"].items():
+    for name in doc["files"]:
         if Path(name).is_absolute() or ".." in Path(name).parts:
             raise UsageError(f"--checkpoint {root}: {MANIFEST} names a file outside the directory ({name})")
-        f = root / name
-        if not f.is_file():
+        if not (root / name).is_file():
             raise UsageError(f"--checkpoint {root}: {name} is missing")
-        if hashes and sha256_file(f) != digest:
-            raise UsageError(f"--checkpoint {root}: {name} does not match its sha256 in {MANIFEST}")
+    if hashes:
+        _check_hashes(root, doc, range(doc["ranks"]))
     return doc
+
+
+def _check_hashes(root: Path, doc: dict, ranks) -> None:
+    """The shard files of `ranks` against their sha256 in the manifest."""
+    for q in ranks:
+        f = _shard_file(root, doc, q)
+        if sha256_file(f) != doc["files"][str(f.relative_to(root))]:
+            raise UsageError(f"--checkpoint {root}: {f.relative_to(root)} does not match its sha256 in {MANIFEST}")
 
 
 def check_resumable(directory: str | Path, plan_dir: str | Path, hashes: bool = True) -> dict:
@@ -247,7 +257,7 @@ def full_tensors(directory: str | Path, doc: dict, names=None, strict: bool = Tr
 def load_checkpoint(directory: str | Path, runner) -> int:
     """Replace the runner's state by the checkpoint's; the step to continue from."""
     root = Path(directory)
-    doc = check_checkpoint(root)
+    doc = check_checkpoint(root, hashes=False)  # each rank hashes only the shards it reads, below
     program = runner.program
     mine = {x["name"]: x for x in program.residents if x["kind"] == "state"}
     missing = sorted(set(mine) - set(doc["tensors"]))
@@ -258,6 +268,7 @@ def load_checkpoint(directory: str | Path, runner) -> int:
     same = (doc["ranks"] == runner.graph.ranks and
             all(doc["tensors"][n]["spec"] == str(_device_spec(program, x["spec"])) and
                 _holders(doc, doc["tensors"][n]) == holders for n, x in mine.items()))
+    _check_hashes(root, doc, [runner.rank] if same else range(doc["ranks"]))
     if same:
         with np.load(_shard_file(root, doc, runner.rank)) as f:
             state = {n: f[n] for n in mine}

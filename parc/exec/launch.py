@@ -69,7 +69,7 @@ def launch(ranks: int, argv: list[str], timeout: float | None = None) -> int:
     import tempfile
     import threading
 
-    from parc.exec.watch import FirstExit, how, read_error, read_state, where
+    from parc.exec.watch import FirstExit
 
     with tempfile.TemporaryDirectory(prefix="parc-run-") as job:
         env = dict(os.environ, **{CHILD: "1", PIDS: job})
@@ -108,28 +108,33 @@ def launch(ranks: int, argv: list[str], timeout: float | None = None) -> int:
         watch.stop()
         if bar is not None:
             bar.close()
-        if rc and watch.first is not None:
-            rank, pid, status = watch.first
-            if status is None:  # reaped before the watcher read it: hydra's banner, when it names this pid
-                code = next((c for p, c in banner if p == pid and c is not None), None)
-                status = None if code is None else code if code in (6, 9, 11, 15) else code << 8
-            state = read_state(job, rank)
-            host = f" on {state['host']}" if state and state.get("host") else ""
-            # a rank that said what went wrong (its state's error_at) before any rank ended has
-            # explained the job's end: the others were stopped for it. A killed rank says nothing.
-            errors_at = [s["error_at"] for r in range(ranks) if (s := read_state(job, r)) and "error_at" in s]
-            if not any(t <= watch.when for t in errors_at):
-                print(f"parc: error: rank {rank} (pid {pid}{host}) {how(status)} {where(state)}; the other "
-                      "ranks were stopped because of it", file=sys.stderr)
-        if rc and not said:  # the process manager ended the job before it passed the ranks' lines on
-            lost = sorted((s["error_at"], r) for r in range(ranks) if (s := read_state(job, r)) and "error_at" in s)
-            if lost and (line := read_error(job, lost[0][1])):
-                print(line, file=sys.stderr)
-        if rc and watch.first is None and banner:  # the watcher saw no pid (a rank that died before recording it)
-            pid, code = banner[0]
-            print(f"parc: error: a rank (pid {pid}) died (exit code {code}); the other ranks were stopped",
-                  file=sys.stderr)
+        if rc:
+            _explain_end(job, ranks, watch, banner, said)
         return rc
+
+
+def _explain_end(job: str, ranks: int, watch, banner: list[tuple[int, int | None]], said: list[str]) -> None:
+    """After a failed job: the line naming the rank that ended first (unless a rank's own error
+    line explains the end), the earliest rank's error line if the process manager did not pass
+    it on, or hydra's banner when no rank was seen to end."""
+    from parc.exec.watch import blame, read_error, read_state
+
+    states = {r: read_state(job, r) for r in range(ranks)}
+    if watch.first is not None:
+        rank, pid, status = watch.first
+        if status is None:  # reaped before the watcher read it: hydra's banner, when it names this pid
+            code = next((c for p, c in banner if p == pid and c is not None), None)
+            status = None if code is None else code if code in (6, 9, 11, 15) else code << 8
+        line = blame(states, (rank, pid, status), watch.when, "the other ranks were stopped because of it")
+        if line:
+            print(line, file=sys.stderr)
+    elif banner:  # no rank was seen to end (one that died before it connected)
+        pid, code = banner[0]
+        print(f"parc: error: a rank (pid {pid}) died (exit code {code}); the other ranks were stopped", file=sys.stderr)
+    if not said:  # the process manager ended the job before it passed the ranks' lines on
+        reported = sorted((s["error_at"], r) for r, s in states.items() if s and "error_at" in s)
+        if reported and (line := read_error(job, reported[0][1])):
+            print(line, file=sys.stderr)
 
 
 def _forward_errors(stream, said: list[str]) -> None:
@@ -275,14 +280,14 @@ def train(plan_dir: Path, *, steps: int, seed: int, engine: str, data: str | Non
 
     run_id = mpi.comm.bcast(secrets.token_hex(4) if rank == 0 else None, root=0)  # names this run's checkpoints
     from parc.exec import comm as comm_module
-    from parc.exec.watch import RankState
+    from parc.exec.watch import EXITS, RankState
 
     # a state file the other ranks (and parc's own launcher) read: in the launcher's job directory,
     # else (the user's mpiexec or srun) in one the ranks agree on
     jobdir = os.environ.get(PIDS) or _shared_state_dir(mpi)
     user_launcher = not os.environ.get(PIDS) and rank_from_env() is not None
     keep = bool(os.environ.get(PIDS)) or user_launcher  # after a failure: the launcher's, or for a look afterwards
-    link = _start_sentinel(mpi, jobdir) if user_launcher else None
+    link = _start_sentinel(mpi, jobdir) if user_launcher else Path(jobdir) / EXITS if os.environ.get(PIDS) else None
     try:
         state = RankState(jobdir, rank, link=link)
     except OSError:  # a state directory this rank cannot write: one of its own (the others cannot see it)

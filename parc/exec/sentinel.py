@@ -22,9 +22,9 @@ import sys
 import time
 from pathlib import Path
 
-from parc.exec.watch import FirstExit, how, read_state, where
+from parc.exec.watch import FirstExit, blame, read_state
 
-START_S = 120.0  # a sentinel whose ranks never all connect gives up after this long without any
+START_S = 120.0  # a sentinel none of whose ranks connects gives up after this long
 
 
 def main(argv: list[str]) -> int:
@@ -32,40 +32,23 @@ def main(argv: list[str]) -> int:
     listener = socket.socket(fileno=fd)
     path = Path(listener.getsockname())
     try:
-        return _watch(FirstExit(jobdir, ranks, listener=listener), jobdir, ranks, size)
+        watch = FirstExit(jobdir, ranks, listener=listener, give_up_s=START_S)
+        while not watch.done():
+            time.sleep(0.02)
+        watch.stop()
+        if watch.first is None:
+            return 0  # every rank of this host ended cleanly (or none came)
+        states = {r: read_state(jobdir, r) for r in range(size)}  # other hosts' too, when the directory is shared
+        tail = ("the other ranks were stopped because of it" if len(ranks) == size else
+                f"it was the first of this host's ranks ({', '.join(map(str, ranks))}) to end; a rank on another "
+                "host may have ended before it")
+        line = blame(states, watch.first, watch.when, tail)
+        if line:
+            sys.stderr.write(line + "\n")
+            sys.stderr.flush()
+        return 0
     finally:
         path.unlink(missing_ok=True)
-
-
-def _watch(watch: FirstExit, jobdir: str, ranks: list[int], size: int) -> int:
-    start = time.monotonic()
-    while watch.first is None:
-        time.sleep(0.02)
-        if not watch.alive() and watch.first is None:
-            return 0  # the watcher failed: nothing to say, and hydra must not wait on this process
-        if watch.clean >= set(ranks):
-            return 0  # every rank of this host ended cleanly
-        if watch.linked_ever and not watch.open_links and watch.first is None:
-            time.sleep(0.5)  # the watcher may still be reading the last close
-            if watch.first is None and not watch.open_links:
-                return 0
-        if not watch.linked_ever and time.monotonic() - start > START_S:
-            return 0
-    watch.stop()  # joins the watcher: the first rank's wait status is read
-    rank, pid, status = watch.first
-    state = read_state(jobdir, rank)
-    if state and state.get("error_at") and state["error_at"] <= watch.when:
-        return 0  # it said what went wrong itself
-    others = [read_state(jobdir, r) for r in range(size) if r != rank]  # other hosts' too, when shared
-    if any(s and s.get("error_at") and s["error_at"] <= watch.when for s in others):
-        return 0  # another rank of this host reported an error first: its line explains the end
-    host = f" on {state['host']}" if state and state.get("host") else ""
-    tail = ("the other ranks were stopped because of it" if len(ranks) == size else
-            f"it was the first of this host's ranks ({', '.join(map(str, ranks))}) to end; a rank on another "
-            "host may have ended before it")
-    sys.stderr.write(f"parc: error: rank {rank} (pid {pid}{host}) {how(status)} {where(state)}; {tail}\n")
-    sys.stderr.flush()
-    return 0
 
 
 if __name__ == "__main__":

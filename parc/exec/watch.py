@@ -1,15 +1,16 @@
 """What each rank is doing, and which rank failed first: failure attribution for `parc run`.
 
-Each rank started by `parc run` keeps a small state file in the launcher's job directory
-(`PARC_RANK_PIDS`): its pid, host, step and the task it is in (kind, id, microbatch, peers),
-rewritten in place (a memory-mapped page) when a task starts and, while the rank waits on its
-peers, about every `comm.HEARTBEAT_S`, so a rank that is killed leaves behind what it was doing
-and one that stops shows no more life.
+Each rank keeps a small state file in its job's directory (`parc run`'s temporary one,
+`PARC_RANK_PIDS`, or one the ranks agree on under the user's own launcher): its pid, host, step
+and the task it is in (kind, id, microbatch, stage, peers), rewritten in place (a memory-mapped
+page) when a task starts and, while the rank waits on its peers, about every `comm.HEARTBEAT_S`,
+so a rank that is killed leaves behind what it was doing and one that stops shows no more life.
 
-The launcher watches the ranks' processes (`FirstExit`: their pidfds in one epoll on Linux, else
-polling) and so knows which one ended first, even when the process manager then kills the others
-with the same signal (MPICH's hydra reports whichever pid it reaps first). A rank whose
-collective or transfer times out reads the others' state files to name those that show no life.
+Each rank also holds a connection to a `FirstExit` (the launcher's, or a per-host sentinel's),
+which the kernel closes the moment the rank's process ends: the watcher knows which rank ended
+first even when the process manager then kills the others. A rank whose collective or transfer
+times out, or that its launcher stops with SIGTERM, reads the others' state files to name those
+that show no life.
 """
 
 from __future__ import annotations
@@ -32,8 +33,9 @@ def state_path(directory: str | Path, rank: int) -> Path:
 
 
 class RankState:
-    """This rank's state file, rewritten in place (one mmap'd page). The runner calls `set` for
-    every task, so each task's JSON is made once and kept (tasks are the runner's own dicts)."""
+    """This rank's state file, rewritten in place (one mmap'd page), and its connection to the
+    watcher's socket at `link`, if any. The runner calls `set` for every task, so each task's
+    JSON is made once and kept (tasks are the runner's own dicts)."""
 
     def __init__(self, directory: str | Path, rank: int, link: str | Path | None = None) -> None:
         self.path = state_path(directory, rank)
@@ -43,7 +45,7 @@ class RankState:
         self._map = mmap.mmap(self._fd, PAGE)
         self._head = json.dumps({"rank": rank, "pid": os.getpid(), "host": socket.gethostname()},
                                 separators=(",", ":")).encode()[:-1]
-        self._link = _connect(link or Path(directory) / EXITS, rank)  # closed by the kernel when this process ends
+        self._link = _connect(link, rank) if link else None  # closed by the kernel when this process ends
         self._encoded: dict[int, tuple[dict, bytes]] = {}  # id(task) -> (task, its JSON)
         self.step: int | None = None
         self.task: dict | None = None
@@ -208,18 +210,33 @@ def where(state: dict | None) -> str:
 STALE_S = 1.0  # a rank whose state has not moved for this long while others wait is not responding
 
 
+def _quiet_for(now: float, s: dict) -> float:
+    """Seconds since a rank's state last moved."""
+    return now - max(s.get("beat") or 0, s.get("since") or 0)
+
+
+def _unresponsive(states: dict[int, dict], now: float) -> list[str]:
+    """The ranks among `states` that are gone (their process, when on this host) or show no life
+    for STALE_S: 'rank 1 (pid 4711 on node3, gone; at step 3, in ..., no sign of life for 2.0 s)'."""
+    host, out = socket.gethostname(), []
+    for r, s in sorted(states.items()):
+        gone = s.get("host") == host and s.get("pid") is not None and not _alive(int(s["pid"]))
+        if gone or _quiet_for(now, s) > STALE_S:
+            out.append(f"rank {r} (pid {s.get('pid')} on {s.get('host')}{', gone' if gone else ''}; {where(s)}, "
+                       f"no sign of life for {_quiet_for(now, s):.1f} s)")
+    return out
+
+
+def _states(directory: str | Path, ranks: int, me: int) -> dict[int, dict]:
+    return {r: s for r in range(ranks) if r != me and (s := read_state(directory, r))}
+
+
 def absent_text(directory: str | Path, me: int, task: dict | None, ranks: int) -> str:
     """For a collective or transfer of `task` that timed out on rank `me`: which ranks are not
-    responding (their state has not moved: stopped, hung or dead), else where the members that
-    are not in the task are, from the ranks' state files ('' when nothing can be said)."""
+    responding (gone, stopped or hung), else where the members that are not in the task are,
+    from the ranks' state files ('' when nothing can be said)."""
     now = time.time()
-    silent = []
-    for r in range(ranks):
-        s = read_state(directory, r)
-        if r != me and s and now - max(s.get("beat") or 0, s.get("since") or 0) > STALE_S:
-            alive = _alive(int(s["pid"])) if s.get("pid") else True
-            silent.append(f"rank {r} (pid {s.get('pid')}{', dead' if not alive else ''}; {where(s)}, "
-                          f"no sign of life for {now - max(s.get('beat') or 0, s.get('since') or 0):.1f} s)")
+    silent = _unresponsive(_states(directory, ranks, me), now)
     if silent:
         return "; not responding: " + "; ".join(silent)
     if not task or task.get("kind") not in ("collective", "send", "recv"):
@@ -228,31 +245,22 @@ def absent_text(directory: str | Path, me: int, task: dict | None, ranks: int) -
         missing = absent_members(directory, list(task.get("group", [])), task["id"], me)
         if not missing:
             return ""
-        now = time.time()
         return "; never reached it: " + "; ".join(
             f"rank {r} ({where(s)}{_for(now, s)})" for r, s in missing)
     peer = task.get("peer")
     s = read_state(directory, peer)
-    return f"; rank {peer} is {where(s)}{_for(time.time(), s)}"
+    return f"; rank {peer} is {where(s)}{_for(now, s)}"
 
 
 def stopped_text(directory: str | Path, me: int, ranks: int) -> str:
-    """For a rank the launcher stops because another failed: '; because rank 2 (pid ...) had
-    ended, at step 5, in ...', from the state files this rank can see (a rank that reported an
-    error first; ranks of this host whose process is gone; ranks that show no life)."""
-    now, host = time.time(), socket.gethostname()
-    states = {r: s for r in range(ranks) if r != me and (s := read_state(directory, r))}
+    """For a rank the launcher stops (SIGTERM) because another failed: the rank that reported an
+    error first, else the ranks gone or not responding, from the state files this rank can see.
+    Ranks the launcher stopped too (`stopped_at`) are not counted."""
+    states = _states(directory, ranks, me)
     said = sorted((s["error_at"], r) for r, s in states.items() if "error_at" in s)
     if said:
         return f"; because rank {said[0][1]} failed first ({where(states[said[0][1]])}; see its line)"
-    states = {r: s for r, s in states.items() if "stopped_at" not in s}  # stopped by the launcher too
-    gone = [f"rank {r} (pid {s.get('pid')} on {s.get('host')}) had ended, {where(s)}"
-            for r, s in states.items() if s.get("host") == host and s.get("pid") and not _alive(int(s["pid"]))]
-    if gone:
-        return "; because " + "; ".join(gone)
-    silent = [f"rank {r} (pid {s.get('pid')} on {s.get('host')}) showed no life for "
-              f"{now - max(s.get('beat') or 0, s.get('since') or 0):.1f} s, {where(s)}"
-              for r, s in states.items() if now - max(s.get("beat") or 0, s.get("since") or 0) > STALE_S]
+    silent = _unresponsive({r: s for r, s in states.items() if "stopped_at" not in s}, time.time())
     if silent:
         return "; not responding: " + "; ".join(silent)
     return (f"; no rank's state seen from here shows why (on {len(states) + 1} of {ranks} ranks; "
@@ -277,30 +285,31 @@ def absent_members(directory: str | Path, group: list[int], task_id: str, me: in
 
 
 class FirstExit:
-    """Watches the ranks from the launcher and keeps the first to end: (rank, pid, wait status or
-    None) in `first`, `when` it was seen.
+    """Watches the ranks' connections to the socket `listener` (by default bound at
+    DIRECTORY/EXITS) and keeps the first rank to end without saying it ended cleanly: (rank, pid,
+    wait status or None) in `first`, `when` it was seen.
 
     The process manager kills the other ranks within milliseconds of the first death, so the
     order cannot come from when this process gets to look, nor from when each process ends:
     MPICH's hydra sees the first rank's pipes close and kills the others while that rank is still
-    being torn down, and a smaller process may finish dying first. So each rank holds a
-    connection to a socket of this watcher (`EXITS`), closed by the kernel at the same point as
-    its pipes, and the connections sit in one epoll, whose ready list keeps events in the order
-    they fired. Ranks without a connection are watched by their pidfds in the same epoll, and
-    without pidfds (not Linux) polled every 20 ms."""
+    being torn down, and a smaller process may finish dying first. A rank's connection closes at
+    the same point as its pipes, and the connections sit in one selector (epoll on Linux), whose
+    ready list keeps events in the order they fired. A rank that ends before it connects is not
+    seen (the launcher then reads the process manager's banner). Watching ends when the first is
+    found, when every rank has ended cleanly, or as `give_up_s` says."""
 
-    def __init__(self, directory: str | Path, ranks: int | list[int], listener: socket.socket | None = None) -> None:
-        self.directory = Path(directory)
-        self.watched = list(range(ranks)) if isinstance(ranks, int) else list(ranks)
+    def __init__(self, directory: str | Path, ranks: int | list[int], listener: socket.socket | None = None,
+                 give_up_s: float | None = None) -> None:
+        self.watched = set(range(ranks) if isinstance(ranks, int) else ranks)
+        # with give_up_s: stop watching when no rank connects in that time, or when every
+        # connection has closed cleanly (the ranks that never connected are not waited for)
+        self.give_up_s = give_up_s
         self.first: tuple[int, int, int | None] | None = None
         self.when = float("inf")  # time.time() when the first rank's end was seen (the ranks' clock)
-        self.pids: dict[int, int] = {}
         self.clean: set[int] = set()  # ranks that said they ended cleanly (`RankState.ended`)
-        self.linked_ever = 0  # connections accepted
-        self.open_links = 0  # connections not yet closed
         if listener is None:
             listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            listener.bind(str(self.directory / EXITS))
+            listener.bind(str(Path(directory) / EXITS))
             listener.listen(max(len(self.watched), 8))
         self._listener = listener
         self._listener.setblocking(False)
@@ -313,82 +322,59 @@ class FirstExit:
         self._thread.join(timeout=1)
         self._listener.close()
 
-    def alive(self) -> bool:
-        """Whether the watcher is still watching (it ends when it finds the first, or fails)."""
-        return self._thread.is_alive()
+    def done(self) -> bool:
+        """Whether the watching is over: the first found, every rank ended cleanly, or the
+        watcher failed."""
+        return not self._thread.is_alive()
 
     def _run(self) -> None:
-        epoll = select.epoll() if hasattr(select, "epoll") else None
-        pidfds = hasattr(os, "pidfd_open") and epoll is not None
-        links: dict[int, tuple[socket.socket, list]] = {}  # fd -> (connection, [rank or None, bytes, pid])
-        fds: dict[int, int] = {}  # pidfd -> rank
-        linked: set[int] = set()  # ranks watched by their connection
-        if epoll is not None:
-            epoll.register(self._listener.fileno(), select.EPOLLIN)
-        try:
-            while not self._stop.is_set():
-                for r in self.watched:
-                    if r in self.pids or r in self.clean:
-                        continue
-                    s = read_state(self.directory, r)
-                    if not (s and s.get("pid")):
-                        continue
-                    self.pids[r] = pid = int(s["pid"])
-                    if pidfds and r not in linked:
-                        try:
-                            fd = os.pidfd_open(pid)
-                        except ProcessLookupError:
-                            return self._found(r, pid)
-                        fds[fd] = r
-                        epoll.register(fd, select.EPOLLIN)  # type: ignore[union-attr]
-                if epoll is None:
-                    for r, pid in self.pids.items():
-                        if r not in self.clean and not _alive(pid):
-                            return self._found(r, pid)
-                    time.sleep(0.02)
-                    continue
-                for fd, _ in epoll.poll(0.05 if len(self.pids) < len(self.watched) else 0.5):  # in firing order
-                    if fd == self._listener.fileno():
-                        self._accept(epoll, links)
-                    elif fd in links:
-                        conn, seen = links[fd]
-                        ended = self._read(conn, seen)
-                        if seen[0] is not None and seen[0] not in linked:
-                            linked.add(seen[0])
-                            for pfd in [k for k, v in fds.items() if v == seen[0]]:  # its connection is enough
-                                epoll.unregister(pfd)
-                                os.close(pfd)
-                                del fds[pfd]
-                        if ended:
-                            epoll.unregister(fd)
-                            if seen[0] is not None and not seen[3]:  # `first` is set before the count drops
-                                return self._found(seen[0], seen[2])
-                            if seen[3]:  # a clean end
-                                self.clean.add(seen[0])
-                            self.open_links -= 1
-                    elif fd in fds:
-                        epoll.unregister(fd)
-                        if fds[fd] not in self.clean:
-                            return self._found(fds[fd], self.pids[fds[fd]])
-        finally:
-            for fd in fds:
-                os.close(fd)
-            for conn, _ in links.values():
-                conn.close()
-            if epoll is not None:
-                epoll.close()
+        import selectors
 
-    def _accept(self, epoll, links: dict) -> None:
+        sel = selectors.DefaultSelector()
+        sel.register(self._listener, selectors.EVENT_READ)
+        start, accepted, quiet_since = time.monotonic(), 0, None
+        try:
+            while not self._stop.is_set() and not self.watched <= self.clean:
+                for key, _ in sel.select(0.1 if self.give_up_s else 0.5):  # in firing order
+                    if key.fileobj is self._listener:
+                        accepted += self._accept(sel)
+                        continue
+                    conn, seen = key.fileobj, key.data  # seen: [rank or None, bytes, pid, clean]
+                    if not self._read(conn, seen):
+                        continue
+                    sel.unregister(conn)
+                    conn.close()
+                    if seen[3]:
+                        self.clean.add(seen[0])
+                    elif seen[0] is not None:
+                        return self._found(seen[0], seen[2])
+                if self.give_up_s:
+                    now = time.monotonic()
+                    if not accepted and now - start > self.give_up_s:
+                        return
+                    open_links = len(sel.get_map()) - 1
+                    quiet_since = None if open_links or not accepted else quiet_since or now
+                    if quiet_since is not None and now - quiet_since > 0.5:
+                        return
+        finally:
+            for key in list(sel.get_map().values()):
+                if key.fileobj is not self._listener:
+                    key.fileobj.close()
+            sel.close()
+
+    def _accept(self, sel) -> int:
+        """Accept the waiting connections; how many."""
+        import selectors
+
+        count = 0
         while True:
             try:
                 conn, _ = self._listener.accept()
             except BlockingIOError:
-                return
+                return count
             conn.setblocking(False)
-            links[conn.fileno()] = (conn, [None, b"", -1, False])
-            self.linked_ever += 1
-            self.open_links += 1
-            epoll.register(conn.fileno(), select.EPOLLIN | select.EPOLLRDHUP)
+            sel.register(conn, selectors.EVENT_READ, [None, b"", -1, False])
+            count += 1
 
     @staticmethod
     def _read(conn: socket.socket, seen: list) -> bool:
@@ -425,6 +411,18 @@ class FirstExit:
                 pass
             status = _zombie_status(pid)
         self.first = (rank, pid, status)
+
+
+def blame(states: dict[int, dict | None], first: tuple[int, int, int | None], when: float, tail: str) -> str | None:
+    """The line naming the rank that ended first (`FirstExit.first`), how and where, from the
+    ranks' `states`; None when a rank reported its error (`error_at`) before that end: its own
+    line explains the job's end (a killed rank says nothing)."""
+    if any(s and s.get("error_at", float("inf")) <= when for s in states.values()):
+        return None
+    rank, pid, status = first
+    state = states.get(rank)
+    host = f" on {state['host']}" if state and state.get("host") else ""
+    return f"parc: error: rank {rank} (pid {pid}{host}) {how(status)} {where(state)}; {tail}"
 
 
 def _alive(pid: int) -> bool:
@@ -465,7 +463,6 @@ def how(status: int | None) -> str:
             name = f"signal {sig}"
         return f"was killed by signal {sig} ({name})"
     return f"exited with code {status >> 8}"
-
 
 
 FAULT_ENV = "PARC_FAULT"

@@ -103,7 +103,7 @@ def test_a_hung_rank_is_named_by_the_timeout(plan_dir):
     assert proc.returncode == 1, err
     lines = [line for line in err.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("parc: rank 0: "), err
-    assert "did not complete within 3 s" in lines[0] and f"not responding: rank 1 (pid {pid}; at step " in lines[0], err
+    assert "did not complete within 3 s" in lines[0] and f"not responding: rank 1 (pid {pid} on " in lines[0], err
     assert "Abort(" not in err and "rank 0: rank 0" not in err
 
 

@@ -47,6 +47,7 @@ def _make_reduce(op: str, n: NodeInfo) -> Kernel:
     since, empty = _REDUCE[op]
     keepdims, noop = bool(n.attr("keepdims", 1)), n.attr("noop_with_empty_axes", 0)
     fn = _reducer(op, xp)
+    leading = op in ("ReduceSum", "ReduceMean") and xp is not np and gpu.kernels_enabled()  # the column-sum kernel
 
     def reduce(x, axes=None):
         given = n.attr("axes") if n.opset < since else (None if axes is None else n.ints(axes))
@@ -62,8 +63,7 @@ def _make_reduce(op: str, n: NodeInfo) -> Kernel:
                 info = np.iinfo(x.dtype)
                 return (xp.full(shape, info.min if empty < 0 else info.max, dtype=x.dtype),)
             return (xp.full(shape, empty, dtype=x.dtype),)
-        if op in ("ReduceSum", "ReduceMean") and xp is not np and tuple(sorted(ax)) == tuple(range(len(ax))) \
-                and gpu.kernels_enabled():
+        if leading and tuple(sorted(ax)) == tuple(range(len(ax))):
             y = gpu.sum_leading(xp, x, len(ax))
             if y is not None:
                 if op == "ReduceMean":
@@ -79,10 +79,6 @@ def log_softmax(xp, x, axis: int):
 
 
 def softmax(xp, x, axis: int):
-    if xp is not np and axis == x.ndim - 1 and gpu.kernels_enabled():
-        y = gpu.softmax_last(xp, x)
-        if y is not None:
-            return y
     e = xp.exp(x - xp.max(x, axis=axis, keepdims=True))
     return e / xp.sum(e, axis=axis, keepdims=True)
 
@@ -92,8 +88,16 @@ def hardmax(xp, x, axis: int):
     return (xp.expand_dims(xp.argmax(x, axis=axis), axis) == classes).astype(x.dtype)
 
 
+def _gpu_softmax(xp, x, axis: int):
+    """softmax, over the last axis by parc's own kernel (`gpu.softmax_last`) when it takes `x`."""
+    y = gpu.softmax_last(xp, x) if axis == x.ndim - 1 else None
+    return softmax(xp, x, axis) if y is None else y
+
+
 def _make_softmax(fn, n: NodeInfo) -> Kernel:
     xp = n.xp
+    if fn is softmax and xp is not np and gpu.kernels_enabled():  # decided once, not every call
+        fn = _gpu_softmax
     if n.opset >= 13:
         axis = n.attr("axis", -1)
         return lambda x: (fn(xp, x, norm_axis(axis, x.ndim)),)
