@@ -3,6 +3,15 @@
 from __future__ import annotations
 
 
+def first_line(e: BaseException, typed: bool = False) -> str:
+    """The first line of an exception's message for a one-line report (its type's name when the
+    message is empty); `typed`: 'TypeName: first line'."""
+    text = str(e).strip()
+    if not text:
+        return type(e).__name__
+    return f"{type(e).__name__}: {text.splitlines()[0]}" if typed else text.splitlines()[0]
+
+
 class ParcError(Exception):
     """Base of every error parc raises on bad input; its message is one line for a person."""
 

@@ -82,13 +82,15 @@ def legacy_gpt_block_model() -> onnx.ModelProto:
                       [inp("probs", None), inp("pos_sum", None)], inits, opset=17)
 
 
-def parc(*args: str, timeout: float = 600):
-    """Run the `parc` command in a fresh interpreter, capturing its output."""
+def parc(*args: str, timeout: float = 600, env: dict[str, str] | None = None):
+    """Run the `parc` command in a fresh interpreter, capturing its output; `env`: variables
+    set on top of this process's environment."""
+    import os
     import subprocess
     import sys
 
     return subprocess.run([sys.executable, "-m", "parc.cli.main", *args], capture_output=True,
-                          text=True, timeout=timeout)
+                          text=True, timeout=timeout, env={**os.environ, **env} if env else None)
 
 
 def assert_one_line_error(res, *needles: str) -> None:

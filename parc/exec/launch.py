@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from parc.errors import ParcError, UsageError
+from parc.errors import ParcError, UsageError, first_line
 from parc.exec.data import NpzData, step_inputs, synthetic
 
 CHILD = "PARC_RANK_CHILD"  # set by the launcher: this process is one rank
@@ -385,14 +385,13 @@ def train(plan_dir: Path, *, steps: int, seed: int, engine: str, data: str | Non
         finally:  # whatever happens while reporting, the job ends
             comm.abort(2 if isinstance(e, UsageError) else 1)
     except Exception as e:  # any other failure of one rank ends the job, naming the rank
-        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-        line = f"parc: rank {rank}: {type(e).__name__}: {first}"
+        line = f"parc: rank {rank}: {first_line(e, typed=True)}"
         if type(e).__name__ == "OutOfMemoryError":  # CuPy's: the device is full
             from parc.exec.watch import where
 
             line = (f"parc: rank {rank}: out of GPU memory "
                     f"{where({'step': current if current >= 0 else None, 'task': state.task})} "
-                    f"({first}); the plan needs a device with more memory, more devices or a smaller batch")
+                    f"({first_line(e)}); the plan needs a device with more memory, more devices or a smaller batch")
         try:
             _report(state, line, jobdir, keep)
         finally:

@@ -30,7 +30,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from parc.errors import ParcError, PlanFormatError, UsageError
+from parc.errors import ParcError, PlanFormatError, UsageError, first_line
 from parc.exec.taskgraph import MB_END, MB_FIRST, MB_START, WHOLE, last_uses, load_taskgraph
 from parc.plandir import TASKGRAPH_FILE, load_program, rank_dir
 from parc.sharding.layout import shard_index
@@ -112,7 +112,7 @@ def gpu_problem(cupy_module: Any = None) -> str | None:
         except ImportError:
             return "CuPy is not installed (pip install 'parc[cuda13]' or 'parc[cuda12]')"
         except Exception as e:  # a broken install: CUDA libraries missing
-            return f"CuPy does not load ({_first_line(e)})"
+            return f"CuPy does not load ({first_line(e, typed=True)})"
     try:
         major = int(str(cupy.__version__).split(".")[0])
     except ValueError:
@@ -123,7 +123,7 @@ def gpu_problem(cupy_module: Any = None) -> str | None:
         count = cupy.cuda.runtime.getDeviceCount()
         version = cupy.cuda.runtime.runtimeGetVersion()
     except Exception as e:  # no driver, or the driver is older than the runtime
-        return f"CUDA reports no usable GPU ({_first_line(e)})"
+        return f"CUDA reports no usable GPU ({first_line(e, typed=True)})"
     if count == 0:
         shown = os.environ.get("CUDA_VISIBLE_DEVICES")
         return "no GPU is visible" + (f" (CUDA_VISIBLE_DEVICES={shown!r})" if shown is not None else "")
@@ -131,11 +131,6 @@ def gpu_problem(cupy_module: Any = None) -> str | None:
         return (f"CUDA runtime {version // 1000}.{version % 1000 // 10} is older than parc supports "
                 f"(>= {MIN_CUDA // 1000}.{MIN_CUDA % 1000 // 10})")
     return None
-
-
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip()
-    return f"{type(e).__name__}: {text.splitlines()[0]}" if text else type(e).__name__
 
 
 def gpu_available() -> bool:
@@ -393,7 +388,7 @@ class Rank:
             except KeyError as e:
                 raise PlanFormatError(f"rank {self.rank}, task {t['id']}: value {e} is not available") from None
             except Exception as e:  # onnxruntime and MPI raise their own types
-                first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+                first = first_line(e)
                 raise RunError(f"rank {self.rank}, task {t['id']}: {first}") from None
         if pending:
             if self.on_task is not None:

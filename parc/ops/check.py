@@ -15,7 +15,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from parc.errors import ParcError
+from parc.errors import ParcError, first_line
 from parc.ir.graph import Node
 from parc.ops.base import ShardingRule, TensorDims, sharding_rule
 
@@ -273,7 +273,7 @@ def check_rule(node: Node, inputs: Sequence[np.ndarray | None], opset: dict[str,
         full = runner.run(arrays, const)
     except Exception as e:  # ORT raises its own exception types
         raise ReferenceRunError(f"node '{node.label}' ({node.op_type}) does not run in onnxruntime: "
-                                f"{_first_line(e)}") from None
+                                f"{first_line(e)}") from None
     ins = list(rule.inputs) + [None] * (len(node.inputs) - len(rule.inputs))
     outs = list(rule.outputs) + [None] * (len(node.outputs) - len(rule.outputs))
     shape_args = dict(rule.shape_args)
@@ -327,7 +327,7 @@ def _check_split(runner: _NodeRunner, rule: ShardingRule, label: str, n: int,
         try:
             shard_outputs.append(runner.run(local, fixed))
         except Exception as e:  # ORT raises its own exception types
-            return [f"shard {k} does not run in onnxruntime: {_first_line(e)}"]
+            return [f"shard {k} does not run in onnxruntime: {first_line(e)}"]
     failures = []
     for j, want in enumerate(full):
         if want is None:
@@ -358,7 +358,3 @@ def _check_split(runner: _NodeRunner, rule: ShardingRule, label: str, n: int,
             failures.append(f"output {j} {how}: {diff}")
     return failures
 
-
-def _first_line(e: Exception) -> str:
-    text = str(e).strip()
-    return text.splitlines()[0] if text else type(e).__name__

@@ -18,6 +18,7 @@ benchmarks/faults.py (the table in docs/benchmarks.md). Each trial:
 from __future__ import annotations
 
 import json
+import os
 import random
 import re
 import subprocess
@@ -29,6 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from parc.exec.watch import FAULT_KINDS
+from tests.helpers import parc
 
 STEPS = 5  # steps of every run; faults strike at steps 2..STEPS
 TIMEOUT = 5.0  # --timeout of the faulty runs (s)
@@ -89,22 +91,15 @@ class Outcome:
         return self.ended and self.named and not self.wrong_blame and self.checkpoint_ok and self.resumed_equal
 
 
-def _parc(*args: str, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
-    import os
-
-    return subprocess.run([sys.executable, "-m", "parc.cli.main", *args], capture_output=True, text=True,
-                          timeout=timeout, env={**os.environ, **(env or {})})
-
-
 def build_plans(directory: Path) -> dict[str, Path]:
     """gpt-tiny's AdamW step planned on 4 ranks: one SPMD mesh, and a 2-stage pipeline."""
     directory.mkdir(parents=True, exist_ok=True)
     model = directory / "gpt-tiny.train.onnx"
-    res = _parc("models", "build", "gpt-tiny", "--train", "adamw", "-o", str(model))
+    res = parc("models", "build", "gpt-tiny", "--train", "adamw", "-o", str(model))
     assert res.returncode == 0, res.stderr
     plans = {"spmd": directory / "spmd", "pipeline": directory / "pipeline"}
     for name, extra in (("spmd", ["--mesh-dims", "1"]), ("pipeline", ["--pipeline", "2"])):
-        res = _parc("plan", str(model), "--devices", "4xa100-80g", *extra, "--jobs", "1", "-o", str(plans[name]))
+        res = parc("plan", str(model), "--devices", "4xa100-80g", *extra, "--jobs", "1", "-o", str(plans[name]))
         assert res.returncode == 0, res.stderr
     return plans
 
@@ -115,7 +110,7 @@ def reference(plan: Path, work: Path) -> Reference:
 
     ck = work / f"reference-{plan.name}"
     t0 = time.monotonic()
-    res = _parc("run", str(plan), "--steps", str(STEPS), "--json", "--checkpoint", str(ck), "--checkpoint-every", "1")
+    res = parc("run", str(plan), "--steps", str(STEPS), "--json", "--checkpoint", str(ck), "--checkpoint-every", "1")
     seconds = time.monotonic() - t0
     assert res.returncode == 0, res.stderr
     graph = load_taskgraph(plan / "taskgraph.json")
@@ -155,7 +150,7 @@ def run_trial(trial: Trial, plans: dict[str, Path], refs: dict[str, Reference], 
     proc = subprocess.Popen([sys.executable, "-m", "parc.cli.main", "run", str(plan), "--steps", str(STEPS),
                              "--checkpoint", str(ck), "--checkpoint-every", "1", "--timeout", str(TIMEOUT)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**__import__("os").environ, "PARC_FAULT": trial.fault})
+                            env={**os.environ, "PARC_FAULT": trial.fault})
     try:
         _, err = proc.communicate(timeout=limit)
     except subprocess.TimeoutExpired:
@@ -194,7 +189,7 @@ def run_trial(trial: Trial, plans: dict[str, Path], refs: dict[str, Reference], 
         out.problems.append(f"checkpoint lost: {e}")
         return out
     # resume to the end: the uninterrupted run's losses and final state, exactly
-    res = _parc("run", str(plan), "--steps", str(STEPS), "--json", "--checkpoint", str(ck), "--resume",
+    res = parc("run", str(plan), "--steps", str(STEPS), "--json", "--checkpoint", str(ck), "--resume",
                 timeout=limit + 60)
     if res.returncode != 0:
         out.problems.append(f"resume failed: {res.stderr.strip().splitlines()[-1:]}")

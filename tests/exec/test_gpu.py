@@ -123,16 +123,11 @@ def test_sum_over_leading_axes_matches_numpy(dtype, shape, lead):
 def test_out_of_gpu_memory_is_one_line_and_exit_1(tmp_path):
     """CuPy's pool held to 4 MiB (CUPY_GPU_MEMORY_LIMIT): gpt-tiny's step runs out of device
     memory; the run ends with one line saying so, the step and the task, exit 1."""
-    import os
-    import subprocess
-    import sys
-
     assert parc("models", "build", "gpt-tiny", "-o", str(tmp_path / "m.onnx")).returncode == 0
     assert parc("grad", str(tmp_path / "m.onnx"), "--optimizer", "adamw", "-o", str(tmp_path / "t.onnx")).returncode == 0
     assert parc("plan", str(tmp_path / "t.onnx"), "--devices", "1xa100-80g", "-o", str(tmp_path / "plan")).returncode == 0
-    res = subprocess.run([sys.executable, "-m", "parc.cli.main", "run", str(tmp_path / "plan"), "--steps", "2",
-                          "--engine", "cupy"], capture_output=True, text=True, timeout=300,
-                         env={**os.environ, "CUPY_GPU_MEMORY_LIMIT": str(4 << 20)})
+    res = parc("run", str(tmp_path / "plan"), "--steps", "2", "--engine", "cupy", timeout=300,
+               env={"CUPY_GPU_MEMORY_LIMIT": str(4 << 20)})
     lines = [line for line in res.stderr.splitlines() if line.strip()]
     assert res.returncode == 1 and len(lines) == 1, res.stderr
     assert "out of GPU memory at step 1, in " in lines[0] and "Traceback" not in res.stderr, res.stderr

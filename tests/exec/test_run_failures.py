@@ -306,12 +306,10 @@ def test_checkpoint_refuses_a_directory_of_other_files(plan_dir, tmp_path):
 def test_injected_faults_are_named(plan_dir, action, needle):
     """PARC_FAULT=RANK:STEP:ACTION[:KIND], the fault-injection switch: each fault ends the job
     within --timeout + 10 s, on one line naming the rank, with no process left."""
-    import os
 
     t0 = time.monotonic()
-    res = subprocess.run([sys.executable, "-m", "parc.cli.main", "run", str(plan_dir), "--steps", "6",
-                          "--timeout", "3"], capture_output=True, text=True, timeout=60,
-                         env={**os.environ, "PARC_FAULT": f"1:3:{action}:collective"})
+    res = parc("run", str(plan_dir), "--steps", "6", "--timeout", "3", timeout=60,
+               env={"PARC_FAULT": f"1:3:{action}:collective"})
     assert time.monotonic() - t0 < 3 + 10 + 5  # and the ranks' start-up
     assert res.returncode == 1, res.stderr
     lines = [line for line in res.stderr.splitlines() if line.strip()]
@@ -322,10 +320,8 @@ def test_injected_faults_are_named(plan_dir, action, needle):
 
 
 def test_a_bad_fault_switch_is_one_line(plan_dir):
-    import os
 
-    res = subprocess.run([sys.executable, "-m", "parc.cli.main", "run", str(plan_dir), "--steps", "1"],
-                         capture_output=True, text=True, timeout=60, env={**os.environ, "PARC_FAULT": "1:x:die"})
+    res = parc("run", str(plan_dir), "--steps", "1", timeout=60, env={"PARC_FAULT": "1:x:die"})
     assert res.returncode == 2 and "PARC_FAULT=1:x:die: expected RANK:STEP:ACTION[:KIND]" in res.stderr, res.stderr
 
 
@@ -412,9 +408,8 @@ def test_engine_cupy_without_a_gpu_is_one_line(plan_dir):
     """No GPU visible (CUDA_VISIBLE_DEVICES empty, or no CuPy here): refused before any rank
     starts, naming the flag and the reason; `--engine numpy` runs the same kernels on the CPU."""
     for command in ("run", "verify"):
-        res = subprocess.run([sys.executable, "-m", "parc.cli.main", command, str(plan_dir), "--steps", "1",
-                              "--engine", "cupy"], capture_output=True, text=True, timeout=120,
-                             env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+        res = parc(command, str(plan_dir), "--steps", "1", "--engine", "cupy", timeout=120,
+                   env={"CUDA_VISIBLE_DEVICES": ""})
         assert_one_line_error(res, "--engine cupy: ", "--engine numpy")
     res = parc("run", str(plan_dir), "--steps", "2", "--engine", "numpy", "--json")
     assert res.returncode == 0 and len(res.stdout.splitlines()) == 2, res.stderr
