@@ -75,6 +75,14 @@ def _first_of(watch: FirstExit, procs) -> None:
         time.sleep(0.01)
 
 
+def _assert_done_with_nothing(watch: FirstExit) -> None:
+    """The watching ends (within 5 s) without a first failure."""
+    deadline = time.monotonic() + 5
+    while not watch.done() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert watch.done() and watch.first is None
+
+
 def _ranks_connected(tmp_path, sizes: dict[int, int], then: str = "time.sleep(60)") -> list[subprocess.Popen]:
     """One process per rank holding a RankState connected to tmp_path's watcher socket, each
     with `sizes[r]` bytes of written pages (a slow teardown), once they are all ready."""
@@ -127,10 +135,7 @@ def test_a_clean_end_is_not_a_failure(tmp_path):
     watch = FirstExit(tmp_path, 2)
     procs = _ranks_connected(tmp_path, {0: 0, 1: 0}, then="s.ended()")
     _first_of(watch, procs)
-    deadline = time.monotonic() + 5
-    while not watch.done() and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert watch.done() and watch.first is None
+    _assert_done_with_nothing(watch)
     watch.stop()
 
 
@@ -138,19 +143,13 @@ def test_a_sentinel_watcher_gives_up(tmp_path):
     """With give_up_s (the sentinel's): no rank ever connects, or every connection closed cleanly
     and no other rank came: the watching ends, so hydra never waits on the sentinel."""
     watch = FirstExit(tmp_path, 4, give_up_s=0.3)
-    deadline = time.monotonic() + 5
-    while not watch.done() and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert watch.done() and watch.first is None
+    _assert_done_with_nothing(watch)
     watch.stop()
     (tmp_path / EXITS).unlink()
     watch = FirstExit(tmp_path, 4, give_up_s=60)  # ranks 2 and 3 never connect
     procs = _ranks_connected(tmp_path, {0: 0, 1: 0}, then="s.ended()")
     _first_of(watch, procs)
-    deadline = time.monotonic() + 5
-    while not watch.done() and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert watch.done() and watch.first is None
+    _assert_done_with_nothing(watch)
     watch.stop()
 
 
