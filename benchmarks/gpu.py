@@ -280,6 +280,30 @@ def _config(setup_info: dict) -> dict:
     return cfg
 
 
+# ---- calibration: `parc profile` on the GPU, the plan's prediction from it ------------------------
+def calibrate(work: Path, tf32: bool, seconds: float = 0.3) -> dict:
+    """`parc profile --engine cupy` (fp32 or TF32 matmuls), then the one-GPU plan of the same
+    training step with that calibration: its predicted step time and memory."""
+    import yaml
+
+    prec = "tf32" if tf32 else "fp32"
+    env = {"CUPY_TF32": "1" if tf32 else "0"}
+    calib = work / f"calib_{prec}.yaml"
+    t0 = time.perf_counter()
+    parc_cli("profile", "-o", str(calib), "--engine", "cupy", "--seconds", str(seconds), env=env)
+    profile_s = time.perf_counter() - t0
+    text = calib.read_text()
+    device, figures = next(iter(yaml.safe_load(text)["devices"].items()))
+    plan = work / f"plan_{prec}"
+    parc_cli("plan", str(work / "train.onnx"), "--devices", f"1x{device}", "--calibration", str(calib),
+             "--no-programs", "-o", str(plan))
+    predicted = json.loads((plan / "plan.json").read_text())["predicted"]
+    return {"device": device, "figures": figures, "profile_s": profile_s,
+            "header": [line for line in text.splitlines() if line.startswith("#")],
+            "predicted_step_s": predicted["step_time_s"],
+            "predicted_memory_bytes": max(predicted["memory_bytes_per_device"])}
+
+
 # ---- the whole measurement -----------------------------------------------------------------------
 def child(kind: str, work: Path, *args: str) -> dict:
     """Run one measurement in a fresh interpreter (its own CUDA context and memory pool)."""
@@ -339,6 +363,21 @@ def summary(r: dict) -> str:
         ratio = f"{pb / tb:.3f}" if tb else "-"
         lines.append(f"| {prec} | {pm * 1e3:.1f} | {tm * 1e3:.1f} | {pm / tm:.3f} | {pb / 2**30:.2f} | "
                      f"{tb / 2**30:.2f} | {ratio} | {diff:.2e} | {mfu} |")
+    for prec in ("fp32", "tf32"):
+        cal, p = r.get(f"calibrate_{prec}"), r.get(f"parc_{prec}")
+        if not cal:
+            continue
+        f = cal["figures"]
+        line = (f"parc profile ({prec}, {cal['profile_s']:.0f} s): matmul {f['fp32_tflops'] * f['compute_efficiency']:.1f} "
+                f"TFLOP/s, memory {f['bandwidth_gbs']:.0f} GB/s, floor {f['launch_floor_us']:.1f} us, task "
+                f"{f['task_overhead_us']:.1f} us; plan on 1x{cal['device']} with it predicts "
+                f"{cal['predicted_step_s'] * 1e3:.1f} ms, {cal['predicted_memory_bytes'] / 2**30:.2f} GiB")
+        if p:
+            pb = p.get("device_bytes", 0)
+            line += (f" (measured {med(p['step_times_s']) * 1e3:.1f} ms: predicted/measured "
+                     f"{cal['predicted_step_s'] / med(p['step_times_s']):.3f}"
+                     + (f"; memory {cal['predicted_memory_bytes'] / pb:.3f}" if pb else "") + ")")
+        lines.append(line)
     prof = r.get("profile_parc")
     if prof:
         lines.append(f"parc profile ({r.get('profile_precision')}): wall {prof['wall_s'] * 1e3:.1f} ms/step, kernels "
@@ -356,7 +395,7 @@ def summary(r: dict) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("kind", choices=["all", "setup", "ceilings", "parc", "torch", "profile-parc", "profile-torch",
-                                     "summary"])
+                                     "calibrate", "summary"])
     ap.add_argument("--work", type=Path, required=True)
     ap.add_argument("--model", default="gpt-medium")
     ap.add_argument("--set", dest="sets", action="append", default=None)
@@ -382,6 +421,8 @@ def main() -> None:
         print(json.dumps(profile_parc(a.work, a.tf32)))
     elif a.kind == "profile-torch":
         print(json.dumps(run_torch(a.work, a.steps, a.tf32, a.device, profile=True)))
+    elif a.kind == "calibrate":
+        print(json.dumps(calibrate(a.work, a.tf32)))
     elif a.kind == "summary":
         print(summary(json.loads((a.results or a.work / "results.json").read_text())))
     else:
@@ -410,6 +451,9 @@ def main() -> None:
                 save(f"parc_{prec}_generic", child("parc", a.work, "--steps", str(a.steps), *flag, "--no-kernels"))
             if f"torch_{prec}" not in a.skip:
                 save(f"torch_{prec}", child("torch", a.work, "--steps", str(a.steps), *flag, *dev))
+        if "calibrate" not in a.skip and a.device == "cuda":
+            for prec in ("fp32", "tf32"):
+                save(f"calibrate_{prec}", child("calibrate", a.work, *(["--tf32"] if prec == "tf32" else [])))
         if "profile" not in a.skip:
             r["profile_precision"] = "tf32"
             save("profile_parc", child("profile-parc", a.work, "--tf32"))

@@ -13,12 +13,18 @@ from parc.errors import UsageError
 @click.command()
 @click.option("-o", "--output", type=click.Path(dir_okay=False), metavar="FILE",
               help="Calibration YAML to write (`parc plan --calibration FILE` reads it).")
-@click.option("--ranks", "max_ranks", type=int, default=4, show_default=True,
-              help="Measure 1, 2, 4, ... up to this many ranks sharing this host.")
+@click.option("--ranks", "max_ranks", type=int,
+              help="Measure 1, 2, 4, ... up to this many ranks sharing this host (default: 4 on CPUs, 1 on a GPU).")
 @click.option("--seconds", "budget", type=float,
               help="How long each benchmark runs (default 0.6; longer: steadier figures on a noisy host).")
+@click.option("--engine", default="auto", show_default=True, metavar="ENGINE",
+              help="The engine `parc run --engine` will use: auto (cupy on a GPU, else ort), ort, numpy, or "
+                   "cupy (one GPU: its matmul, memory and launch figures; CUPY_TF32=1 measures TF32 matmuls).")
+@click.option("--device", "device", metavar="TYPE",
+              help="The device type the file calibrates (default: cpu, or the catalogue's name of the GPU).")
 @click.option("--worker", hidden=True, type=click.Path(dir_okay=False))
-def profile(output: str | None, max_ranks: int, budget: float | None, worker: str | None) -> None:
+def profile(output: str | None, max_ranks: int | None, budget: float | None, engine: str, device: str | None,
+            worker: str | None) -> None:
     """Measure this machine (compute per op class with parc's engine, collectives between
     ranks) and write a calibration file for `parc plan --calibration`."""
     from parc.exec import profile as prof
@@ -27,10 +33,14 @@ def profile(output: str | None, max_ranks: int, budget: float | None, worker: st
     if not budget > 0:
         raise UsageError(f"--seconds {budget}: expected a positive number of seconds")
     if worker is not None:
-        prof.worker(worker, budget)
+        prof.worker(worker, budget, engine)
         return
     if output is None:
         raise UsageError("-o FILE is required: the calibration file to write")
+    if max_ranks is None:
+        from parc.exec.runner import pick_engine
+
+        max_ranks = 1 if pick_engine(engine)[1] == "gpu" else 4
     if max_ranks < 1:
         raise UsageError(f"--ranks {max_ranks}: expected a count >= 1")
     out = Path(output)
@@ -38,5 +48,9 @@ def profile(output: str | None, max_ranks: int, budget: float | None, worker: st
         raise UsageError(f"-o {output}: is a directory (expected a file to write)")
     if not out.parent.is_dir() or not os.access(out.parent, os.W_OK):
         raise UsageError(f"-o {output}: cannot write into {out.parent}")
-    prof.profile(out, max_ranks, budget, echo=lambda s: click.echo(s, err=True))
+    if device is not None:
+        from parc.cluster.devices import lookup_device
+
+        device = lookup_device(device, "--device").name
+    prof.profile(out, max_ranks, budget, device, echo=lambda s: click.echo(s, err=True), engine=engine)
     click.echo(f"wrote {out}")

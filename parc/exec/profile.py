@@ -3,8 +3,10 @@
 For each count k of ranks sharing this host (1, 2, 4, ... up to `--ranks`), one MPI job of k
 ranks runs the same microbenchmarks on every rank at once, with the engine and the threads per
 rank `parc run` gives a plan of k ranks (`runner.rank_threads`), so each figure is what a rank
-gets while its neighbours work too. Each benchmark is one op in an onnxruntime session, run for
-`--seconds` with its inputs rotating through more memory than a cache holds; the mean is kept:
+gets while its neighbours work too. Each benchmark is one op in a session of the engine `parc run
+--engine` would use (onnxruntime by default; `--engine cupy` measures one GPU through parc's
+array engine, with sizes a GPU's training step has, `GPU_SIZES`), run for `--seconds` with its
+inputs rotating through more memory than a cache holds; the mean is kept:
 
 - the launch floor (the slope of a chain of tiny Adds over its length) and the task overhead
   (what one `session.run` costs beyond its node);
@@ -31,9 +33,12 @@ import os
 import platform
 import statistics
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+from parc.errors import UsageError
 
 BUDGET = 0.6  # default seconds each benchmark runs (per rank, all ranks at once)
 CHAIN = 16  # nodes in a chain of tiny Adds (and 1): the slope is the per-node floor
@@ -61,6 +66,33 @@ CONVS = {
                       ((16, 64, 8, 8), (64, 32, 2, 2), {"strides": [2, 2]})),
 }
 ALL_REDUCE_BYTES = (64, 65536, 1 << 20, 4 << 20)
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """The benchmarks' shapes for one kind of device."""
+
+    memory_rows: tuple[int, ...]  # x 256 columns
+    matmuls: tuple
+    convs: dict
+    pool_bytes: int  # inputs rotate through this many bytes (more than the last-level cache)
+
+
+CPU_SIZES = Sizes(MEMORY_ROWS, MATMULS, CONVS, POOL_BYTES)
+# a GPU's training step: gpt-medium's products at batch 8 x 1024 tokens (QKV, attention output,
+# MLP down, a weight gradient, attention scores and context over 8 x 16 heads), tensors of 16-256
+# MiB (an H100's L2 holds 50 MiB: the rotation leaves it), convolutions of a ResNet's middle stages
+GPU_SIZES = Sizes(
+    (16384, 65536, 262144),
+    (((), 8192, 1024, 3072), ((), 8192, 1024, 1024), ((), 8192, 4096, 1024), ((), 1024, 8192, 4096),
+     ((128,), 1024, 64, 1024), ((128,), 1024, 1024, 64)),
+    {"Conv": (((32, 64, 56, 56), (64, 64, 3, 3), {"pads": [1, 1, 1, 1]}),
+              ((32, 128, 28, 28), (128, 128, 3, 3), {"pads": [1, 1, 1, 1]}),
+              ((32, 256, 56, 56), (64, 256, 1, 1), {})),
+     "ConvWeightGrad": (((64, 32, 16, 16), (64, 32, 16, 16), {"pads": [1, 1, 1, 1]}),
+                        ((128, 32, 8, 8), (128, 32, 8, 8), {"pads": [1, 1, 1, 1]})),
+     "ConvTranspose": (((32, 128, 28, 28), (128, 64, 2, 2), {"strides": [2, 2]}),)},
+    512 << 20)
 ARRIVALS, ARRIVAL_STEP, BURST = 12, 1e-3, 6  # rounds per size, seconds between arrivals, all-reduces per round
 
 
@@ -136,10 +168,47 @@ def _conv(op: str, x: tuple, w: tuple, attrs: dict):
     return model, flops
 
 
-def _session(model, threads: int):
-    from parc.exec.runner import ort_session
+class _OrtBench:
+    """One benchmark model in an onnxruntime session."""
 
-    return ort_session(model.SerializeToString(), threads)
+    def __init__(self, model, threads: int) -> None:
+        from parc.exec.runner import ort_session
+
+        self.session = ort_session(model.SerializeToString(), threads)
+        self.shapes = {i.name: tuple(i.shape) for i in self.session.get_inputs()}
+
+    def place(self, array: np.ndarray):
+        return array
+
+    def run(self, feeds: dict) -> None:
+        self.session.run(None, feeds)
+
+
+class _ArrayBench:
+    """One benchmark model in parc's array engine (numpy on the CPU or CuPy on a GPU), timed to
+    the end of its kernels (the GPU is synchronised after each run). Outputs are made contiguous:
+    a Transpose is a view in the engine, and its copy is paid by whichever kernel reads it."""
+
+    def __init__(self, model, device: str, fuse: bool | None = None) -> None:
+        from parc.exec.engines.array import ArrayEngine
+
+        self.engine = ArrayEngine(model, device=device, fuse=fuse)
+        self.shapes = {i.name: tuple(d.dim_value for d in i.type.tensor_type.shape.dim) for i in model.graph.input}
+        self.sync = self.engine.xp.cuda.get_current_stream().synchronize if device == "gpu" else (lambda: None)
+
+    def place(self, array: np.ndarray):
+        return self.engine.xp.asarray(array)
+
+    def run(self, feeds: dict) -> None:
+        for value in self.engine.run(feeds).values():
+            self.engine.xp.ascontiguousarray(value)
+        self.sync()
+
+
+def _session(model, threads: int, engine: tuple[str, str] = ("ort", "cpu"), fuse: bool | None = None):
+    """A benchmark of `model` on `engine` (`runner.pick_engine`'s (kind, device))."""
+    kind, device = engine
+    return _OrtBench(model, threads) if kind == "ort" else _ArrayBench(model, device, fuse)
 
 
 def _seconds(session, feeds: list[dict], budget: float = BUDGET, least: int = 5) -> float:
@@ -147,13 +216,13 @@ def _seconds(session, feeds: list[dict], budget: float = BUDGET, least: int = 5)
     inputs come from memory, not from a cache warmed by the run before). The mean, not the
     median: ranks sharing cores are descheduled for whole time slices, and a short run either
     escapes that or takes all of it; the mean charges each run its share, as a step sees it."""
-    session.run(None, feeds[0])
+    session.run(feeds[0])
     times: list[float] = []
     spent = 0.0
     while len(times) < least or spent < budget:
         f = feeds[len(times) % len(feeds)]
         t0 = time.perf_counter()
-        session.run(None, f)
+        session.run(f)
         dt = time.perf_counter() - t0
         times.append(dt)
         spent += dt
@@ -162,67 +231,71 @@ def _seconds(session, feeds: list[dict], budget: float = BUDGET, least: int = 5)
     return statistics.fmean(times)
 
 
-def _feeds(session) -> list[dict]:
+def _feeds(session, pool_bytes: int = POOL_BYTES) -> list[dict]:
     rng = np.random.default_rng(0)
-    shapes = {i.name: tuple(i.shape) for i in session.get_inputs()}
-    one = sum(int(np.prod(s)) * 4 for s in shapes.values())
-    copies = max(1, min(64, POOL_BYTES // max(one, 1)))
-    return [{n: rng.standard_normal(s).astype(np.float32) for n, s in shapes.items()} for _ in range(copies)]
+    one = sum(int(np.prod(s)) * 4 for s in session.shapes.values())
+    copies = max(1, min(64, pool_bytes // max(one, 1)))
+    return [{n: session.place(rng.standard_normal(s, dtype=np.float32)) for n, s in session.shapes.items()}
+            for _ in range(copies)]
 
 
 def _geomean(values: list[float]) -> float:
     return math.exp(sum(math.log(v) for v in values) / len(values))
 
 
-def measure_rank(comm, threads: int, budget: float = BUDGET) -> dict:
+def measure_rank(comm, threads: int, budget: float = BUDGET, engine: tuple[str, str] = ("ort", "cpu")) -> dict:
     """This rank's figures (every rank of the job runs it at the same time), each benchmark run
-    for about `budget` seconds."""
+    for about `budget` seconds on `engine` (`runner.pick_engine`'s (kind, device))."""
     barrier = comm.barrier if comm.size > 1 else (lambda: None)
+    sizes = GPU_SIZES if engine[1] == "gpu" else CPU_SIZES
 
-    def timed(model) -> float:
-        s = _session(model, threads)
-        feeds = _feeds(s)
+    def timed(model, fuse: bool | None = None) -> float:
+        s = _session(model, threads, engine, fuse)
+        feeds = _feeds(s, sizes.pool_bytes)
         barrier()  # every rank measures at once
-        return _seconds(s, feeds, budget)
+        t = _seconds(s, feeds, budget)
+        del s, feeds  # a GPU's memory back to the pool before the next benchmark
+        return t
 
-    one, many = timed(_chain(1)), timed(_chain(CHAIN))
+    # the chain unfused: the floor is what each node's kernel costs (fusion is the engine's gain)
+    one, many = timed(_chain(1), fuse=False), timed(_chain(CHAIN), fuse=False)
     floor = max((many - one) / (CHAIN - 1), 1e-9)
     overhead = max(one - floor, 0.0)
     rows = {"launch_floor_s": floor, "task_overhead_s": overhead, "memory": [], "matmul": []}
     for op in MEMORY_OPS:
-        for r in MEMORY_ROWS:
+        for r in sizes.memory_rows:
             model, nbytes = _memory_op(op, r)
             t = timed(model) - overhead
             rows["memory"].append({"op": op, "bytes": nbytes, "s": t, "bytes_per_s": nbytes / max(t - floor, 1e-9)})
-    for batch, m, k, n in MATMULS:
+    for batch, m, k, n in sizes.matmuls:
         t = timed(_matmul(batch, m, k, n)) - overhead
         flops = 2 * int(np.prod(batch, dtype=np.int64)) * m * k * n
         rows["matmul"].append({"shape": [*batch, m, k, n], "s": t, "flops_per_s": flops / max(t - floor, 1e-9)})
     rows["conv"] = []
-    for cls, cases in CONVS.items():
+    for cls, cases in sizes.convs.items():
         for x, w, attrs in cases:
             model, flops = _conv(cls, x, w, attrs)
             t = timed(model) - overhead
             rows["conv"].append({"class": cls, "input": list(x), "weight": list(w), "s": t,
                                  "flops_per_s": flops / max(t - floor, 1e-9)})
     if comm.size > 1:
-        rows["all_reduce"] = _all_reduces(comm, threads)
+        rows["all_reduce"] = _all_reduces(comm, threads, engine)
     return rows
 
 
-def _all_reduces(comm, threads: int) -> list[dict]:
+def _all_reduces(comm, threads: int, engine: tuple[str, str] = ("ort", "cpu")) -> list[dict]:
     """Seconds of all-reduces as the last member to arrive sees them: the first after compute
     (an onnxruntime matmul, the members arriving 1 ms apart, as in a step), then a burst of them
     back to back (as a step's gradients are); over the whole job, and over pairs of ranks while
     the other pairs compute. On a host whose ranks outnumber its cores these are mostly waits for
     a core (the first: the link's handoff). Every rank gets the rows (from the last rank)."""
-    busy = _session(_matmul((), 128, 128, 128), threads)
+    busy = _session(_matmul((), 128, 128, 128), threads, engine)
     feed = _feeds(busy)[0]
 
     def compute(seconds: float) -> None:
         t0 = time.perf_counter()
         while time.perf_counter() - t0 < seconds:
-            busy.run(None, feed)
+            busy.run(feed)
 
     r, k = comm.rank, comm.size
     pair = comm.for_ranks((r - r % 2, r - r % 2 + 1)) if k > 2 and k % 2 == 0 else None  # odd k: no pairs
@@ -272,25 +345,50 @@ def fit(rows: dict, k: int) -> dict:
     return out
 
 
-def worker(out: str, budget: float) -> None:
+def worker(out: str, budget: float, engine: str = "ort") -> None:
     """One rank of a profiling job (run under mpiexec by `profile`): rank 0 writes the rows."""
     from parc.exec.comm import MpiComm
-    from parc.exec.runner import rank_threads
+    from parc.exec.runner import pick_engine, rank_threads
 
     comm = MpiComm(timeout=600.0)
-    rows = measure_rank(comm, rank_threads(comm.size), budget)
+    rows = measure_rank(comm, rank_threads(comm.size), budget, pick_engine(engine))
     if comm.rank == 0:
         Path(out).write_text(json.dumps(rows))
 
 
-def profile(output: Path, max_ranks: int, budget: float = BUDGET, device: str = "cpu", link: str = "shm",
-            echo=print) -> dict[int, dict]:
-    """Measure with 1, 2, 4, ... ranks (up to `max_ranks`) and write the calibration file."""
+def gpu_device_type(cupy=None) -> str:
+    """The catalogue's name for the GPU this process sees (its family in the name CUDA reports,
+    the member whose memory is nearest the card's), e.g. 'NVIDIA H100 80GB HBM3' -> h100-80g."""
+    from parc.cluster.devices import DEVICES
+
+    if cupy is None:
+        import cupy
+    props = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)
+    name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
+    words = name.lower().replace("-", " ").split()
+    family = [spec for spec in DEVICES.values() if spec.name.split("-")[0] in words]
+    if not family:
+        raise UsageError(f"the GPU '{name}' is not in parc's device catalogue: name its type with --device "
+                         f"(known: {', '.join(DEVICES)}, or one a cluster file defines)")
+    return min(family, key=lambda spec: abs(spec.memory_bytes - props["totalGlobalMem"])).name
+
+
+def profile(output: Path, max_ranks: int, budget: float = BUDGET, device: str | None = None, link: str = "shm",
+            echo=print, engine: str = "ort") -> dict[int, dict]:
+    """Measure with 1, 2, 4, ... ranks (up to `max_ranks`) on `engine` (`parc run --engine`'s
+    names) and write the calibration file for device type `device` (by default `cpu`, or the
+    catalogue's name of the GPU that `--engine cupy` measures)."""
     import tempfile
 
     from parc.exec.launch import launch
-    from parc.exec.runner import RunError, rank_threads
+    from parc.exec.runner import RunError, pick_engine, rank_threads
 
+    kind = pick_engine(engine)  # refuses cupy without a usable GPU, in one line
+    if kind[1] == "gpu" and max_ranks != 1:
+        raise UsageError(f"--ranks {max_ranks}: --engine cupy measures one GPU (--ranks 1); links between GPUs "
+                         "are not measured yet (the catalogue's or a cluster file's figures are used)")
+    if device is None:
+        device = gpu_device_type() if kind[1] == "gpu" else "cpu"
     counts = [1]
     while counts[-1] * 2 <= max_ranks:
         counts.append(counts[-1] * 2)
@@ -300,17 +398,39 @@ def profile(output: Path, max_ranks: int, budget: float = BUDGET, device: str = 
     with tempfile.TemporaryDirectory(prefix="parc-profile-") as tmp:
         for k in counts:
             path = Path(tmp) / f"rows.{k}.json"
-            echo(f"measuring {k} rank{'s' if k > 1 else ''} ({rank_threads(k)} thread{'s' if rank_threads(k) > 1 else ''} "
-                 f"each) ...")
+            where = "on the GPU" if kind[1] == "gpu" else (
+                f"({rank_threads(k)} thread{'s' if rank_threads(k) > 1 else ''} each)")
+            echo(f"measuring {k} rank{'s' if k > 1 else ''} {where} ...")
             if k == 1:
-                measured[k] = measure_rank(_Solo(), rank_threads(1), budget)
+                measured[k] = measure_rank(_Solo(), rank_threads(1), budget, kind)
             else:
-                rc = launch(k, ["profile", "--worker", str(path), "--seconds", str(budget)])
+                rc = launch(k, ["profile", "--worker", str(path), "--seconds", str(budget), "--engine", engine])
                 if rc:
                     raise RunError(f"the profiling job of {k} ranks failed (exit {rc})")
                 measured[k] = json.loads(path.read_text())
-    write_calibration(output, {k: fit(rows, k) for k, rows in measured.items()}, measured, device, link)
+    write_calibration(output, {k: fit(rows, k) for k, rows in measured.items()}, measured, device, link,
+                      _engine_text(kind))
     return measured
+
+
+def _engine_text(kind: tuple[str, str]) -> str:
+    """What measured, for the file's first line: the engine, its library and (a GPU) the card."""
+    if kind[0] == "ort":
+        import onnxruntime
+
+        return f"onnxruntime {onnxruntime.__version__}"
+    if kind[1] == "cpu":
+        return f"parc's array engine on numpy {np.__version__}"
+    import cupy
+
+    from parc.exec.engines import gpu
+
+    props = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)
+    name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
+    runtime, driver = cupy.cuda.runtime.runtimeGetVersion(), cupy.cuda.runtime.driverGetVersion()
+    return (f"parc's array engine on CuPy {cupy.__version__}, {name}, CUDA runtime {runtime // 1000}."
+            f"{runtime % 1000 // 10}, driver API {driver // 1000}.{driver % 1000 // 10}, float32 matmuls "
+            f"{'in TF32 (CUPY_TF32=1)' if gpu.tf32_requested() else 'in full fp32'}")
 
 
 class _Solo:
@@ -334,9 +454,8 @@ def _link_yaml(f: dict) -> dict:
 
 
 def write_calibration(output: Path, fitted: dict[int, dict], measured: dict[int, dict], device: str,
-                      link: str) -> None:
+                      link: str, engine: str = "") -> None:
     """The calibration YAML (`parc.cluster.clusterfile` reads it), atomically."""
-    import onnxruntime
     import yaml
 
     body: dict = {"devices": {device: _device_yaml(fitted[1])}}
@@ -351,7 +470,7 @@ def write_calibration(output: Path, fitted: dict[int, dict], measured: dict[int,
     if sharing:
         body["sharing"] = sharing
     head = [f"# parc profile: {platform.node()}, {os.cpu_count()} CPUs ({platform.processor() or platform.machine()}), "
-            f"onnxruntime {onnxruntime.__version__}, {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}",
+            f"{engine or 'onnxruntime'}, {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}",
             "# one rank alone (devices), two ranks' links (links), and per rank when k share this host (sharing)",
             "# measured (seconds per node; all-reduce seconds per call):"]
     for k, rows in sorted(measured.items()):

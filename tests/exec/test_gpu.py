@@ -131,3 +131,17 @@ def test_out_of_gpu_memory_is_one_line_and_exit_1(tmp_path):
     lines = [line for line in res.stderr.splitlines() if line.strip()]
     assert res.returncode == 1 and len(lines) == 1, res.stderr
     assert "out of GPU memory at step 1, in " in lines[0] and "Traceback" not in res.stderr, res.stderr
+
+
+def test_profile_measures_the_gpu_and_plan_reads_its_calibration(tmp_path):
+    from parc.cluster import load_constants, parse_devices
+    from parc.exec.profile import gpu_device_type
+
+    out = tmp_path / "gpu.yaml"
+    res = parc("profile", "-o", str(out), "--engine", "cupy", "--seconds", "0.02", timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert "CuPy" in out.read_text().splitlines()[0]
+    device = gpu_device_type()
+    spec = load_constants(out).apply(parse_devices(f"1x{device}")).devices[0]
+    assert 1e12 < spec.peak("float32") < 2e15 and 1e11 < spec.memory_bandwidth < 2e13
+    assert 1e-7 < spec.launch_floor < 1e-3

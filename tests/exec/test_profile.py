@@ -51,8 +51,9 @@ def test_the_file_written_is_the_calibration_plan_reads(tmp_path):
     assert two.handoff == pytest.approx(5e-4)
 
 
-def test_a_rank_alone_measures_every_class_of_op():
-    rows = prof.measure_rank(prof._Solo(), 1, budget=0.005)
+@pytest.mark.parametrize("engine", [("ort", "cpu"), ("cupy", "cpu")], ids=["ort", "numpy"])
+def test_a_rank_alone_measures_every_class_of_op(engine):
+    rows = prof.measure_rank(prof._Solo(), 1, budget=0.005, engine=engine)
     assert rows["launch_floor_s"] > 0 and rows["task_overhead_s"] >= 0
     assert {r["op"] for r in rows["memory"]} == set(prof.MEMORY_OPS)
     assert len(rows["matmul"]) == len(prof.MATMULS) and all(r["flops_per_s"] > 0 for r in rows["matmul"])
@@ -85,3 +86,47 @@ def test_convolution_classes_are_fractions_of_the_fastest_rate():
     assert f["peak_float32"] == pytest.approx(1e11)  # MatMul 1e11; Conv's geometric mean is 1e11 too
     assert f["op_efficiency"] == pytest.approx({"Conv": 1.0, "ConvWeightGrad": 0.1})
     assert f["compute_efficiency"] == pytest.approx(1.0)
+
+
+def test_the_array_engine_pays_for_a_transpose_it_returns_as_a_view():
+    rows = prof.measure_rank(prof._Solo(), 1, budget=0.005, engine=("cupy", "cpu"))
+    add = min(r["bytes_per_s"] for r in rows["memory"] if r["op"] == "Add")
+    assert all(r["bytes_per_s"] < 20 * add for r in rows["memory"] if r["op"] == "Transpose")
+
+
+class _FakeCupy:
+    """The part of CuPy `gpu_device_type` reads, reporting one card."""
+
+    def __init__(self, name, gib: float) -> None:
+        props = {"name": name.encode(), "totalGlobalMem": int(gib * (1 << 30))}
+        runtime = type("runtime", (), {"getDeviceProperties": staticmethod(lambda i: props)})
+        device = type("Device", (), {"id": 0})
+        self.cuda = type("cuda", (), {"runtime": runtime, "Device": device})
+
+
+@pytest.mark.parametrize(("name", "gib", "want"), [
+    ("NVIDIA H100 80GB HBM3", 79.1, "h100-80g"), ("NVIDIA H200", 139.8, "h200-141g"),
+    ("NVIDIA A100-SXM4-40GB", 39.4, "a100-40g"), ("NVIDIA A100 80GB PCIe", 79.2, "a100-80g"),
+    ("Tesla V100-SXM2-32GB", 31.7, "v100-32g"), ("Tesla V100-PCIE-16GB", 15.8, "v100-16g"),
+    ("Tesla T4", 14.7, "t4-16g")])
+def test_a_gpu_is_named_by_the_catalogue(name, gib, want):
+    assert prof.gpu_device_type(_FakeCupy(name, gib)) == want
+
+
+def test_a_gpu_outside_the_catalogue_asks_for_its_type():
+    with pytest.raises(prof.UsageError, match="GeForce RTX 4090.*--device"):
+        prof.gpu_device_type(_FakeCupy("NVIDIA GeForce RTX 4090", 23.6))
+
+
+def test_profile_engine_flags_are_one_line_errors(tmp_path):
+    out = str(tmp_path / "c.yaml")
+    assert_one_line_error(parc("profile", "-o", out, "--engine", "tpu"), "--engine tpu")
+    assert_one_line_error(parc("profile", "-o", out, "--device", "x9000"), "--device")
+    if not _gpu():
+        assert_one_line_error(parc("profile", "-o", out, "--engine", "cupy"), "--engine cupy")
+
+
+def _gpu() -> bool:
+    from parc.exec.runner import gpu_available
+
+    return gpu_available()
