@@ -283,7 +283,8 @@ def _config(setup_info: dict) -> dict:
 # ---- calibration: `parc profile` on the GPU, the plan's prediction from it ------------------------
 def calibrate(work: Path, tf32: bool, seconds: float = 0.3) -> dict:
     """`parc profile --engine cupy` (fp32 or TF32 matmuls), then the one-GPU plan of the same
-    training step with that calibration: its predicted step time and memory."""
+    training step with that calibration: its predicted step time (the task graph's simulation,
+    whose task times price the modules as the engine runs them) and memory."""
     import yaml
 
     prec = "tf32" if tf32 else "fp32"
@@ -296,11 +297,12 @@ def calibrate(work: Path, tf32: bool, seconds: float = 0.3) -> dict:
     device, figures = next(iter(yaml.safe_load(text)["devices"].items()))
     plan = work / f"plan_{prec}"
     parc_cli("plan", str(work / "train.onnx"), "--devices", f"1x{device}", "--calibration", str(calib),
-             "--no-programs", "-o", str(plan))
-    predicted = json.loads((plan / "plan.json").read_text())["predicted"]
+             "-o", str(plan))
+    doc = json.loads((plan / "plan.json").read_text())
+    predicted = doc["predicted"]
     return {"device": device, "figures": figures, "profile_s": profile_s,
             "header": [line for line in text.splitlines() if line.startswith("#")],
-            "predicted_step_s": predicted["step_time_s"],
+            "predicted_step_s": doc["simulation"]["step_time_s"], "search_step_s": predicted["step_time_s"],
             "predicted_memory_bytes": max(predicted["memory_bytes_per_device"])}
 
 
@@ -407,6 +409,7 @@ def main() -> None:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--results", type=Path, help="where `all` writes results.json (default: in --work)")
     ap.add_argument("--skip", action="append", default=[], help="parts of `all` to leave out")
+    ap.add_argument("--profile-seconds", type=float, default=0.3, help="`parc profile --seconds` of `calibrate`")
     a = ap.parse_args()
     sets = a.sets if a.sets is not None else ["batch=8"]
     if a.kind == "setup":
@@ -422,7 +425,7 @@ def main() -> None:
     elif a.kind == "profile-torch":
         print(json.dumps(run_torch(a.work, a.steps, a.tf32, a.device, profile=True)))
     elif a.kind == "calibrate":
-        print(json.dumps(calibrate(a.work, a.tf32)))
+        print(json.dumps(calibrate(a.work, a.tf32, a.profile_seconds)))
     elif a.kind == "summary":
         print(summary(json.loads((a.results or a.work / "results.json").read_text())))
     else:
@@ -453,7 +456,8 @@ def main() -> None:
                 save(f"torch_{prec}", child("torch", a.work, "--steps", str(a.steps), *flag, *dev))
         if "calibrate" not in a.skip and a.device == "cuda":
             for prec in ("fp32", "tf32"):
-                save(f"calibrate_{prec}", child("calibrate", a.work, *(["--tf32"] if prec == "tf32" else [])))
+                save(f"calibrate_{prec}", child("calibrate", a.work, "--profile-seconds", str(a.profile_seconds),
+                                                *(["--tf32"] if prec == "tf32" else [])))
         if "profile" not in a.skip:
             r["profile_precision"] = "tf32"
             save("profile_parc", child("profile-parc", a.work, "--tf32"))

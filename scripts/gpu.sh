@@ -8,7 +8,8 @@
 # engine's tests (ONNX's node cases, the tiny zoo's training steps) on the GPU (0 s: skipped).
 # Needs parc's dependencies, CuPy and PyTorch. Wheels found in .whl/ (for a machine that cannot
 # reach a package index) are installed into the running Python's environment first.
-# Each part has its own time limit (seconds: PARC_GPU_TESTS_S, PARC_GPU_BENCH_S, PARC_GPU_NODES_S);
+# Each part has its own time limit (seconds: PARC_GPU_TESTS_S, PARC_GPU_BENCH_S, PARC_GPU_NODES_S;
+# PARC_GPU_TESTS_K selects gpu tests by pytest's -k);
 # a part that fails or runs out of time does not stop the next.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -24,7 +25,7 @@ export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
   $PY -c "import cupy, torch, onnxruntime, numpy; print('cupy', cupy.__version__, 'cuda runtime', cupy.cuda.runtime.runtimeGetVersion(), 'driver', cupy.cuda.runtime.driverGetVersion(), 'torch', torch.__version__, 'onnxruntime', onnxruntime.__version__, 'numpy', numpy.__version__)"
 } 2>&1 | tee "$RESULTS/gpu.txt"
 timeout -k 5 "${PARC_GPU_TESTS_S:-150}" $PY -m pytest -q -p no:cacheprovider -m gpu tests/exec/test_gpu.py \
-  tests/exec/test_array_engine.py 2>&1 | tee "$RESULTS/gpu-tests.log" | tail -25
+  tests/exec/test_array_engine.py ${PARC_GPU_TESTS_K:+-k "$PARC_GPU_TESTS_K"} 2>&1 | tee "$RESULTS/gpu-tests.log" | tail -25
 tests=${PIPESTATUS[0]}
 timeout -k 5 "${PARC_GPU_BENCH_S:-330}" $PY benchmarks/gpu.py all --work "$WORK" --results "$RESULTS/results.json" \
   "${@:2}" 2>&1 | tee "$RESULTS/gpu-bench.log"

@@ -45,7 +45,8 @@ _DEVICE_UNITS = {"memory_gib": ("memory_bytes", GiB), "bandwidth_gbs": ("memory_
                  "launch_floor_us": ("launch_floor", 1e-6), "task_overhead_us": ("task_overhead", 1e-6)}
 _DEVICE_SI = ("memory_bytes", "memory_bandwidth", "launch_floor", "compute_efficiency", "memory_efficiency",
               "task_overhead")
-_DEVICE_KEYS = (*_PEAK_KEYS, *_DEVICE_UNITS, *_DEVICE_SI, "peak_flops", "default_link", "op_efficiency")
+_DEVICE_KEYS = (*_PEAK_KEYS, *_DEVICE_UNITS, *_DEVICE_SI, "peak_flops", "default_link", "op_efficiency",
+                "memory_op_efficiency", "gpu")
 _MAY_BE_ZERO = ("launch_floor", "task_overhead")
 _LINK_UNITS = {"bandwidth_gbps": ("bandwidth", 1e9 / 8), "bandwidth_gbs": ("bandwidth", GB),
                "latency_us": ("latency", 1e-6), "handoff_us": ("handoff", 1e-6)}
@@ -83,8 +84,9 @@ class Calibration:
             fields = dict(devices.get(spec.name, {}))
             if "peak_flops" in fields:
                 fields["peak_flops"] = {**dict(spec.peak_flops), **dict(fields["peak_flops"])}
-            if "op_efficiency" in fields:
-                fields["op_efficiency"] = {**dict(spec.op_efficiency), **dict(fields["op_efficiency"])}
+            for table in ("op_efficiency", "memory_op_efficiency"):
+                if table in fields:
+                    fields[table] = {**dict(getattr(spec, table)), **dict(fields[table])}
             return override_fields(spec, fields, f"{self.source}: devices.{spec.name}")
 
         def link(spec: LinkSpec) -> LinkSpec:
@@ -202,8 +204,10 @@ def _device_overrides(fields: dict[str, Entry]) -> dict[str, object]:
             put(out, key, value.number(positive=key not in _MAY_BE_ZERO), value)
         elif key == "default_link":
             put(out, key, lookup_link(value.string(), _where(value)).name, value)
-        elif key == "op_efficiency":
+        elif key in ("op_efficiency", "memory_op_efficiency"):
             put(out, key, tuple((op, v.number()) for op, v in value.items().items()), value)
+        elif key == "gpu":
+            put(out, key, value.boolean(), value)
     if "memory_bytes" in out:
         out["memory_bytes"] = int(out["memory_bytes"])
     if peaks:

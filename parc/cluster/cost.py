@@ -97,15 +97,18 @@ def axis_collective_time(mesh: Mesh, axis: int, kind: str, nbytes: float) -> flo
 
 def compute_time(flops: float, nbytes: float, device: DeviceSpec, dtype: object = "float32",
                  op_class: str = "") -> float:
-    """Roofline time of one op: the slower of compute and memory traffic, plus the launch floor.
+    """Roofline time of one op: the slower of compute and memory traffic, plus the launch floor
+    (on a GPU, `DeviceSpec.gpu`, the longer of the two: kernels queue while the host launches).
 
-    max(flops / (peak[dtype] * efficiency), bytes / (memory_bandwidth * memory_efficiency))
-    + launch_floor, where efficiency is the device's for the op's class (`parc.ops.op_class`),
-    else its compute_efficiency. `dtype` is a DType or a name ('float32', 'tf32', 'bf16', ...); a
+    max(flops / (peak[dtype] * efficiency), bytes / (memory_bandwidth * memory_fraction))
+    + launch_floor, where efficiency and memory_fraction are the device's for the op's class
+    (`parc.ops.op_class`), else its compute_efficiency and memory_efficiency. `dtype` is a DType or a name ('float32', 'tf32', 'bf16', ...); a
     dtype the device lists no peak for runs at its float32 peak.
     """
     if flops < 0 or nbytes < 0:
         raise ValueError(f"compute_time: need flops >= 0 and bytes >= 0, got {flops}, {nbytes}")
     compute = flops / (device.peak(dtype) * device.efficiency(op_class))
-    memory = nbytes / (device.memory_bandwidth * device.memory_efficiency)
+    memory = nbytes / (device.memory_bandwidth * device.memory_fraction(op_class))
+    if device.gpu:
+        return max(compute, memory, device.launch_floor)
     return max(compute, memory) + device.launch_floor

@@ -57,6 +57,13 @@ class DeviceSpec:
     # per op class (`parc.ops.op_class`), the fraction of peak FLOP/s it reaches instead of
     # compute_efficiency (calibrate: convolutions run well below a matmul's rate on CPUs)
     op_efficiency: tuple[tuple[str, float], ...] = ()
+    # per op class, the fraction of memory_bandwidth it reaches instead of memory_efficiency
+    # (calibrate: a layer norm or a reduction streams slower than an elementwise op)
+    memory_op_efficiency: tuple[tuple[str, float], ...] = ()
+    # `parc run` runs it with parc's array engine on a GPU: trees of elementwise nodes are fused
+    # into one kernel (`parc.exec.engines.fusion`: a tree moves only its leaves and its root), and
+    # kernels queue behind the host's launches (a node costs its launch or its kernel, the longer)
+    gpu: bool = False
 
     def __post_init__(self) -> None:
         name = str(self.name).strip().lower()
@@ -86,19 +93,26 @@ class DeviceSpec:
                 raise ValueError(f"device {name}: {field} must be in (0, 1], got {value}")
             object.__setattr__(self, field, value)
         object.__setattr__(self, "default_link", str(self.default_link).strip().lower())
-        pairs = self.op_efficiency.items() if isinstance(self.op_efficiency, Mapping) else self.op_efficiency
-        ops = {}
-        for op, value in pairs:
-            value = _positive(f"device {name}: op_efficiency of {op}", value)
-            if value > 1.0:
-                raise ValueError(f"device {name}: op_efficiency of {op} must be in (0, 1], got {value}")
-            ops[str(op)] = value
-        object.__setattr__(self, "op_efficiency", tuple(sorted(ops.items())))
+        for table in ("op_efficiency", "memory_op_efficiency"):
+            pairs = getattr(self, table)
+            ops = {}
+            for op, value in (pairs.items() if isinstance(pairs, Mapping) else pairs):
+                value = _positive(f"device {name}: {table} of {op}", value)
+                if value > 1.0:
+                    raise ValueError(f"device {name}: {table} of {op} must be in (0, 1], got {value}")
+                ops[str(op)] = value
+            object.__setattr__(self, table, tuple(sorted(ops.items())))
 
     def efficiency(self, op_class: str = "") -> float:
         """The fraction of peak FLOP/s an op of `op_class` reaches (compute_efficiency unless
         the class has its own)."""
         return dict(self.op_efficiency).get(op_class, self.compute_efficiency) if op_class else self.compute_efficiency
+
+    def memory_fraction(self, op_class: str = "") -> float:
+        """The fraction of memory_bandwidth an op of `op_class` streams at (memory_efficiency
+        unless the class has its own)."""
+        return dict(self.memory_op_efficiency).get(op_class, self.memory_efficiency) if op_class \
+            else self.memory_efficiency
 
     def peak(self, dtype: object) -> float:
         """Peak FLOP/s for `dtype`; types the device has no fast path for run at its float32 rate."""
@@ -110,7 +124,9 @@ class DeviceSpec:
                 "memory_bandwidth": self.memory_bandwidth, "launch_floor": self.launch_floor,
                 "compute_efficiency": self.compute_efficiency, "memory_efficiency": self.memory_efficiency,
                 "default_link": self.default_link, "task_overhead": self.task_overhead,
-                **({"op_efficiency": dict(self.op_efficiency)} if self.op_efficiency else {})}
+                **({"op_efficiency": dict(self.op_efficiency)} if self.op_efficiency else {}),
+                **({"memory_op_efficiency": dict(self.memory_op_efficiency)} if self.memory_op_efficiency else {}),
+                **({"gpu": True} if self.gpu else {})}
 
     @staticmethod
     def from_json(data: Mapping) -> DeviceSpec:
@@ -140,6 +156,11 @@ def _number(what: str, value: object) -> float:
     return float(value)
 
 
+def _gpu(*args, **kwargs) -> DeviceSpec:
+    """A GPU of the catalogue (`DeviceSpec.gpu`)."""
+    return DeviceSpec(*args, gpu=True, **kwargs)
+
+
 def _tf(**peaks: float) -> dict[str, float]:
     return {dtype: value * TFLOPS for dtype, value in peaks.items()}
 
@@ -161,24 +182,24 @@ def _tf(**peaks: float) -> dict[str, float]:
 #         2e9 = 1.0 TFLOP/s float32) with 4-6 DDR4 channels (~100 GB/s) and 64 GiB. Used for CPU
 #         ranks in tests and `parc run` on one machine.
 _CATALOGUE = (
-    DeviceSpec("p100-16g", _tf(float64=5.3, float32=10.6, float16=21.2),
+    _gpu("p100-16g", _tf(float64=5.3, float32=10.6, float16=21.2),
                16 * GiB, 732 * GB, default_link="nvlink1"),
-    DeviceSpec("v100-16g", _tf(float64=7.8, float32=15.7, float16=125),
+    _gpu("v100-16g", _tf(float64=7.8, float32=15.7, float16=125),
                16 * GiB, 900 * GB, default_link="nvlink2"),
-    DeviceSpec("v100-32g", _tf(float64=7.8, float32=15.7, float16=125),
+    _gpu("v100-32g", _tf(float64=7.8, float32=15.7, float16=125),
                32 * GiB, 900 * GB, default_link="nvlink2"),
-    DeviceSpec("t4-16g", _tf(float64=8.1 / 32, float32=8.1, float16=65, int8=130),
+    _gpu("t4-16g", _tf(float64=8.1 / 32, float32=8.1, float16=65, int8=130),
                16 * GiB, 320 * GB, default_link="pcie3"),
-    DeviceSpec("a10-24g", _tf(float64=31.2 / 64, float32=31.2, tf32=62.5, float16=125, bfloat16=125, int8=250),
+    _gpu("a10-24g", _tf(float64=31.2 / 64, float32=31.2, tf32=62.5, float16=125, bfloat16=125, int8=250),
                24 * GiB, 600 * GB, default_link="pcie4"),
-    DeviceSpec("a100-40g", _tf(float64=19.5, float32=19.5, tf32=156, float16=312, bfloat16=312, int8=624),
+    _gpu("a100-40g", _tf(float64=19.5, float32=19.5, tf32=156, float16=312, bfloat16=312, int8=624),
                40 * GiB, 1555 * GB, default_link="nvlink3"),
-    DeviceSpec("a100-80g", _tf(float64=19.5, float32=19.5, tf32=156, float16=312, bfloat16=312, int8=624),
+    _gpu("a100-80g", _tf(float64=19.5, float32=19.5, tf32=156, float16=312, bfloat16=312, int8=624),
                80 * GiB, 2039 * GB, default_link="nvlink3"),
-    DeviceSpec("h100-80g", _tf(float64=67, float32=67, tf32=494.5, float16=989.5, bfloat16=989.5,
+    _gpu("h100-80g", _tf(float64=67, float32=67, tf32=494.5, float16=989.5, bfloat16=989.5,
                                float8=1979, int8=1979),
                80 * GiB, 3350 * GB, default_link="nvlink4"),
-    DeviceSpec("h200-141g", _tf(float64=67, float32=67, tf32=494.5, float16=989.5, bfloat16=989.5,
+    _gpu("h200-141g", _tf(float64=67, float32=67, tf32=494.5, float16=989.5, bfloat16=989.5,
                                 float8=1979, int8=1979),
                141 * GiB, 4800 * GB, default_link="nvlink4"),
     DeviceSpec("cpu", _tf(float64=0.5, float32=1.0), 64 * GiB, 100 * GB, launch_floor=2e-6,

@@ -69,6 +69,11 @@ class Entry:
             raise self.fail(f"expected a number {'> 0' if positive else '>= 0'}, found {value}")
         return float(value)
 
+    def boolean(self) -> bool:
+        if not isinstance(self.value, bool):
+            raise self.fail(f"expected true or false, found {_kind(self.value)}")
+        return self.value
+
     def integer(self, minimum: int = 1, maximum: int = 2**31) -> int:
         value = self.value
         if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= maximum:

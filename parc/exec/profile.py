@@ -322,15 +322,35 @@ def _all_reduces(comm, threads: int, engine: tuple[str, str] = ("ort", "cpu")) -
     return comm.comm.bcast(rows, root=k - 1)
 
 
+# a memory benchmark's op -> the class it calibrates (`parc.ops.op_class`); None: the default
+# (every elementwise op, and a fused tree of them)
+MEMORY_CLASSES = {"Add": None, "MulBroadcast": None, "Transpose": "Transpose", "ReduceSumFirst": "ReduceSum",
+                  "ReduceMeanLast": "ReduceMean", "Softmax": "Softmax", "LayerNorm": "LayerNormalization"}
+
+
 def fit(rows: dict, k: int) -> dict:
-    """Calibration fields (SI) from one rank's measured rows."""
-    rates = {"MatMul": _geomean([r["flops_per_s"] for r in rows["matmul"]])}
-    for cls in dict.fromkeys(r["class"] for r in rows.get("conv", [])):
-        rates[cls] = _geomean([r["flops_per_s"] for r in rows["conv"] if r["class"] == cls])
+    """Calibration fields (SI) from one rank's measured rows. Each class's rate is the geometric
+    mean of its sizes'; the fastest class's is the peak (FLOP/s, bytes/s) and the others are
+    fractions of it: matmuls are `MatMul` (a 2-D product) or `BatchMatMul`, convolutions their
+    classes; memory-bound ops the elementwise default or their own class (`MEMORY_CLASSES`)."""
+    def by_class(items) -> dict:
+        groups: dict = {}
+        for cls, rate in items:
+            groups.setdefault(cls, []).append(rate)
+        return {cls: _geomean(rates) for cls, rates in groups.items()}
+
+    rates = by_class(("BatchMatMul" if len(r["shape"]) > 3 and math.prod(r["shape"][:-3]) > 1 else "MatMul",
+                      r["flops_per_s"]) for r in rows["matmul"])
+    rates.update(by_class((r["class"], r["flops_per_s"]) for r in rows.get("conv", [])))
     peak = max(rates.values())  # efficiencies are fractions of the fastest class's rate
-    out = {"peak_float32": peak, "compute_efficiency": rates["MatMul"] / peak,
+    main = rates.get("MatMul", peak)
+    streams = by_class((MEMORY_CLASSES.get(r["op"]), r["bytes_per_s"]) for r in rows["memory"])
+    bandwidth = max(streams.values())
+    default = streams.get(None, bandwidth)
+    out = {"peak_float32": peak, "compute_efficiency": main / peak,
            "op_efficiency": {cls: rate / peak for cls, rate in rates.items() if cls != "MatMul"},
-           "memory_bandwidth": _geomean([r["bytes_per_s"] for r in rows["memory"]]),
+           "memory_bandwidth": bandwidth, "memory_efficiency": default / bandwidth,
+           "memory_op_efficiency": {cls: rate / bandwidth for cls, rate in streams.items() if cls is not None},
            "launch_floor": rows["launch_floor_s"], "task_overhead": rows["task_overhead_s"]}
     if k > 1 and rows.get("all_reduce"):
         # in a burst, t = a * steps + b * volume, with steps = 2(n-1) and volume = 2(n-1)/n B
@@ -445,8 +465,9 @@ class _Solo:
 def _device_yaml(f: dict) -> dict:
     return {"fp32_tflops": f["peak_float32"] / 1e12, "bandwidth_gbs": f["memory_bandwidth"] / 1e9,
             "launch_floor_us": f["launch_floor"] * 1e6, "task_overhead_us": f["task_overhead"] * 1e6,
-            "compute_efficiency": f["compute_efficiency"], "memory_efficiency": 1.0,
-            **({"op_efficiency": f["op_efficiency"]} if f["op_efficiency"] else {})}
+            "compute_efficiency": f["compute_efficiency"], "memory_efficiency": f.get("memory_efficiency", 1.0),
+            **({"op_efficiency": f["op_efficiency"]} if f["op_efficiency"] else {}),
+            **({"memory_op_efficiency": f["memory_op_efficiency"]} if f.get("memory_op_efficiency") else {})}
 
 
 def _link_yaml(f: dict) -> dict:

@@ -234,9 +234,15 @@ class OpRule:
     flops: CostFn = output_elements
     notes: str = ""
     aliases: tuple[str, ...] = field(default=())
+    # the output is a view of the input (a new shape over the same contiguous buffer): both
+    # engines alias it (onnxruntime's kernel shares the buffer, the array engine reshapes a view),
+    # so it moves no bytes
+    view: bool = False
 
     def bytes_accessed(self, node: Node) -> tuple[int, int]:
         """(bytes read, bytes written) by one execution of the node."""
+        if self.view:
+            return 0, 0
         read = sum(v.nbytes for v in node.inputs if v is not None and v.shape is not None)
         written = sum(v.nbytes for v in node.outputs if v.shape is not None)
         return read, written
@@ -248,14 +254,16 @@ class OpRule:
 RULES: dict[str, OpRule] = {}
 
 
-def register(*op_types: str, flops: CostFn = output_elements, notes: str = "") -> Callable[[ShardingFn], ShardingFn]:
-    """Decorator: register a sharding function (and FLOP count) for ONNX op types."""
+def register(*op_types: str, flops: CostFn = output_elements, notes: str = "",
+             view: bool = False) -> Callable[[ShardingFn], ShardingFn]:
+    """Decorator: register a sharding function (and FLOP count) for ONNX op types; `view`: the
+    output is a view of the input (no bytes move)."""
 
     def wrap(fn: ShardingFn) -> ShardingFn:
         for op in op_types:
             if op in RULES:
                 raise ValueError(f"op {op} registered twice")
-            RULES[op] = OpRule(op, fn, flops, notes)
+            RULES[op] = OpRule(op, fn, flops, notes, view=view)
         return fn
 
     return wrap
@@ -279,13 +287,19 @@ def node_work(node: Node) -> tuple[float, float, Any]:
 
 
 def op_class(node: Node) -> str:
-    """The class a device's calibration prices the node's FLOPs by (`DeviceSpec.op_efficiency`):
-    its op type, except a convolution whose kernel is larger than its output (a weight's
-    gradient: the batch is the contracted axis), which runs far below a forward one on CPUs."""
+    """The class a device's calibration prices the node by (`DeviceSpec.op_efficiency` and
+    `memory_op_efficiency`): its op type, except a convolution whose kernel is larger than its
+    output (a weight's gradient: the batch is the contracted axis), which runs far below a
+    forward one on CPUs, and a MatMul whose second operand has batch dims (`BatchMatMul`: many
+    small products, as attention's; a weight's [k, n] makes one 2-D product of the rows)."""
     if node.op_type == "Conv" and len(node.inputs) > 1 and node.inputs[1] is not None:
         w, y = node.inputs[1].shape, node.outputs[0].shape if node.outputs else None
         if w is not None and y is not None and len(w) > 2 and math.prod(w[2:]) > math.prod(y[2:]):
             return "ConvWeightGrad"
+    if node.op_type == "MatMul" and len(node.inputs) > 1 and node.inputs[1] is not None:
+        b = node.inputs[1].shape
+        if b is not None and len(b) > 2 and math.prod(b[:-2]) > 1:
+            return "BatchMatMul"
     return node.op_type
 
 

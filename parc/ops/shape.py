@@ -110,7 +110,7 @@ def _factor_segment(seg_a: list[int], seg_b: list[int], src: Sequence[int], dst:
         dst_f[d] = outer_b[d] + middle_b[d] + inner_b[d]
 
 
-@register("Reshape", flops=zero_flops,
+@register("Reshape", flops=zero_flops, view=True,
           notes="dims map through the common factorisation of the two shapes; what has none "
                 "stays whole; the shape input is a shape argument (a shard gets its local shape)")
 def _reshape(node: Node, b: RuleBuilder) -> ShardingRule | None:
@@ -124,7 +124,7 @@ def _reshape(node: Node, b: RuleBuilder) -> ShardingRule | None:
     return b.einsum(spec, sizes=sizes, shape_args={1: 0})
 
 
-@register("Flatten", flops=zero_flops, notes="output dims are groups of the input dims")
+@register("Flatten", flops=zero_flops, view=True, notes="output dims are groups of the input dims")
 def _flatten(node: Node, b: RuleBuilder) -> ShardingRule | None:
     x = node.inputs[0]
     assert x is not None
@@ -142,7 +142,7 @@ def _flatten(node: Node, b: RuleBuilder) -> ShardingRule | None:
     return b.einsum(f"{xs} -> {_dim(outer)} {_dim(inner)}")
 
 
-@register("Squeeze", flops=zero_flops,
+@register("Squeeze", flops=zero_flops, view=True,
           notes="without axes nothing splits: a shard whose piece of a dim has size 1 would "
                 "squeeze it too")
 def _squeeze(node: Node, b: RuleBuilder) -> ShardingRule | None:
@@ -165,7 +165,7 @@ def _squeeze(node: Node, b: RuleBuilder) -> ShardingRule | None:
     return b.einsum(f"{xs}, - -> {ys}", unsplittable=names if implicit else ())
 
 
-@register("Unsqueeze", flops=zero_flops)
+@register("Unsqueeze", flops=zero_flops, view=True)
 def _unsqueeze(node: Node, b: RuleBuilder) -> ShardingRule | None:
     x, y = node.inputs[0], node.outputs[0]
     assert x is not None

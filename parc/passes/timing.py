@@ -72,7 +72,7 @@ def module_seconds(model: onnx.ModelProto, device: DeviceSpec, info: Mapping[str
                                      if dtype else None, tuple(shape) if shape is not None else None)
             return values[name]
 
-        total = 0.0
+        nodes, work = [], []
         for proto in model.graph.node:
             node = Node(proto.op_type, [value(i) for i in proto.input], [value(o) for o in proto.output],
                         {a.name: a for a in proto.attribute}, proto.name, proto.domain)
@@ -80,9 +80,40 @@ def module_seconds(model: onnx.ModelProto, device: DeviceSpec, info: Mapping[str
                 flops, nbytes, dtype = node_work(node)
             except (AssertionError, TypeError, ValueError, KeyError, IndexError):  # a shape it cannot see
                 flops, nbytes, dtype = 0.0, 0.0, "float32"
-            total += compute_time(flops, nbytes, device, dtype, op_class(node))
+            nodes.append(node)
+            work.append((flops, nbytes, dtype, op_class(node)))
+        if device.gpu:
+            work = _on_the_array_engine(nodes, work, [o.name for o in model.graph.output])
+        total = sum(compute_time(flops, nbytes, device, dtype, cls) for flops, nbytes, dtype, cls in work)
         _MODULE_SECONDS[key] = total
     return _MODULE_SECONDS[key]
+
+
+def _on_the_array_engine(nodes: list, work: list[tuple], graph_outputs: list[str]) -> list[tuple]:
+    """`work` (FLOPs, bytes, dtype, class per node) as parc's array engine runs it on a GPU: a
+    tree of two or more elementwise nodes (`fusion.trees`, the grouping the engine makes) is one
+    kernel reading its leaves once and writing its root; a Transpose returns a view (its reader
+    takes the strides), moving nothing itself."""
+    from parc.exec.engines.fusion import OPS, trees
+
+    steps = [(n.domain in ("", "ai.onnx") and OPS.get(n.op_type, (None,))[0] == len(n.inputs)
+              and all(v is not None for v in n.inputs) and len(n.outputs) == 1,
+              [v.name if v is not None else "" for v in n.inputs], n.outputs[0].name if n.outputs else None)
+             for n in nodes]
+    out = [(w[0], 0.0, *w[2:]) if n.op_type == "Transpose" else w for n, w in zip(nodes, work)]
+    for tree in trees(steps, graph_outputs):
+        if len(tree) < 2:
+            continue
+        inner = {nodes[i].outputs[0].name for i in tree}
+        leaves = {v.name: v for i in tree for v in nodes[i].inputs if v.name not in inner}
+        root = nodes[tree[-1]].outputs[0]
+        nbytes = sum(v.nbytes for v in leaves.values() if v.shape is not None)
+        nbytes += root.nbytes if root.shape is not None else 0
+        flops = sum(out[i][0] for i in tree)
+        for i in tree[:-1]:
+            out[i] = None
+        out[tree[-1]] = (flops, nbytes, out[tree[-1]][2], "")
+    return [w for w in out if w is not None]
 
 
 def output_bytes(model: onnx.ModelProto) -> dict[str, int]:

@@ -29,7 +29,9 @@ def test_fit_recovers_the_figures_of_the_formula():
     f = prof.fit(_rows(20e-6, 3e9, 5e-4, 4), 4)
     assert f["latency"] == pytest.approx(20e-6, rel=1e-6) and f["bandwidth"] == pytest.approx(3e9, rel=1e-6)
     assert f["handoff"] == pytest.approx(5e-4)
-    assert f["memory_bandwidth"] == pytest.approx(20e9)  # geometric mean of 10 and 40
+    # Softmax streams fastest (40 GB/s): the bandwidth; elementwise ops (Add) a quarter of it
+    assert f["memory_bandwidth"] == pytest.approx(40e9) and f["memory_efficiency"] == pytest.approx(0.25)
+    assert f["memory_op_efficiency"] == pytest.approx({"Softmax": 1.0})
     assert (f["peak_float32"], f["launch_floor"], f["task_overhead"]) == pytest.approx((1e11, 1e-6, 4e-6))
     assert f["compute_efficiency"] == 1.0 and f["op_efficiency"] == {}
 
@@ -76,6 +78,24 @@ def test_bad_profile_flags_are_one_line_errors(tmp_path):
     assert_one_line_error(parc("profile", "-o", str(tmp_path)), "is a directory")
     assert_one_line_error(parc("profile", "-o", str(tmp_path / "c.yaml"), "--seconds", "0"), "--seconds")
     assert_one_line_error(parc("profile", "-o", str(tmp_path / "c.yaml"), "--ranks", "0"), "--ranks")
+
+
+def test_batched_products_and_memory_classes_are_fractions_of_the_fastest_rate(tmp_path):
+    rows = _rows(20e-6, 3e9, 0.0, 1)
+    rows["matmul"] = [{"shape": [64, 64, 64], "flops_per_s": 4e11}, {"shape": [8, 4, 64, 64, 64], "flops_per_s": 1e11},
+                      {"shape": [16, 128, 64, 256], "flops_per_s": 4e11}]
+    rows["memory"] = [{"op": "Add", "bytes_per_s": 2e12}, {"op": "MulBroadcast", "bytes_per_s": 2e12},
+                      {"op": "LayerNorm", "bytes_per_s": 2e11}, {"op": "ReduceSumFirst", "bytes_per_s": 1e12}]
+    f = prof.fit(rows, 1)
+    assert f["peak_float32"] == pytest.approx(4e11) and f["compute_efficiency"] == 1.0
+    assert f["op_efficiency"] == pytest.approx({"BatchMatMul": 0.5})  # geometric mean of 1e11 and 4e11
+    assert f["memory_bandwidth"] == pytest.approx(2e12) and f["memory_efficiency"] == 1.0
+    assert f["memory_op_efficiency"] == pytest.approx({"LayerNormalization": 0.1, "ReduceSum": 0.5})
+    out = tmp_path / "c.yaml"
+    prof.write_calibration(out, {1: f}, {1: {**rows, "matmul": [], "memory": []}}, "h100-80g", "nvlink4")
+    spec = load_constants(out).apply(parse_devices("1xh100-80g")).devices[0]
+    assert spec.memory_fraction("LayerNormalization") == pytest.approx(0.1) and spec.memory_fraction("Mul") == 1.0
+    assert spec.efficiency("BatchMatMul") == pytest.approx(0.5) and spec.gpu
 
 
 def test_convolution_classes_are_fractions_of_the_fastest_rate():

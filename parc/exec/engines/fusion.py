@@ -141,36 +141,43 @@ def fusible(op: str, inputs: Sequence[str], outputs: Sequence[tuple[int, str]]) 
             and "\0" not in "".join(inputs))
 
 
+def trees(steps: Sequence[tuple[bool, Sequence[str], str | None]], graph_outputs: Sequence[str]) -> list[list[int]]:
+    """The elementwise trees fusion makes, as step indices in the graph's order, the root last:
+    `steps` are (fusible, input keys, output key) in the graph's order. A fusible step takes in
+    the tree producing one of its inputs when that value has no other reader and is not a graph
+    output. Every fusible step is in one tree (alone, if nothing joins it). The engine runs each
+    tree of two or more as one kernel; the cost model (`parc.passes.timing`) prices it so."""
+    readers = Counter(k for _, inputs, _ in steps for k in inputs)
+    keep = set(graph_outputs)
+    pending: dict[str, list[int]] = {}  # a fusible step's output -> its tree
+    for i, (ok, inputs, output) in enumerate(steps):
+        if not ok or output is None:
+            continue
+        tree: list[int] = []
+        for k in dict.fromkeys(inputs):
+            if k in pending and readers[k] == 1 and k not in keep:
+                tree.extend(pending.pop(k))
+        tree.append(i)
+        pending[output] = sorted(tree)
+    return list(pending.values())
+
+
 def fuse(steps: list[tuple], ops: list[str], graph_outputs: Sequence[str], xp: Any) -> list[tuple]:
     """The engine's steps (kernel, input keys, outputs, label) with elementwise trees fused, each
     at its root's place. `ops` is each step's op type."""
-    readers = Counter(k for _, inputs, _, _ in steps for k in inputs)
-    keep = set(graph_outputs)
-    pending: dict[str, tuple[int, list[Op]]] = {}  # a fusible step's output -> (its index, its tree)
-    taken: set[int] = set()
-    order: dict[str, int] = {}  # a fusible step's output -> its index (the graph's order)
-    out: list[tuple | None] = []
-    for i, ((kernel, inputs, outputs, label), op) in enumerate(zip(steps, ops)):
-        if not fusible(op, inputs, outputs):
-            out.append((kernel, inputs, outputs, label))
+    flags = [fusible(op, inputs, outputs) for (_, inputs, outputs, _), op in zip(steps, ops)]
+    groups = trees([(ok, inputs, outputs[0][1] if ok else None)
+                    for ok, (_, inputs, outputs, _) in zip(flags, steps)], graph_outputs)
+    root = {tree[-1]: tree for tree in groups if len(tree) > 1}
+    taken = {i for tree in root.values() for i in tree[:-1]}
+    out: list[tuple] = []
+    for i, step in enumerate(steps):
+        if i in taken:
             continue
-        tree: list[Op] = []
-        for k in dict.fromkeys(inputs):
-            if k in pending and readers[k] == 1 and k not in keep:
-                j, sub = pending.pop(k)
-                taken.add(j)
-                tree.extend(sub)
-        tree.append(Op(kernel, op, tuple(inputs), outputs[0][1], label))
-        order[outputs[0][1]] = i
-        tree.sort(key=lambda o: order[o.output])
-        pending[outputs[0][1]] = (i, tree)
-        out.append(None)  # filled below: the tree may yet be taken into a later one
-    for i, tree in pending.values():
-        if len(tree) == 1:
-            o = tree[0]
-            out[i] = (o.kernel, o.inputs, ((0, o.output),), o.label)
-        else:
-            group = Group(tree, xp)
-            out[i] = (group, group.leaves, ((0, group.output),), group.label)
-    assert all(out[j] is None for j in taken)
-    return [s for s in out if s is not None]
+        if i not in root:
+            out.append(step)
+            continue
+        group = Group([Op(steps[j][0], ops[j], tuple(steps[j][1]), steps[j][2][0][1], steps[j][3])
+                       for j in root[i]], xp)
+        out.append((group, group.leaves, ((0, group.output),), group.label))
+    return out

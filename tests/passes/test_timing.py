@@ -1,0 +1,72 @@
+"""Task times (`parc.passes.timing`): a module priced as the engine on its device runs it. On a
+GPU (`DeviceSpec.gpu`) the array engine fuses elementwise trees and returns a Transpose as a view;
+the pricing follows the grouping the engine itself makes (`fusion.trees`)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from parc.cluster.devices import DEVICES
+from parc.exec.engines.array import ArrayEngine
+from parc.exec.engines.fusion import Group
+from parc.passes.timing import module_seconds
+
+N = 1 << 20  # elements per tensor: 4 MiB in float32
+
+
+def _module() -> tuple[onnx.ModelProto, dict]:
+    """y = relu(x * w + b) + z, Transpose(y), and z * z: one fusible tree of four nodes (each
+    intermediate read once), a lone Mul and a Transpose."""
+    nodes = [helper.make_node("Mul", ["x", "w"], ["xw"]), helper.make_node("Add", ["xw", "b"], ["h"]),
+             helper.make_node("Relu", ["h"], ["r"]), helper.make_node("Add", ["r", "z"], ["y"]),
+             helper.make_node("Transpose", ["y"], ["t"], perm=[1, 0]),
+             helper.make_node("Mul", ["z", "z"], ["zz"])]
+    shape = [1024, N // 1024]
+    io = [helper.make_tensor_value_info(n, TensorProto.FLOAT, shape) for n in ("x", "w", "b", "z")]
+    outs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, shape[::-1] if n == "t" else shape)
+            for n in ("t", "zz")]
+    model = helper.make_model(helper.make_graph(nodes, "m", io, outs), opset_imports=[helper.make_opsetid("", 17)])
+    info = {n: (TensorProto.FLOAT, tuple(shape)) for n in ("x", "w", "b", "z", "xw", "h", "r", "y", "zz")}
+    info["t"] = (TensorProto.FLOAT, tuple(shape[::-1]))
+    return model, info
+
+
+def test_a_gpu_prices_the_trees_the_engine_fuses_and_transposes_as_views():
+    model, info = _module()
+    h100 = DEVICES["h100-80g"]
+    floor, bw = h100.launch_floor, h100.memory_bandwidth
+    tensor = 4 * N
+    # the engine's own grouping: Mul, Add, Relu, Add as one tree (each intermediate read once);
+    # the lone Mul(z, z) and the Transpose run alone
+    engine = ArrayEngine(model, device="cpu", fuse=True)
+    groups = [s[0] for s in engine._steps if isinstance(s[0], Group)]
+    assert [[o.op for o in g.ops] for g in groups] == [["Mul", "Add", "Relu", "Add"]]
+    # the tree reads x, w, b, z and writes y; Mul(z, z) reads z twice and writes zz; the
+    # Transpose moves nothing (a launch)
+    want = max(5 * tensor / bw, floor) + max(3 * tensor / bw, floor) + floor
+    assert module_seconds(model, h100, info) == pytest.approx(want)
+    # the same device run by onnxruntime (not a GPU): every node moves its bytes, floors add
+    plain = replace(h100, gpu=False)
+    unfused = (3 + 3 + 2 + 3 + 2 + 3) * tensor / bw + 6 * floor
+    assert module_seconds(model, plain, info) == pytest.approx(unfused)
+
+
+def test_views_move_no_bytes_on_any_device():
+    from onnx import numpy_helper
+
+    shape = numpy_helper.from_array(np.array([N], np.int64), "shape")
+    nodes = [helper.make_node("Reshape", ["x", "shape"], ["y"]), helper.make_node("Unsqueeze", ["y", "ax"], ["u"])]
+    ax = numpy_helper.from_array(np.array([0], np.int64), "ax")
+    model = helper.make_model(helper.make_graph(
+        nodes, "m", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1024, N // 1024])],
+        [helper.make_tensor_value_info("u", TensorProto.FLOAT, [1, N])], [shape, ax]),
+        opset_imports=[helper.make_opsetid("", 17)])
+    info = {"x": (TensorProto.FLOAT, (1024, N // 1024)), "y": (TensorProto.FLOAT, (N,)),
+            "u": (TensorProto.FLOAT, (1, N))}
+    cpu = DEVICES["cpu"]
+    assert module_seconds(model, cpu, info) == pytest.approx(2 * cpu.launch_floor)
