@@ -96,9 +96,12 @@ def axis_collective_time(mesh: Mesh, axis: int, kind: str, nbytes: float) -> flo
 
 
 def compute_time(flops: float, nbytes: float, device: DeviceSpec, dtype: object = "float32",
-                 op_class: str = "") -> float:
-    """Roofline time of one op: the slower of compute and memory traffic, plus the launch floor
-    (on a GPU, `DeviceSpec.gpu`, the longer of the two: kernels queue while the host launches).
+                 op_class: str = "", queued: bool = False) -> float:
+    """Roofline time of one op: the slower of compute and memory traffic, plus the launch floor.
+    `queued` (a module's nodes in a row, as the task times price them): on a GPU
+    (`DeviceSpec.gpu`) the longer of the two instead, since kernels queue while the host launches
+    the next. The search prices nodes apart, the floor added (where kernels are shorter than
+    their launch, as in small models, the sum keeps a split worth its share of the kernel).
 
     max(flops / (peak[dtype] * efficiency), bytes / (memory_bandwidth * memory_fraction))
     + launch_floor, where efficiency and memory_fraction are the device's for the op's class
@@ -109,6 +112,6 @@ def compute_time(flops: float, nbytes: float, device: DeviceSpec, dtype: object 
         raise ValueError(f"compute_time: need flops >= 0 and bytes >= 0, got {flops}, {nbytes}")
     compute = flops / (device.peak(dtype) * device.efficiency(op_class))
     memory = nbytes / (device.memory_bandwidth * device.memory_fraction(op_class))
-    if device.gpu:
+    if queued and device.gpu:
         return max(compute, memory, device.launch_floor)
     return max(compute, memory) + device.launch_floor

@@ -84,7 +84,7 @@ def module_seconds(model: onnx.ModelProto, device: DeviceSpec, info: Mapping[str
             work.append((flops, nbytes, dtype, op_class(node)))
         if device.gpu:
             work = _on_the_array_engine(nodes, work, [o.name for o in model.graph.output])
-        total = sum(compute_time(flops, nbytes, device, dtype, cls) for flops, nbytes, dtype, cls in work)
+        total = sum(compute_time(flops, nbytes, device, dtype, cls, queued=True) for flops, nbytes, dtype, cls in work)
         _MODULE_SECONDS[key] = total
     return _MODULE_SECONDS[key]
 

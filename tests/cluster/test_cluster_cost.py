@@ -96,25 +96,28 @@ def test_axis_collective_time_uses_the_axis_link():
 
 def test_compute_bound_and_memory_bound():
     v100 = DEVICES["v100-32g"]
-    assert v100.gpu  # kernels queue behind the host's launches: the longer of the two
-    # 15.7 TFLOP at 15.7 TFLOP/s float32: 1 s (the 5 us floor is hidden under it)
-    assert compute_time(15.7e12, 0, v100, "float32") == pytest.approx(1)
-    assert compute_time(15.7e12, 0, v100, FLOAT) == pytest.approx(1)
+    # 15.7 TFLOP at 15.7 TFLOP/s float32: 1 s, plus the 5 us floor
+    assert compute_time(15.7e12, 0, v100, "float32") == pytest.approx(1 + 5e-6)
+    assert compute_time(15.7e12, 0, v100, FLOAT) == pytest.approx(1 + 5e-6)
     # the same FLOPs in float16 on tensor cores: 15.7 / 125 s
-    assert compute_time(15.7e12, 0, v100, FLOAT16) == pytest.approx(15.7 / 125)
+    assert compute_time(15.7e12, 0, v100, FLOAT16) == pytest.approx(15.7 / 125 + 5e-6)
     # bf16 has no V100 units: the float32 rate
-    assert compute_time(15.7e12, 0, v100, BFLOAT16) == pytest.approx(1)
+    assert compute_time(15.7e12, 0, v100, BFLOAT16) == pytest.approx(1 + 5e-6)
     # an element-wise op: 1 GFLOP but 9 GB of traffic at 900 GB/s -> memory-bound, 10 ms
-    assert compute_time(1e9, 9e9, v100, "float32") == pytest.approx(0.01)
-    # nothing to do, or a kernel shorter than its launch, costs the launch floor
-    assert compute_time(0, 0, v100) == 5e-6 and compute_time(0, 9e5, v100) == 5e-6
+    assert compute_time(1e9, 9e9, v100, "float32") == pytest.approx(0.01 + 5e-6)
+    # nothing to do still costs the launch floor
+    assert compute_time(0, 0, v100) == 5e-6
+    # a module's nodes in a row on a GPU: kernels queue behind the host's launches, so a node
+    # costs the longer of the two (a kernel shorter than its launch costs the launch)
+    assert v100.gpu and compute_time(15.7e12, 0, v100, queued=True) == pytest.approx(1)
+    assert compute_time(0, 9e5, v100, queued=True) == 5e-6
     # a layer norm streaming at a tenth of the bandwidth (a calibrated class)
     slow = replace(v100, memory_op_efficiency={"LayerNormalization": 0.1})
-    assert compute_time(0, 9e9, slow, "float32", "LayerNormalization") == pytest.approx(0.1)
-    assert compute_time(0, 9e9, slow, "float32", "Mul") == pytest.approx(0.01)
-    # a CPU runs each kernel in the calling thread: the floor adds
+    assert compute_time(0, 9e9, slow, "float32", "LayerNormalization") == pytest.approx(0.1 + 5e-6)
+    assert compute_time(0, 9e9, slow, "float32", "Mul") == pytest.approx(0.01 + 5e-6)
+    # a CPU runs each kernel in the calling thread: the floor adds even in a row
     cpu = DEVICES["cpu"]
-    assert not cpu.gpu and compute_time(1e12, 0, cpu) == pytest.approx(1 + 2e-6)
+    assert not cpu.gpu and compute_time(1e12, 0, cpu, queued=True) == pytest.approx(1 + 2e-6)
 
 
 def test_efficiencies_scale_their_own_term():
