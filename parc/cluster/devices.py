@@ -7,6 +7,7 @@ TFLOP/s = 1e12 FLOP/s), as on the datasheets.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
@@ -106,13 +107,20 @@ class DeviceSpec:
     def efficiency(self, op_class: str = "") -> float:
         """The fraction of peak FLOP/s an op of `op_class` reaches (compute_efficiency unless
         the class has its own)."""
-        return dict(self.op_efficiency).get(op_class, self.compute_efficiency) if op_class else self.compute_efficiency
+        return self._op_table.get(op_class, self.compute_efficiency) if op_class else self.compute_efficiency
+
+    @functools.cached_property
+    def _op_table(self) -> dict[str, float]:
+        return dict(self.op_efficiency)
+
+    @functools.cached_property
+    def _memory_table(self) -> dict[str, float]:
+        return dict(self.memory_op_efficiency)
 
     def memory_fraction(self, op_class: str = "") -> float:
         """The fraction of memory_bandwidth an op of `op_class` streams at (memory_efficiency
         unless the class has its own)."""
-        return dict(self.memory_op_efficiency).get(op_class, self.memory_efficiency) if op_class \
-            else self.memory_efficiency
+        return self._memory_table.get(op_class, self.memory_efficiency) if op_class else self.memory_efficiency
 
     def peak(self, dtype: object) -> float:
         """Peak FLOP/s for `dtype`; types the device has no fast path for run at its float32 rate."""
