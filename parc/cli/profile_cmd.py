@@ -37,11 +37,7 @@ def profile(output: str | None, max_ranks: int | None, budget: float | None, eng
         return
     if output is None:
         raise UsageError("-o FILE is required: the calibration file to write")
-    if max_ranks is None:
-        from parc.exec.runner import pick_engine
-
-        max_ranks = 1 if pick_engine(engine)[1] == "gpu" else 4
-    if max_ranks < 1:
+    if max_ranks is not None and max_ranks < 1:
         raise UsageError(f"--ranks {max_ranks}: expected a count >= 1")
     out = Path(output)
     if out.exists() and out.is_dir():

@@ -381,22 +381,28 @@ def gpu_device_type(cupy=None) -> str:
     the member whose memory is nearest the card's), e.g. 'NVIDIA H100 80GB HBM3' -> h100-80g."""
     from parc.cluster.devices import DEVICES
 
-    if cupy is None:
-        import cupy
-    props = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)
-    name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
+    name, memory = _gpu_card(cupy)
     words = name.lower().replace("-", " ").split()
     family = [spec for spec in DEVICES.values() if spec.name.split("-")[0] in words]
     if not family:
         raise UsageError(f"the GPU '{name}' is not in parc's device catalogue: name its type with --device "
                          f"(known: {', '.join(DEVICES)}, or one a cluster file defines)")
-    return min(family, key=lambda spec: abs(spec.memory_bytes - props["totalGlobalMem"])).name
+    return min(family, key=lambda spec: abs(spec.memory_bytes - memory)).name
 
 
-def profile(output: Path, max_ranks: int, budget: float = BUDGET, device: str | None = None, link: str = "shm",
+def _gpu_card(cupy=None) -> tuple[str, int]:
+    """The name CUDA reports for the current GPU and its memory in bytes."""
+    if cupy is None:
+        import cupy
+    props = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)
+    name = props["name"]
+    return (name.decode() if isinstance(name, bytes) else str(name)), int(props["totalGlobalMem"])
+
+
+def profile(output: Path, max_ranks: int | None, budget: float = BUDGET, device: str | None = None, link: str = "shm",
             echo=print, engine: str = "ort") -> dict[int, dict]:
-    """Measure with 1, 2, 4, ... ranks (up to `max_ranks`) on `engine` (`parc run --engine`'s
-    names) and write the calibration file for device type `device` (by default `cpu`, or the
+    """Measure with 1, 2, 4, ... ranks (up to `max_ranks`; None: 1 on a GPU, else 4) on `engine`
+    (`parc run --engine`'s names) and write the calibration file for device type `device` (by default `cpu`, or the
     catalogue's name of the GPU that `--engine cupy` measures)."""
     import tempfile
 
@@ -404,6 +410,8 @@ def profile(output: Path, max_ranks: int, budget: float = BUDGET, device: str | 
     from parc.exec.runner import RunError, pick_engine, rank_threads
 
     kind = pick_engine(engine)  # refuses cupy without a usable GPU, in one line
+    if max_ranks is None:
+        max_ranks = 1 if kind[1] == "gpu" else 4
     if kind[1] == "gpu" and max_ranks != 1:
         raise UsageError(f"--ranks {max_ranks}: --engine cupy measures one GPU (--ranks 1); links between GPUs "
                          "are not measured yet (the catalogue's or a cluster file's figures are used)")
@@ -445,8 +453,7 @@ def _engine_text(kind: tuple[str, str]) -> str:
 
     from parc.exec.engines import gpu
 
-    props = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)
-    name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
+    name, _ = _gpu_card(cupy)
     runtime, driver = cupy.cuda.runtime.runtimeGetVersion(), cupy.cuda.runtime.driverGetVersion()
     return (f"parc's array engine on CuPy {cupy.__version__}, {name}, CUDA runtime {runtime // 1000}."
             f"{runtime % 1000 // 10}, driver API {driver // 1000}.{driver % 1000 // 10}, float32 matmuls "

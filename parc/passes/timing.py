@@ -94,12 +94,14 @@ def _on_the_array_engine(nodes: list, work: list[tuple], graph_outputs: list[str
     tree of two or more elementwise nodes (`fusion.trees`, the grouping the engine makes) is one
     kernel reading its leaves once and writing its root; a Transpose returns a view (its reader
     takes the strides), moving nothing itself."""
-    from parc.exec.engines.fusion import OPS, trees
+    from parc.exec.engines.fusion import fusible, trees
 
-    steps = [(n.domain in ("", "ai.onnx") and OPS.get(n.op_type, (None,))[0] == len(n.inputs)
-              and all(v is not None for v in n.inputs) and len(n.outputs) == 1,
-              [v.name if v is not None else "" for v in n.inputs], n.outputs[0].name if n.outputs else None)
-             for n in nodes]
+    steps = []
+    for n in nodes:
+        inputs = [v.name if v is not None else "" for v in n.inputs]
+        outputs = [(j, v.name) for j, v in enumerate(n.outputs)]
+        ok = n.domain in ("", "ai.onnx") and fusible(n.op_type, inputs, outputs)
+        steps.append((ok, inputs, outputs[0][1] if ok else None))
     out = [(w[0], 0.0, *w[2:]) if n.op_type == "Transpose" else w for n, w in zip(nodes, work)]
     for tree in trees(steps, graph_outputs):
         if len(tree) < 2:
