@@ -123,3 +123,16 @@ def test_a_failure_stops_the_later_jobs(graph):
     with pytest.raises(UsageError, match="job 0 failed"):
         pool.run_jobs(slow_unless_first, graph, [0, 1, 2], 2)
     assert time.perf_counter() - t0 < 30
+
+
+def test_the_shared_minimum_reaches_across_forked_workers():
+    """What a forked worker offers, the parent and later workers see: the least value wins."""
+    best = pool.SharedMinimum()
+    best.offer(5.0)
+
+    def offer(_graph, x):
+        best.offer(x)
+        return best.value
+
+    seen = pool.run_jobs(offer, from_model(mlp_model()), [7.0, 3.0, 4.0], 2)
+    assert best.value == 3.0 and seen[0] == 5.0 and min(seen) == 3.0

@@ -11,6 +11,7 @@ from parc.ir import importer
 from parc.ir.state import BACKWARD, FORWARD, OPTIMIZER, phase
 from parc.passes.spmd.costs import build
 from parc.passes.spmd.follow import mirror, training_grouping
+from parc.passes.spmd.pool import SharedMinimum
 from parc.passes.spmd.search import O2_EXACT_GAP, search_plan
 from parc.sharding import ShardSpec
 from parc.solver import IlpOptions, MemoryBudgetError, SearchOptions, solve
@@ -99,6 +100,30 @@ def test_a_plan_not_proven_within_second_gap_gets_the_parameter_led_candidate(st
     assert sol.lower_bound == good.lower_bound and sol.gap == pytest.approx(1 - sol.lower_bound / sol.cost)
     monkeypatch.setattr(spmd_search, "SECOND_GAP", 1.0)  # never tried
     assert search_plan(model, p, "O2", OPTIONS).method == "poor"
+
+
+@pytest.mark.parametrize("level", ["O2", "O3"])
+def test_a_mesh_that_cannot_win_skips_the_exact_ilp(steps, monkeypatch, level):
+    """With a plan elsewhere cheaper than this mesh's proven bound, the mesh keeps its follow plan
+    (marked dominated) and runs no exact ILP; an incumbent at or above its optimum changes
+    nothing."""
+    graph = steps["unet-tiny"]
+    model = build(graph, enumerate_meshes(CLUSTER, max_dims=2)[1], CLUSTER)
+    p = model.problem.with_budget(80e9)
+    big = 10**9  # O2's exact finish considered however many columns
+    exact = search_plan(model, p, level, OPTIONS, big, incumbent=SharedMinimum())
+    assert not exact.method.endswith("(dominated)")
+    above = SharedMinimum()
+    above.offer(exact.cost)
+    assert search_plan(model, p, level, OPTIONS, big, incumbent=above).cost == pytest.approx(exact.cost)
+    below = SharedMinimum()
+    below.offer(p.trivial_bound() / 2)  # cheaper than anything this mesh can do
+    monkeypatch.setattr(spmd_search, "_second", lambda *a: pytest.fail("a dominated mesh needs no second plan"))
+    monkeypatch.setattr(spmd_search, "solve", lambda q, lvl, *a, **k: (  # O2's neighbourhood step may
+        pytest.fail("no exact ILP on a dominated mesh") if q is p and lvl == "O3" else solve(q, lvl, *a, **k)))
+    sol = search_plan(model, p, level, OPTIONS, big, incumbent=below)
+    assert sol.method.endswith("(dominated)") and p.fits(sol.choice)
+    assert sol.cost == pytest.approx(p.cost(sol.choice)) and sol.lower_bound <= exact.cost * (1 + 1e-9)
 
 
 def test_a_forward_graph_has_no_grouping(tmp_path):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import gc
 import io
+import math
 import multiprocessing
 import pickle
 import traceback
@@ -34,6 +35,27 @@ _SHARED: tuple[Callable, Graph] | None = None
 
 def can_fork() -> bool:
     return "fork" in multiprocessing.get_all_start_methods()
+
+
+class SharedMinimum:
+    """The least value offered so far, in this process and in the workers it forks afterwards
+    (a search's cheapest plan: a mesh whose lower bound is above it cannot win)."""
+
+    def __init__(self) -> None:
+        self._shared = multiprocessing.get_context("fork").Value("d", math.inf) if can_fork() else None
+        self._local = math.inf
+
+    @property
+    def value(self) -> float:
+        return self._shared.value if self._shared is not None else self._local
+
+    def offer(self, x: float) -> None:
+        if self._shared is None:
+            self._local = min(self._local, x)
+            return
+        with self._shared.get_lock():
+            if x < self._shared.value:
+                self._shared.value = x
 
 
 def run_jobs(fn: Callable[[Graph, J], T], graph: Graph, jobs: Sequence[J], processes: int,

@@ -30,7 +30,7 @@ from parc.ir.graph import Graph
 from parc.ir.state import OPTIMIZER, bindings, phase
 from parc.passes.spmd.costs import CostModel, Micro, build, even_choice, micro_layout, per_device
 from parc.passes.spmd.follow import training_grouping
-from parc.passes.spmd.pool import run_jobs
+from parc.passes.spmd.pool import SharedMinimum, run_jobs
 from parc.plandir import PLAN_FORMAT_ONE_MESH as FORMAT_VERSION
 from parc.report.units import fmt_bytes
 from parc.sharding import R, S, ShardSpec
@@ -218,6 +218,9 @@ class _Search:
     micro: Micro | None = None
     arrivals: dict[str, float] | None = None  # a pipeline stage's received values (costs.build)
     kept: int = 1  # microbatches of activations alive at once (costs.build)
+    # the cheapest plan found so far on any mesh (plans, and baselines when no hints pin): a mesh
+    # whose proven bound is above it skips the work that could only improve its own plan
+    best: SharedMinimum = field(default_factory=SharedMinimum)
 
 
 @dataclass(frozen=True)
@@ -276,16 +279,24 @@ def _run(search: _Search, graph: Graph, job: _Job) -> _Built | Solution | str | 
     if job.what == "plan":
         problem = model.problem.restricted(job.pins) if job.pins else model.problem
         try:
-            return search_plan(model, problem.with_budget(search.budget), search.level, search.options)
+            sol = search_plan(model, problem.with_budget(search.budget), search.level, search.options,
+                              incumbent=search.best)
         except InfeasiblePlanError as e:
             return f"mesh {mesh.shape}: {e}"
+        search.best.offer(sol.cost)
+        return sol
     if job.what.startswith("megatron"):
-        return megatron_baseline(model, search.budget, search.options, search.level)
-    return flat_baseline(job.what, model, search.budget, search.options, search.level)
+        record = megatron_baseline(model, search.budget, search.options, search.level)
+    else:
+        record = flat_baseline(job.what, model, search.budget, search.options, search.level)
+    if search.hints is None and record["feasible"]:  # a plan of the search's own problem
+        search.best.offer(record["step_time_s"])
+    return record
 
 
 def search_plan(model: CostModel, problem: Problem, level: str, options: SearchOptions,
-                exact_columns: int = 150_000, refine_steps: int = 1, prove: bool = True) -> Solution:
+                exact_columns: int = 150_000, refine_steps: int = 1, prove: bool = True,
+                incumbent: SharedMinimum | None = None) -> Solution:
     """The plan on one mesh. A training step is first solved with its backward and optimizer
     nodes following their forward node and parameter (`parc.solver.follow`), then polished on
     the whole problem, then gets up to `refine_steps` large-neighbourhood steps
@@ -299,13 +310,23 @@ def search_plan(model: CostModel, problem: Problem, level: str, options: SearchO
     whole problem directly. `exact_columns=0` and `refine_steps=0`: O2's plan is the follow plan
     (the baselines'). With `prove`, a plan not proven within `PROVE_GAP` gets the diffusion
     bound (`parc.solver.bound`) as its lower bound when higher, and one still not proven within
-    SECOND_GAP is raced against the parameter-led grouping's plan (`_second`)."""
-    sol, proven = _search_plan(model, problem, level, options, exact_columns, refine_steps, prove)
+    SECOND_GAP is raced against the parameter-led grouping's plan (`_second`).
+
+    `incumbent`: the cheapest plan found on other meshes. A mesh whose follow plan's proven
+    bound is above it cannot win: it skips the exact ILP (at O3 too) and the second candidate,
+    and keeps its follow plan, marked "(dominated)". The plan chosen over all meshes is the same
+    whichever meshes finish first."""
+    sol, proven = _search_plan(model, problem, level, options, exact_columns, refine_steps, prove, incumbent)
     if prove and not proven:
         sol = _proven(model, problem, sol)
-    if prove and sol.gap > SECOND_GAP:
+    if prove and sol.gap > SECOND_GAP and not _dominated(sol, incumbent):
         sol = _second(model, problem, sol, options, refine_steps)
     return sol
+
+
+def _dominated(sol: Solution, incumbent: SharedMinimum | None) -> bool:
+    """sol's mesh cannot beat the incumbent: its proven lower bound is above it."""
+    return incumbent is not None and sol.lower_bound > incumbent.value * (1 + 1e-6)
 
 
 def _second(model: CostModel, problem: Problem, sol: Solution, options: SearchOptions,
@@ -349,7 +370,7 @@ def _proven(model: CostModel, problem: Problem, sol: Solution) -> Solution:
 
 
 def _search_plan(model: CostModel, problem: Problem, level: str, options: SearchOptions, exact_columns: int,
-                 refine_steps: int, prove: bool) -> tuple[Solution, bool]:
+                 refine_steps: int, prove: bool, incumbent: SharedMinimum | None = None) -> tuple[Solution, bool]:
     """search_plan's plan, and whether it has had the diffusion bound already."""
     problem.check_budget()  # before any search: no choice fits when the least memory does not
     grouping = model.grouping
@@ -376,6 +397,12 @@ def _search_plan(model: CostModel, problem: Problem, level: str, options: Search
                 return follow, True
         options = replace(options, ilp=replace(options.ilp, mip_gap=max(options.ilp.mip_gap, O2_EXACT_GAP),
                                                time_limit=min(options.ilp.time_limit, O2_EXACT_TIME_S)))
+    elif prove and incumbent is not None and math.isfinite(incumbent.value):
+        follow = _proven(model, problem, follow)  # O3: can the exact ILP still make this mesh win?
+    if prove and _dominated(follow, incumbent):
+        log.info("mesh %s: bound %.6g s above the best plan so far, %.6g s: no exact ILP", model.mesh.shape,
+                 follow.lower_bound, incumbent.value)  # type: ignore[union-attr]
+        return replace(follow, method=f"{follow.method}(dominated)"), True
     exact = solve(problem, "O3", _pruned(options), start=follow.choice)
     if follow.cost < exact.cost:  # stopped above the follow plan (a time-out): keep the plan
         lower = max(follow.lower_bound, exact.lower_bound)
