@@ -384,6 +384,7 @@ def _search_plan(model: CostModel, problem: Problem, level: str, options: Search
             log.info("mesh %s: the follow-coarsened plan does not fit; solving the whole problem", model.mesh.shape)
     if follow is None:
         return solve(problem, level, _pruned(options) if level == "O3" else options), False
+    proven = False
     if level == "O2":
         if follow.gap <= options.ilp.mip_gap:
             return follow, False
@@ -392,23 +393,26 @@ def _search_plan(model: CostModel, problem: Problem, level: str, options: Search
         if lp_columns(problem) > exact_columns:
             return follow, False
         if prove:  # the exact finish only when the bound leaves more than its gap (it costs seconds)
-            follow = _proven(model, problem, follow)
+            follow, proven = _proven(model, problem, follow), True
             if follow.gap <= O2_EXACT_GAP:
                 return follow, True
         options = replace(options, ilp=replace(options.ilp, mip_gap=max(options.ilp.mip_gap, O2_EXACT_GAP),
                                                time_limit=min(options.ilp.time_limit, O2_EXACT_TIME_S)))
     elif prove and incumbent is not None and math.isfinite(incumbent.value):
-        follow = _proven(model, problem, follow)  # O3: can the exact ILP still make this mesh win?
+        # O3: can the exact ILP still make this mesh win?
+        follow, proven = _proven(model, problem, follow), True
     if prove and _dominated(follow, incumbent):
         log.info("mesh %s: bound %.6g s above the best plan so far, %.6g s: no exact ILP", model.mesh.shape,
                  follow.lower_bound, incumbent.value)  # type: ignore[union-attr]
         return replace(follow, method=f"{follow.method}(dominated)"), True
     exact = solve(problem, "O3", _pruned(options), start=follow.choice)
-    if follow.cost < exact.cost:  # stopped above the follow plan (a time-out): keep the plan
-        lower = max(follow.lower_bound, exact.lower_bound)
-        return Solution(follow.choice, follow.cost, lower, relative_gap(follow.cost, lower), follow.status,
-                        follow.time_s + exact.time_s, follow.method), False
-    return exact, False
+    # the follow plan is kept when the ILP stopped above it (a time-out); the better bound either way
+    # (a diffusion bound already paid for is not run again: search_plan's `proven`)
+    best = follow if follow.cost < exact.cost else exact
+    lower = min(max(follow.lower_bound, exact.lower_bound), best.cost)
+    gap = relative_gap(best.cost, lower)
+    return Solution(best.choice, best.cost, lower, gap, "optimal" if gap <= 1e-9 else best.status,
+                    follow.time_s + exact.time_s, best.method), proven
 
 
 def _follow(problem: Problem, grouping: Grouping, options: SearchOptions) -> Solution:
