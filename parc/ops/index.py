@@ -103,6 +103,8 @@ def _zeros(v) -> bool:
     """Whether v is known to be all zeros: a ConstantOfShape of 0 or a zero constant."""
     import numpy as np
 
+    from parc.passes.fold_shapes import MAX_FOLD_BYTES
+
     n = v.producer
     if n is not None:
         if n.op_type != "ConstantOfShape":
@@ -111,7 +113,9 @@ def _zeros(v) -> bool:
         return value is None or not np.asarray(value).any()
     if v.const is None:
         return False
-    return bool(v.const.zeros) or (v.size <= 1 << 16 and not np.asarray(v.const.numpy()).any())
+    # a folded ConstantOfShape (at most fold_shapes' MAX_FOLD_BYTES, written inline) is read
+    return bool(v.const.zeros) or (v.nbytes <= MAX_FOLD_BYTES and not v.const.is_external
+                                   and not np.asarray(v.const.numpy()).any())
 
 
 @register("OneHot", flops=zero_flops, notes="the depth dim is whole; indices dims are loop dims")

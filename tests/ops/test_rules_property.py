@@ -608,6 +608,17 @@ def test_scatter_nd_adding_into_zeros_splits_its_updates(data):
     assert dict(rule.reduce) == {f"u{k}": "sum" for k in range(len(batch))}
 
 
+
+def test_scatter_nd_adding_into_a_folded_zeros_table_of_any_foldable_size():
+    """A mid-size embedding's gradient table (300 x 256, past 65,536 elements), folded into an
+    initializer by `parc grad`: still known to be zeros, so the updates still split (this is
+    what lets the step run as microbatches)."""
+    rng = np.random.default_rng(0)
+    idx = rng.integers(0, 300, (2, 3, 1)).astype(np.int64)
+    rule = assert_rule_holds(build("ScatterND", [Arg(np.zeros((300, 256), np.float32)), idx,
+                                                 randn(rng, (2, 3, 256))], opset=18, reduction="add"))
+    assert dict(rule.reduce) == {"u0": "sum", "u1": "sum"}
+
 @props
 @given(st.data())
 def test_generators_and_misc(data):

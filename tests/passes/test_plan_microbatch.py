@@ -113,3 +113,17 @@ def test_the_refusal_names_the_node_that_cannot_split_the_batch():
     model.graph.initializer.append(numpy_helper.from_array(np.ones(4, np.float32), "w"))
     with pytest.raises(UsageError, match=r"node '.*' \(SoftmaxCrossEntropyLoss\) cannot run on part of the batch"):
         micro_layout(from_model(model), parse_devices("2xa100-80g"), 2)
+
+
+def test_a_step_whose_compute_outweighs_the_fixed_penalty_still_microbatches(step, monkeypatch):
+    """A forbidden time-axis move costs more than all of the graph's compute, however large:
+    a GPT-175B-like step priced on one H100 has single matmuls of 3,800 s, which a fixed 1e3 s
+    penalty read as 'cannot be split into microbatches' (simulated here by a tiny fixed one)."""
+    import parc.passes.spmd.costs as costs
+
+    graph = importer.load(str(step), {})
+    monkeypatch.setattr(costs, "FORBIDDEN", 1e-12)
+    micro = micro_layout(graph, parse_devices("2xa100-80g"), 4)
+    model = build(graph, None, parse_devices("2xa100-80g"), micro)
+    assert model.forbidden >= costs.FORBIDDEN_SCALE * sum(float(c.max()) for c in model.problem.comp)
+    assert solve(model.problem, "O2").cost < model.forbidden

@@ -40,6 +40,12 @@ from parc.sharding.spec import Partial, Split
 from parc.solver import Problem
 from parc.solver.follow import Grouping
 
+# seconds charged for a layout change no sequential microbatch schedule can run: at least this,
+# and FORBIDDEN_SCALE times the most the graph's compute can cost (a GPT-175B-like step priced
+# on one device has single matmuls of 3,800 s: a fixed 1e3 read as "cannot be microbatched")
+FORBIDDEN = 1e3
+FORBIDDEN_SCALE = 10.0
+
 
 @dataclass
 class CostModel:
@@ -53,6 +59,7 @@ class CostModel:
     problem: Problem
     micro: Micro | None = None  # microbatching: mesh axis 0 is then the microbatch (time) axis
     balance: Balance | None = None  # mixed devices on this mesh: the axes' shares (hetero.py)
+    forbidden: float = FORBIDDEN  # what a forbidden time-axis move costs in this model (_Pricer)
 
     pool_blob = True  # sent to several jobs: pickled once (parc/passes/spmd/pool.py)
 
@@ -71,7 +78,6 @@ class CostModel:
 
 
 GRAD_BUCKET_BYTES = 25 * 2**20  # gradient fusion bucket (PyTorch DDP's default bucket_cap_mb)
-FORBIDDEN = 1e3  # seconds charged for a layout change no sequential microbatch schedule can run
 
 
 @dataclass(frozen=True)
@@ -277,7 +283,8 @@ def build(graph: Graph, mesh: Mesh | None, cluster: Cluster, micro: Micro | None
         for k, v in enumerate(n.outputs):
             producer[id(v)] = (len(sources) + pos, k)
 
-    pricer = _Pricer(mesh)
+    forbidden = max(FORBIDDEN, FORBIDDEN_SCALE * sum(float(c.max()) for c in comp if len(c)))
+    pricer = _Pricer(mesh, forbidden)
     pair_cost: dict[tuple[int, int], np.ndarray] = {}
     for pos, (n, strats) in enumerate(zip(graph.nodes, strategies)):
         vi = len(sources) + pos
@@ -303,7 +310,7 @@ def build(graph: Graph, mesh: Mesh | None, cluster: Cluster, micro: Micro | None
     problem = Problem(tuple(comp), edges, tuple(pair_cost[tuple(e)] for e in edges.tolist()),
                       tuple(mem), None, (),
                       tuple([f"source:{v.name}" for v in sources] + [n.name for n in graph.nodes]))
-    return CostModel(graph, mesh, sources, source_specs, strategies, problem, micro, balance)
+    return CostModel(graph, mesh, sources, source_specs, strategies, problem, micro, balance, forbidden)
 
 
 def graph_balance(graph: Graph, mesh: Mesh, cluster: Cluster, live: set[int]) -> Balance | None:
@@ -446,7 +453,7 @@ def renamed(model: CostModel, graph: Graph, micro: Micro | None = None) -> CostM
     sources = sources_of(graph)
     names = tuple([f"source:{v.name}" for v in sources] + [n.name for n in graph.nodes])
     return CostModel(graph, model.mesh, sources, model.source_specs, model.strategies,
-                     replace(model.problem, names=names), micro, model.balance)
+                     replace(model.problem, names=names), micro, model.balance, model.forbidden)
 
 
 def _fits(spec: ShardSpec, v: Value, mesh_shape: tuple[int, ...]) -> bool:
@@ -549,8 +556,9 @@ class _Pricer:
     and, inside a matrix, once per distinct (source spec, target spec) object pair. Keys are the
     ids of strategy and spec lists the cost model holds for the whole build."""
 
-    def __init__(self, mesh: Mesh) -> None:
+    def __init__(self, mesh: Mesh, forbidden: float = FORBIDDEN) -> None:
         self.mesh = mesh
+        self.forbidden = forbidden
         self.matrices: dict[tuple, np.ndarray] = {}
         self.pairs: dict[tuple, float] = {}
 
@@ -574,7 +582,7 @@ class _Pricer:
                     if t is None:
                         t = reshard_time(a, b, shape, itemsize, self.mesh, bucketed)
                         if rule and a != b and _moves_in_time(a, b, shape, itemsize, self.mesh, rule):
-                            t = FORBIDDEN
+                            t = self.forbidden
                         self.pairs[pk] = t
                     small[r, c] = t
             m = self.matrices[key] = small[np.ix_(ui, vi)]
@@ -665,9 +673,9 @@ def micro_layout(graph: Graph, cluster: Cluster, count: int) -> Micro:
         raise UsageError(f"--micro-batches {count}: expected 2 or more (1 means no microbatching)")
     model = build(graph, None, cluster, Micro(count))
     sol = solve(model.problem, "O2")
-    if sol.cost >= FORBIDDEN:
+    if sol.cost >= model.forbidden:
         x, p = sol.choice, model.problem
-        bad = [(v, u) for e, (u, v) in enumerate(p.edges.tolist()) if p.comm[e][x[u], x[v]] >= FORBIDDEN]
+        bad = [(v, u) for e, (u, v) in enumerate(p.edges.tolist()) if p.comm[e][x[u], x[v]] >= model.forbidden]
         whole = _whole_batch_nodes(graph, model)
         if whole:  # the cause, rather than the first edge it forbids (often far upstream)
             n = graph.nodes[whole[0]]
