@@ -24,6 +24,7 @@ import json
 import logging
 import math
 from collections.abc import Mapping
+from functools import lru_cache
 from pathlib import Path
 
 import onnx
@@ -82,15 +83,31 @@ def encode(name: str, spec: ShardSpec, mesh_shape: tuple[int, ...],
             raise AnnotationError(f"{name}: {spec}: ONNX sharding has no partial values")
         if a.stride is not None or a.sizes is not None:
             raise AnnotationError(f"{name}: {spec}: ONNX sharding has only contiguous even blocks")
+    proto = onnx.ShardingSpecProto()
+    devices, dims = _devices(spec, mesh_shape)
+    proto.CopyFrom(devices)
+    proto.tensor_name = name
+    for d, ns in dims:
+        simple = proto.sharded_dim.add(axis=d).simple_sharding.add(num_shards=ns)
+        if shape is not None:
+            simple.dim_value = shape[d]
+    return proto
+
+
+@lru_cache(maxsize=1024)
+def _devices(spec: ShardSpec, mesh_shape: tuple[int, ...]) -> tuple[onnx.ShardingSpecProto, tuple]:
+    """encode's device part of `spec` (the same for every tensor in that layout: a model's
+    tensors share a few dozen, and each costs a pass over every device, 7 ms on 4,096), and
+    its split dims with their shard counts."""
     blocks = device_blocks(spec, mesh_shape)
-    dims = [(d, ns) for d, _, ns in blocks[0]]
+    dims = tuple((d, ns) for d, _, ns in blocks[0])
     groups: dict[int, list[int]] = {}
     for p, held in enumerate(blocks):
         s = 0
         for _, b, ns in held:
             s = s * ns + b
         groups.setdefault(s, []).append(p)
-    proto = onnx.ShardingSpecProto(tensor_name=name)
+    proto = onnx.ShardingSpecProto()
     shards = [groups[s] for s in range(len(groups))]
     if all(len(g) == 1 for g in shards):
         proto.device.extend(g[0] for g in shards)
@@ -98,11 +115,7 @@ def encode(name: str, spec: ShardSpec, mesh_shape: tuple[int, ...],
         for s, g in enumerate(shards):
             proto.device.append(-(s + 1))
             proto.index_to_device_group_map.add(key=-(s + 1), value=g)
-    for d, ns in dims:
-        simple = proto.sharded_dim.add(axis=d).simple_sharding.add(num_shards=ns)
-        if shape is not None:
-            simple.dim_value = shape[d]
-    return proto
+    return proto, dims
 
 
 def decode(proto: onnx.ShardingSpecProto, mesh_shape: tuple[int, ...], rank: int | None = None,

@@ -294,3 +294,16 @@ def test_write_sharded_model_reads_external_weights_only_when_asked(tmp_path):
     assert [numpy_helper.to_array(t).shape for t in loaded.graph.initializer] == [(8, 16), (16, 8)]
     assert all((numpy_helper.to_array(t) == 1).all() for t in loaded.graph.initializer)
     assert pins(read_annotations(heavy)) == {k: v for k, v in MEGATRON.items() if k != "y"}
+
+
+def test_tensors_in_one_layout_share_its_devices_not_their_protos():
+    """encode's device part is computed once per layout (cached); each tensor still gets its
+    own proto, name and dim sizes, and changing one does not change the next."""
+    from parc.hints.annotations import encode
+
+    a = encode("a", ShardSpec("S(0)S(1)"), (4, 2), (8, 6))
+    a.device[0] = 99
+    b = encode("b", ShardSpec("S(0)S(1)"), (4, 2), (12, 4))
+    assert b.tensor_name == "b" and list(b.device) == list(range(8))
+    assert [(s.axis, s.simple_sharding[0].dim_value, s.simple_sharding[0].num_shards) for s in b.sharded_dim] == \
+        [(0, 12, 4), (1, 4, 2)]
