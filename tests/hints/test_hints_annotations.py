@@ -299,8 +299,6 @@ def test_write_sharded_model_reads_external_weights_only_when_asked(tmp_path):
 def test_tensors_in_one_layout_share_its_devices_not_their_protos():
     """encode's device part is computed once per layout (cached); each tensor still gets its
     own proto, name and dim sizes, and changing one does not change the next."""
-    from parc.hints.annotations import encode
-
     a = encode("a", ShardSpec("S(0)S(1)"), (4, 2), (8, 6))
     a.device[0] = 99
     b = encode("b", ShardSpec("S(0)S(1)"), (4, 2), (12, 4))
