@@ -283,7 +283,9 @@ def build(graph: Graph, mesh: Mesh | None, cluster: Cluster, micro: Micro | None
         for k, v in enumerate(n.outputs):
             producer[id(v)] = (len(sources) + pos, k)
 
-    forbidden = max(FORBIDDEN, FORBIDDEN_SCALE * sum(float(c.max()) for c in comp if len(c)))
+    forbidden = FORBIDDEN  # only a microbatch model forbids anything (_Pricer's rules 1 and 2)
+    if micro is not None:
+        forbidden = max(FORBIDDEN, FORBIDDEN_SCALE * sum(float(c.max()) for c in comp if len(c)))
     pricer = _Pricer(mesh, forbidden)
     pair_cost: dict[tuple[int, int], np.ndarray] = {}
     for pos, (n, strats) in enumerate(zip(graph.nodes, strategies)):
