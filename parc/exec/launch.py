@@ -259,7 +259,7 @@ def train(plan_dir: Path, *, steps: int, seed: int, engine: str, data: str | Non
           echo: Callable[[str], None] = print) -> None:
     """One rank's training loop (see the module docstring). Rank 0 reports each step."""
     from parc.exec.comm import MpiComm
-    from parc.exec.runner import Rank, pick_engine, to_host
+    from parc.exec.runner import Rank, device_out_of_memory, pick_engine, to_host
 
     comm = mpi = MpiComm(timeout=timeout)
     rank = comm.rank
@@ -386,7 +386,7 @@ def train(plan_dir: Path, *, steps: int, seed: int, engine: str, data: str | Non
             comm.abort(2 if isinstance(e, UsageError) else 1)
     except Exception as e:  # any other failure of one rank ends the job, naming the rank
         line = f"parc: rank {rank}: {first_line(e, typed=True)}"
-        if type(e).__name__ == "OutOfMemoryError":  # CuPy's: the device is full
+        if device_out_of_memory(e):
             from parc.exec.watch import where
 
             line = (f"parc: rank {rank}: out of GPU memory "

@@ -444,3 +444,26 @@ def test_why_a_gpu_cannot_be_used(fake, needle):
 
     got = gpu_problem(fake)
     assert got == needle if needle is None else needle in got
+
+
+def test_a_device_out_of_memory_reaches_the_launcher_unwrapped(plan_dir, monkeypatch):
+    """The runner wraps an engine's error into a one-line RunError naming the task, except the
+    device running out of memory: the launcher reports that as its own line (step, task, what to
+    do), and it can only if the error arrives as the engine raised it."""
+    from parc.exec import runner
+    from parc.exec.data import step_inputs, synthetic
+    from parc.exec.threads import run_threads
+    from parc.plandir import load_program
+
+    class OutOfMemoryError(MemoryError):  # named as CuPy's pool's
+        pass
+
+    def full(self, feeds):
+        raise OutOfMemoryError("Out of memory allocating 67,108,864 bytes (allocated so far: 4,194,304 bytes).")
+
+    monkeypatch.setattr(runner._Ort, "run", full)
+    batch = synthetic(step_inputs(load_program(plan_dir, 0)), 0, 0)
+    with pytest.raises(OutOfMemoryError):
+        run_threads(plan_dir, [batch], timeout=30)
+    assert runner.device_out_of_memory(RuntimeError("CUBLAS_STATUS_ALLOC_FAILED"))
+    assert not runner.device_out_of_memory(RuntimeError("CUBLAS_STATUS_EXECUTION_FAILED"))
