@@ -16,6 +16,7 @@ import numpy as np
 
 from parc.autodiff.context import PHASE
 from parc.autodiff.engine import differentiate
+from parc.autodiff.recompute import recompute_elementwise
 from parc.autodiff.optimizers import STEP, OptimizerConfig, apply_update, bias_corrections
 from parc.errors import UsageError
 from parc.ir.graph import Graph, Node, Value
@@ -76,8 +77,11 @@ def pick_params(graph: Graph, include: str | None, frozen: str | None) -> list[V
 
 
 def make_training_step(graph: Graph, optimizer: OptimizerConfig, *, loss: str | None = None,
-                       params: str | None = None, frozen: str | None = None) -> TrainingStep:
-    """Turn a forward graph with a scalar loss into a training step, in place."""
+                       params: str | None = None, frozen: str | None = None,
+                       recompute: bool = True) -> TrainingStep:
+    """Turn a forward graph with a scalar loss into a training step, in place; `recompute`:
+    cheap elementwise values the backward pass reads are recomputed there, not kept
+    (`parc.autodiff.recompute`)."""
     if STATE_KEY in graph.metadata:
         raise UsageError("the model is already a training step (it has parc.state metadata)")
     if graph.opset.get("", 0) < MIN_OPSET:
@@ -88,6 +92,8 @@ def make_training_step(graph: Graph, optimizer: OptimizerConfig, *, loss: str | 
     for n in graph.nodes:
         n.meta[PHASE] = "forward"
     grads = differentiate(graph, loss_v, trainable)
+    if recompute:
+        recompute_elementwise(graph)
     dropped = [p.name for p in trainable if p.name not in grads]
     if dropped:
         log.warning("%d parameters do not affect the loss and are left untrained: %s",

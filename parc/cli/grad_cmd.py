@@ -34,9 +34,12 @@ def _betas(text: str) -> tuple[float, float]:
 @click.option("--momentum", default=0.9, type=float, show_default=True, help="Momentum (momentum).")
 @click.option("--betas", default="0.9,0.999", show_default=True, help="Adam's B1,B2.")
 @click.option("--eps", default=1e-8, type=float, show_default=True, help="Adam's epsilon.")
+@click.option("--recompute/--no-recompute", default=True, show_default=True,
+              help="Recompute cheap elementwise values (GELU's, a layer norm's) in the backward pass "
+                   "instead of keeping them from the forward pass.")
 def grad(model: str, output: str, dims: tuple[str, ...], loss: str | None, params: str | None,
          frozen: str | None, optimizer: str, lr: float, weight_decay: float, momentum: float,
-         betas: str, eps: float) -> None:
+         betas: str, eps: float, recompute: bool) -> None:
     """Write a training step for MODEL: its loss, gradients and an optimizer update."""
     from parc.autodiff import OptimizerConfig, make_training_step
     from parc.ir import importer, save
@@ -48,7 +51,7 @@ def grad(model: str, output: str, dims: tuple[str, ...], loss: str | None, param
     cfg = OptimizerConfig(optimizer, lr, weight_decay, momentum, _betas(betas), eps)
     t = time.perf_counter()
     graph = importer.load(model, importer.parse_dims(dims))
-    step = make_training_step(graph, cfg, loss=loss, params=params, frozen=frozen)
+    step = make_training_step(graph, cfg, loss=loss, params=params, frozen=frozen, recompute=recompute)
     save(graph, output)
     click.echo(f"wrote {output}: loss '{step.loss}', {len(step.params)} parameters, optimizer "
                f"{optimizer}, {len(graph.nodes)} nodes ({time.perf_counter() - t:.1f} s)")

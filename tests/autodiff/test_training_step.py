@@ -262,3 +262,45 @@ def test_a_masked_mean_loss_is_split_into_a_sum_over_a_count(tmp_path, monkeypat
     assert got["loss"] == pytest.approx(want["loss"], rel=1e-6)
     for g in grads:
         np.testing.assert_allclose(got[g], want[g], rtol=1e-5, atol=1e-7)
+
+
+def _backward_reads(graph: Graph) -> set[str]:
+    """Forward values a backward node reads (what the step keeps for the backward pass)."""
+    forward = {id(n) for n in graph.nodes if n.meta.get("parc.phase") == "forward"}
+    return {v.name for n in graph.nodes if n.meta.get("parc.phase") == "backward"
+            for v in n.inputs if v is not None and v.producer is not None and id(v.producer) in forward}
+
+
+def test_recompute_keeps_only_gelus_input_and_changes_no_value(forward):
+    """GELU as gpt-tiny writes it, 0.5 * (x * (1 + erf(x / sqrt 2))): without recomputation the
+    backward pass keeps x, x / sqrt 2, 1 + erf(...) and the output; with it only x, and the
+    step's outputs are equal to the bit."""
+    cfg = OptimizerConfig("adamw", weight_decay=0.01)
+    plain, _, plain_model = step_of(forward, cfg, recompute=False)
+    graph, _, model = step_of(forward, cfg)
+    gelu = {"h.0.mlp.gelu.div", "h.0.mlp.gelu.add", "h.0.mlp.gelu.half"}
+    assert gelu <= _backward_reads(plain)
+    kept = _backward_reads(graph)
+    assert not gelu & kept and "h.0.mlp.fc.add" in kept
+    copies = [n for n in graph.nodes if n.name.startswith("h.0.mlp.gelu.") and ".recompute" in n.name]
+    assert copies and all(n.meta["parc.phase"] == "backward" and n.meta["parc.forward"] in
+                          {m.name for m in plain.nodes} for n in copies)
+    verify(graph)
+    feeds = batch()
+    want, got = run(plain_model, feeds), run(model, feeds)
+    assert want.keys() == got.keys()
+    for k in want:
+        np.testing.assert_array_equal(got[k], want[k], err_msg=k)
+
+
+def test_recompute_stops_at_a_value_that_is_not_elementwise(forward):
+    """A matmul's output is never recomputed (only elementwise cones), and a value the backward
+    pass keeps anyway is a leaf: each recomputing node sits before a backward reader."""
+    graph, _, _ = step_of(forward, OptimizerConfig("sgd"))
+    position = {id(n): i for i, n in enumerate(graph.nodes)}
+    for n in graph.nodes:
+        if ".recompute" not in n.name:
+            continue
+        assert n.op_type not in ("MatMul", "Gemm", "Softmax", "LayerNormalization")
+        readers = [m for v in n.outputs for m, _ in v.uses]
+        assert readers and all(position[id(m)] > position[id(n)] for m in readers)
