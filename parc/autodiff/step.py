@@ -16,8 +16,8 @@ import numpy as np
 
 from parc.autodiff.context import PHASE
 from parc.autodiff.engine import differentiate
-from parc.autodiff.recompute import recompute_elementwise
 from parc.autodiff.optimizers import STEP, OptimizerConfig, apply_update, bias_corrections
+from parc.autodiff.recompute import recompute_elementwise
 from parc.errors import UsageError
 from parc.ir.graph import Graph, Node, Value
 from parc.ir.state import STATE_KEY, StepState, write_step_state

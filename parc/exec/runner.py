@@ -214,10 +214,14 @@ class Rank:
         self.order = [self.graph.tasks[t] for t in self.graph.order[rank]]
         kind, self.device = pick_engine(engine)
         self.xp = np
+        self.pool = None
         if self.device == "gpu":
             import cupy
 
+            from parc.exec.engines.gpu import TightPool
+
             self.xp = cupy
+            self.pool = TightPool.install(cupy)
         threads = threads or rank_threads(self.graph.ranks)
         self.engines: dict[str, Any] = {}
         for t in self.order:
@@ -285,10 +289,13 @@ class Rank:
             self.xp.cuda.get_current_stream().synchronize()
 
     def device_bytes(self) -> int:
-        """GPU memory this rank's process holds in CuPy's pool: its high-water mark, since the
-        pool keeps what it once allocated (0 on a CPU)."""
+        """The most GPU memory this rank's process has held in CuPy's pool (0 on a CPU): the
+        TightPool's high-water mark, or the pool's size (CuPy's own pool keeps what it once
+        allocated)."""
         if self.device != "gpu":
             return 0
+        if self.pool is not None:
+            return max(self.pool.high, int(self.pool.pool.total_bytes()))
         return int(self.xp.get_default_memory_pool().total_bytes())
 
     # -- one step -----------------------------------------------------------------------------

@@ -145,3 +145,28 @@ def test_profile_measures_the_gpu_and_plan_reads_its_calibration(tmp_path):
     spec = load_constants(out).apply(parse_devices(f"1x{device}")).devices[0]
     assert 1e12 < spec.peak("float32") < 2e15 and 1e11 < spec.memory_bandwidth < 2e13
     assert 1e-7 < spec.launch_floor < 1e-3
+
+
+def test_tight_pool_gives_back_pieces_before_it_grows():
+    """Eight freed 64 MiB blocks cannot hold one of 256 MiB: CuPy's pool then holds 768 MiB,
+    the TightPool 256 MiB (and counts the release); the arrays stay usable."""
+    import cupy
+
+    from parc.exec.engines.gpu import TightPool
+
+    pool = cupy.get_default_memory_pool()
+    pool.free_all_blocks()
+    base = pool.total_bytes()
+    tight = TightPool(cupy)
+    try:
+        cupy.cuda.set_allocator(tight.malloc)
+        pieces = [cupy.ones(16 << 20, cupy.float32) for _ in range(8)]
+        assert pool.total_bytes() - base == 512 << 20
+        del pieces
+        big = cupy.full(64 << 20, 2.0, cupy.float32)
+        assert pool.total_bytes() - base == 256 << 20 and tight.releases == 1
+        assert tight.high - base == 512 << 20  # the most held at once: the eight pieces
+        assert float(big.sum()) == 2.0 * (64 << 20)
+    finally:
+        cupy.cuda.set_allocator(pool.malloc)  # CuPy's default
+        pool.free_all_blocks()
