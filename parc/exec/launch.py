@@ -342,6 +342,8 @@ def train(plan_dir: Path, *, steps: int, seed: int, engine: str, data: str | Non
                     record["peak_bytes_per_rank"] = peaks
                 if gpu:
                     record["device_bytes"] = runner.device_bytes()
+                    if runner.pool is not None:
+                        record["pool_releases"] = runner.pool.releases
                 if as_json:
                     echo(json.dumps(record))
                 else:

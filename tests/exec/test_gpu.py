@@ -169,4 +169,5 @@ def test_tight_pool_gives_back_pieces_before_it_grows():
         assert float(big.sum()) == 2.0 * (64 << 20)
     finally:
         cupy.cuda.set_allocator(pool.malloc)  # CuPy's default
+        pool.set_limit(size=0)
         pool.free_all_blocks()

@@ -170,39 +170,54 @@ class TightPool:
     request, but it cannot join blocks that came from separate allocations: when a training step
     asks for a block larger than any free one (the logits' 1.6 GB in gpt-medium at the loss,
     while the forward pass's freed pieces are 128-512 MiB), it allocates anew and keeps the
-    pieces. On gpt-medium's step the pool held 43.5 GiB for 38.7 GiB of tensors. Here, when the
-    pool has just grown although it held at least the size asked for in free blocks, those blocks
-    are released first (`free_all_blocks`: every allocation whose blocks are all free goes back to
-    the driver) and the request is made again, so the memory the pool holds stays close to what
-    the tensors need. Releasing synchronises the device; it happens while the pool finds its
-    size (the first steps), rarely after. `high` is the most the pool held at once.
-    `PARC_CUPY_POOL=cupy` keeps CuPy's own behaviour."""
+    pieces. On gpt-medium's step the pool held 43.5 GiB for 38.7 GiB of tensors. Here the pool's
+    limit is held at what it holds: a request that no free block can serve fails, the pool's
+    free blocks are released (`free_all_blocks`: every allocation whose blocks are all free goes
+    back to the driver) and the request is tried again under the same limit; only if it still does
+    not fit is the limit raised, and the pool grows. So the pool never holds more than the tensors
+    need and the pieces it cannot join. Releasing synchronises the device; it happens while the
+    pool finds its size (the first step), rarely after. A limit of the user's own
+    (`CUPY_GPU_MEMORY_LIMIT`) stays the ceiling. `high` is the most the pool held at once,
+    `releases` how often a request was served from released blocks. `PARC_CUPY_POOL=cupy` keeps
+    CuPy's own behaviour."""
 
     def __init__(self, cupy: ModuleType) -> None:
         self.pool = cupy.get_default_memory_pool()
+        self.out_of_memory = cupy.cuda.memory.OutOfMemoryError
+        self.cap = int(self.pool.get_limit())  # the user's limit; 0: none
         self.high = int(self.pool.total_bytes())
         self.releases = 0
+        self._hold(self.high)
 
     @classmethod
     def install(cls, cupy: ModuleType) -> TightPool | None:
-        """Route this thread's CuPy allocations through a TightPool (None where switched off)."""
+        """Route CuPy's allocations through a TightPool (None where switched off)."""
         if os.environ.get(ENV_POOL, "tight") == "cupy":
             return None
         tight = cls(cupy)
         cupy.cuda.set_allocator(tight.malloc)
         return tight
 
+    def _hold(self, size: int) -> None:
+        """Limit the pool to `size` bytes (at least 1: CuPy reads 0 as no limit), or the user's."""
+        self.pool.set_limit(size=min(max(size, 1), self.cap) if self.cap else max(size, 1))
+
     def malloc(self, size: int) -> Any:
         pool = self.pool
-        before = pool.total_bytes()
+        try:
+            return pool.malloc(size)
+        except self.out_of_memory:
+            pass
+        pool.free_all_blocks()
+        try:
+            mem = pool.malloc(size)
+            self.releases += 1
+            return mem
+        except self.out_of_memory:
+            pass
+        pool.set_limit(size=self.cap)  # grow: the user's limit or none (a full device raises here)
         mem = pool.malloc(size)
-        after = pool.total_bytes()
-        if after > before:
-            if pool.free_bytes() >= size:  # the pool grew although it held enough, in pieces
-                del mem
-                pool.free_all_blocks()
-                self.releases += 1
-                mem = pool.malloc(size)
-                after = pool.total_bytes()
-            self.high = max(self.high, int(after))
+        held = int(pool.total_bytes())
+        self.high = max(self.high, held)
+        self._hold(held)
         return mem
