@@ -16,6 +16,7 @@ others (the executor then aborts the job).
 from __future__ import annotations
 
 import os
+import sys
 import time
 from dataclasses import dataclass, field
 
@@ -201,4 +202,10 @@ class MpiComm:
         self._wait(self.comm.Ibarrier(), "barrier")
 
     def abort(self, code: int = 1) -> None:
+        from mpi4py import MPI
+
+        if MPI.COMM_WORLD.Get_size() == 1:  # nobody to take down; MPI_Abort would print its own line
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
         self.comm.Abort(code)

@@ -259,7 +259,8 @@ def train(plan_dir: Path, *, steps: int, seed: int, engine: str, data: str | Non
           echo: Callable[[str], None] = print) -> None:
     """One rank's training loop (see the module docstring). Rank 0 reports each step."""
     from parc.exec.comm import MpiComm
-    from parc.exec.runner import Rank, device_out_of_memory, pick_engine, to_host
+    from parc.exec.engines.gpu import device_out_of_memory
+    from parc.exec.runner import Rank, pick_engine, to_host
 
     comm = mpi = MpiComm(timeout=timeout)
     rank = comm.rank
@@ -342,8 +343,6 @@ def train(plan_dir: Path, *, steps: int, seed: int, engine: str, data: str | Non
                     record["peak_bytes_per_rank"] = peaks
                 if gpu:
                     record["device_bytes"] = runner.device_bytes()
-                    if runner.pool is not None:
-                        record["pool_releases"] = runner.pool.releases
                 if as_json:
                     echo(json.dumps(record))
                 else:

@@ -133,16 +133,6 @@ def gpu_problem(cupy_module: Any = None) -> str | None:
     return None
 
 
-OUT_OF_MEMORY_MARKS = ("cudaErrorMemoryAllocation", "CUBLAS_STATUS_ALLOC_FAILED", "CUDNN_STATUS_ALLOC_FAILED",
-                      "CUSOLVER_STATUS_ALLOC_FAILED", "NCCL_ERROR_SYSTEM_ERROR: out of memory")
-
-
-def device_out_of_memory(e: BaseException) -> bool:
-    """Whether an error is the device running out of memory: CuPy's pool (`OutOfMemoryError`,
-    also under `CUPY_GPU_MEMORY_LIMIT`) or a CUDA library that could not allocate its workspace."""
-    return type(e).__name__ == "OutOfMemoryError" or any(m in str(e) for m in OUT_OF_MEMORY_MARKS)
-
-
 def gpu_available() -> bool:
     """A CUDA GPU that CuPy can use."""
     return gpu_problem() is None
@@ -405,6 +395,8 @@ class Rank:
             except KeyError as e:
                 raise PlanFormatError(f"rank {self.rank}, task {t['id']}: value {e} is not available") from None
             except Exception as e:  # onnxruntime and MPI raise their own types
+                from parc.exec.engines.gpu import device_out_of_memory
+
                 if device_out_of_memory(e):
                     raise  # the launcher says which step and task, and what to do about it
                 first = first_line(e)

@@ -452,6 +452,7 @@ def test_a_device_out_of_memory_reaches_the_launcher_unwrapped(plan_dir, monkeyp
     do), and it can only if the error arrives as the engine raised it."""
     from parc.exec import runner
     from parc.exec.data import step_inputs, synthetic
+    from parc.exec.engines.gpu import device_out_of_memory
     from parc.exec.threads import run_threads
     from parc.plandir import load_program
 
@@ -465,5 +466,17 @@ def test_a_device_out_of_memory_reaches_the_launcher_unwrapped(plan_dir, monkeyp
     batch = synthetic(step_inputs(load_program(plan_dir, 0)), 0, 0)
     with pytest.raises(OutOfMemoryError):
         run_threads(plan_dir, [batch], timeout=30)
-    assert runner.device_out_of_memory(RuntimeError("CUBLAS_STATUS_ALLOC_FAILED"))
-    assert not runner.device_out_of_memory(RuntimeError("CUBLAS_STATUS_EXECUTION_FAILED"))
+    assert device_out_of_memory(RuntimeError("CUBLAS_STATUS_ALLOC_FAILED"))
+    assert not device_out_of_memory(RuntimeError("CUBLAS_STATUS_EXECUTION_FAILED"))
+
+
+def test_a_one_rank_run_that_fails_says_one_line(tmp_path):
+    """A one-rank plan runs in `parc run`'s own process, with no launcher to filter MPICH's
+    `Abort(...)` echo: the rank's line is all the user sees."""
+    assert parc("models", "build", "gpt-tiny", "-o", str(tmp_path / "m.onnx")).returncode == 0
+    assert parc("grad", str(tmp_path / "m.onnx"), "--optimizer", "sgd", "-o", str(tmp_path / "t.onnx")).returncode == 0
+    assert parc("plan", str(tmp_path / "t.onnx"), "--devices", "1xa100-80g", "-o", str(tmp_path / "plan")).returncode == 0
+    res = parc("run", str(tmp_path / "plan"), "--steps", "3", timeout=60, env={"PARC_FAULT": "0:2:raise"})
+    lines = [line for line in res.stderr.splitlines() if line.strip()]
+    assert res.returncode == 1 and len(lines) == 1, res.stderr
+    assert lines[0].startswith("parc: rank 0: InjectedFault: injected fault (PARC_FAULT=0:2:raise)"), lines[0]

@@ -237,6 +237,8 @@ class ArrayEngine:
                         del env[k]
         except Exception as e:
             message = str(e).splitlines()[0] if str(e) else ""
+            if gpu.device_out_of_memory(e):  # the launcher's own line: step, task, what to do
+                raise gpu.DeviceOutOfMemory(f"{label}: {message}") from e
             raise EngineError(f"{label} failed: {type(e).__name__}: {message}") from e
         if timer:
             timer.add_to(self.profile)

@@ -22,6 +22,22 @@ from typing import Any
 
 import numpy as np
 
+OUT_OF_MEMORY_MARKS = ("cudaErrorMemoryAllocation", "CUBLAS_STATUS_ALLOC_FAILED", "CUDNN_STATUS_ALLOC_FAILED",
+                      "CUSOLVER_STATUS_ALLOC_FAILED", "NCCL_ERROR_SYSTEM_ERROR: out of memory")
+
+
+class DeviceOutOfMemory(MemoryError):
+    """A node of the array engine ran out of device memory: its label and CuPy's message."""
+
+
+def device_out_of_memory(e: BaseException) -> bool:
+    """Whether an error is the device running out of memory: CuPy's pool (`OutOfMemoryError`,
+    also under `CUPY_GPU_MEMORY_LIMIT`), a CUDA library that could not allocate its workspace, or
+    the engine's report of either."""
+    return (isinstance(e, DeviceOutOfMemory) or type(e).__name__ == "OutOfMemoryError"
+            or any(m in str(e) for m in OUT_OF_MEMORY_MARKS))
+
+
 CUBLAS_TF32_TENSOR_OP_MATH = 3  # cublasMath_t
 ENV_KERNELS = "PARC_CUPY_KERNELS"
 
@@ -177,16 +193,14 @@ class TightPool:
     not fit is the limit raised, and the pool grows. So the pool never holds more than the tensors
     need and the pieces it cannot join. Releasing synchronises the device; it happens while the
     pool finds its size (the first step), rarely after. A limit of the user's own
-    (`CUPY_GPU_MEMORY_LIMIT`) stays the ceiling. `high` is the most the pool held at once,
-    `releases` how often a request was served from released blocks. `PARC_CUPY_POOL=cupy` keeps
-    CuPy's own behaviour."""
+    (`CUPY_GPU_MEMORY_LIMIT`) stays the ceiling. `high` is the most the pool held at once.
+    `PARC_CUPY_POOL=cupy` keeps CuPy's own behaviour."""
 
     def __init__(self, cupy: ModuleType) -> None:
         self.pool = cupy.get_default_memory_pool()
         self.out_of_memory = cupy.cuda.memory.OutOfMemoryError
         self.cap = int(self.pool.get_limit())  # the user's limit; 0: none
         self.high = int(self.pool.total_bytes())
-        self.releases = 0
         self._hold(self.high)
 
     @classmethod
@@ -208,11 +222,9 @@ class TightPool:
             return pool.malloc(size)
         except self.out_of_memory:
             pass
-        pool.free_all_blocks()
+        pool.free_all_blocks()  # CuPy's pool does this itself at its limit; not every version may
         try:
-            mem = pool.malloc(size)
-            self.releases += 1
-            return mem
+            return pool.malloc(size)
         except self.out_of_memory:
             pass
         pool.set_limit(size=self.cap)  # grow: the user's limit or none (a full device raises here)
