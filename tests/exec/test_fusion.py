@@ -83,3 +83,32 @@ def test_training_step_fused_equals_unfused(name, tmp_path):
     got, want = fused.run(feeds), plain.run(feeds)
     for k in want:
         np.testing.assert_array_equal(got[k], want[k])
+
+
+def _softmax_grad_model(axis: int):
+    """dx = y * (dy - ReduceSum(dy * y, [axis], keepdims=1)), as autodiff writes a softmax's gradient."""
+    nodes = [n("Softmax", ["x"], ["y"], axis=axis), n("Mul", ["dy", "y"], ["p"]),
+             n("ReduceSum", ["p", "axes"], ["s"], keepdims=1), n("Sub", ["dy", "s"], ["d"]),
+             n("Mul", ["y", "d"], ["dx"]), n("Mul", ["dx", "two"], ["out"])]
+    return make_model(nodes, [inp("x", [2, 3, 5]), inp("dy", [2, 3, 5])], [inp("out", None)],
+                      [tensor("axes", np.array([axis], np.int64)), tensor("two", np.float32(2))])
+
+
+@pytest.mark.parametrize("axis", [-1, 2, 1])
+def test_softmax_gradient_is_one_step(axis):
+    """The four nodes of a softmax's gradient run as one step (on a GPU one pass per row over the
+    last axis); the Mul after it still fuses with what follows."""
+    rng = np.random.default_rng(0)
+    feeds = {"x": rng.standard_normal((2, 3, 5)).astype(np.float32),
+             "dy": rng.standard_normal((2, 3, 5)).astype(np.float32)}
+    fused = ArrayEngine(_softmax_grad_model(axis), fuse=True)
+    labels = [s[4] for s in fused._steps]
+    assert len(fused._steps) == 3 and labels[1].endswith("and 3 more (SoftmaxGrad)"), labels
+    got, want = fused.run(feeds)["out"], ArrayEngine(_softmax_grad_model(axis), fuse=False).run(feeds)["out"]
+    np.testing.assert_array_equal(got, want)
+
+
+def test_a_softmax_gradient_whose_parts_are_read_elsewhere_is_left_alone():
+    model = _softmax_grad_model(-1)
+    model.graph.output.append(helper.make_empty_tensor_value_info("s"))  # the row sums are an output too
+    assert not any("SoftmaxGrad" in s[4] for s in ArrayEngine(model, fuse=True)._steps)

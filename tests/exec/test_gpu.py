@@ -171,3 +171,33 @@ def test_tight_pool_gives_back_pieces_before_it_grows():
         cupy.cuda.set_allocator(pool.malloc)  # CuPy's default
         pool.set_limit(size=0)
         pool.free_all_blocks()
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("shape", [(3, 1), (4, 33), (2, 3, 1024), (6, 3000)])
+def test_softmax_gradient_and_layer_norm_kernels_match_numpy(dtype, shape):
+    import cupy
+
+    from parc.exec.engines.gpu import layer_norm_last, softmax_grad_last
+
+    rng = np.random.default_rng(2)
+    x, dy = rng.standard_normal(shape).astype(dtype), rng.standard_normal(shape).astype(dtype)
+    e = np.exp(x - x.max(-1, keepdims=True))
+    y = (e / e.sum(-1, keepdims=True)).astype(dtype)
+    tol = {"rtol": 1e-5, "atol": 1e-6} if dtype == np.float32 else {"rtol": 1e-12, "atol": 1e-14}
+    got = cupy.asnumpy(softmax_grad_last(cupy, cupy.asarray(dy), cupy.asarray(y)))
+    np.testing.assert_allclose(got, y * (dy - (dy * y).sum(-1, keepdims=True)), **tol)
+    for axis in sorted({len(shape) - 1, 1}):
+        axes = tuple(range(axis, len(shape)))
+        scale, bias = rng.standard_normal(shape[axis:]).astype(dtype), rng.standard_normal(shape[axis:]).astype(dtype)
+        mean = x.mean(axis=axes, keepdims=True)
+        inv = 1 / np.sqrt(((x - mean) ** 2).mean(axis=axes, keepdims=True) + 1e-5)
+        for b in (bias, None):
+            out = layer_norm_last(cupy, cupy.asarray(x), axis, 1e-5, cupy.asarray(scale),
+                                  None if b is None else cupy.asarray(b))
+            want = (x - mean) * inv * scale + (0 if b is None else b)
+            np.testing.assert_allclose(cupy.asnumpy(out[0]), want, rtol=1e-4 if dtype == np.float32 else 1e-11,
+                                       atol=1e-5 if dtype == np.float32 else 1e-12)
+            assert out[1].shape == mean.shape and out[2].shape == inv.shape
+            np.testing.assert_allclose(cupy.asnumpy(out[1]), mean, rtol=1e-4, atol=1e-6)
+            np.testing.assert_allclose(cupy.asnumpy(out[2]), inv, rtol=1e-4)

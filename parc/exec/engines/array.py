@@ -123,7 +123,7 @@ class ArrayEngine:
                 consts[t.name] = array
         self._required = [k for k in self._inputs if k not in self._values]
 
-        steps, ops, defined = [], [], {"", *self._inputs, *self._values}
+        steps, ops, nodes, defined = [], [], [], {"", *self._inputs, *self._values}
         for i, node in enumerate(graph.node):
             label = f"node {node.name or f'#{i} ({node.output[0] if node.output else node.op_type})'!r}"
             kernel = self._make(node, label, opset, consts)
@@ -137,7 +137,9 @@ class ArrayEngine:
             steps.append((kernel, self._input_keys(node, consts),
                           tuple((j, k) for j, k in enumerate(node.output) if k), f"{label} ({node.op_type})"))
             ops.append(node.op_type)
+            nodes.append(node)
         if fuse if fuse is not None else (xp is not np and gpu.kernels_enabled()):
+            steps, ops = fusion.softmax_grads(steps, ops, nodes, consts, self._outputs, xp)
             steps = fusion.fuse(steps, ops, self._outputs, xp)
         self._steps = self._with_frees(steps)
         # op type -> [calls, seconds]; filled by run() while not None (CUDA events on a GPU)

@@ -181,3 +181,66 @@ def fuse(steps: list[tuple], ops: list[str], graph_outputs: Sequence[str], xp: A
                        for j in root[i]], xp)
         out.append((group, group.leaves, ((0, group.output),), group.label))
     return out
+
+
+def softmax_grads(steps: list[tuple], ops: list[str], nodes: list, consts: dict, graph_outputs: Sequence[str],
+                  xp: Any) -> tuple[list[tuple], list[str]]:
+    """A softmax's gradient as autodiff writes it, `y * (dy - ReduceSum(dy * y, axis, keepdims=1))`
+    (four nodes, each intermediate read once), as one step: `gpu.softmax_grad_last` reads dy and
+    y once per row where the axis is the last, CuPy's operations otherwise. `nodes` are the
+    steps' ONNX nodes (for ReduceSum's axes and keepdims). Returns the steps and op types."""
+    from parc.exec.engines import gpu
+
+    readers = Counter(k for _, inputs, _, _ in steps for k in inputs)
+    keep = set(graph_outputs)
+    producer = {k: i for i, (_, _, outputs, _) in enumerate(steps) for _, k in outputs}
+
+    def once(k: str) -> int | None:
+        i = producer.get(k)
+        return i if i is not None and readers[k] == 1 and k not in keep else None
+
+    found: dict[int, tuple[str, str, int]] = {}  # the final Mul's step -> (dy, y, axis)
+    for d, (_, inputs, _, _) in enumerate(steps):
+        if ops[d] != "Mul" or len(inputs) != 2:
+            continue
+        for y, c_out in (inputs, inputs[::-1]):
+            c = once(c_out)
+            if c is None or ops[c] != "Sub":
+                continue
+            dy, b_out = steps[c][1]
+            b = once(b_out)
+            node = nodes[b] if b is not None else None
+            if node is None or ops[b] != "ReduceSum" or len(node.input) < 2 or node.input[1] not in consts:
+                continue
+            attrs = {a.name: a.i for a in node.attribute}
+            axes = np.ravel(consts[node.input[1]])
+            if attrs.get("keepdims", 1) != 1 or axes.size != 1:
+                continue
+            a = once(steps[b][1][0])
+            if a is None or ops[a] != "Mul" or sorted(steps[a][1]) != sorted((dy, y)) or dy == y:
+                continue
+            found[d] = (dy, y, int(axes[0]))
+            found.update({i: None for i in (a, b, c)})  # type: ignore[misc]
+            break
+    if not found:
+        return steps, ops
+
+    def make(axis: int):
+        def softmax_grad(dy, y):
+            if xp is not np and axis % y.ndim == y.ndim - 1:
+                dx = gpu.softmax_grad_last(xp, dy, y)
+                if dx is not None:
+                    return (dx,)
+            return (y * (dy - xp.sum(dy * y, axis=axis, keepdims=True)),)
+        return softmax_grad
+
+    out, out_ops = [], []
+    for i, step in enumerate(steps):
+        if i not in found:
+            out.append(step)
+            out_ops.append(ops[i])
+        elif found[i] is not None:
+            dy, y, axis = found[i]
+            out.append((make(axis), (dy, y), step[2], f"{step[3].rpartition(' (')[0]} and 3 more (SoftmaxGrad)"))
+            out_ops.append("SoftmaxGrad")
+    return out, out_ops

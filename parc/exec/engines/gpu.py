@@ -105,14 +105,55 @@ __global__ void softmax_rows(const T* x, T* y, long long cols) {
 """
 
 
-@functools.cache
-def _softmax_kernel(cupy: ModuleType, dtype: str) -> Any:
-    module = cupy.RawModule(code=_SOFTMAX, options=("--std=c++14",),
-                            name_expressions=[f"softmax_rows<{dtype}>"])
-    return module.get_function(f"softmax_rows<{dtype}>")
-
-
 CTYPES = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}  # the C types of the kernels
+
+_ROWS = _SOFTMAX + r"""
+// d loss / d x of y = softmax(x) over a row, from dy and y: y * (dy - sum(dy * y)).
+template <typename T>
+__global__ void softmax_grad_rows(const T* dy, const T* y, T* dx, long long cols) {
+    __shared__ T shared[32];
+    const long long at = (long long)blockIdx.x * cols;
+    T s = 0;
+    for (long long j = threadIdx.x; j < cols; j += blockDim.x) s += dy[at + j] * y[at + j];
+    s = block_reduce<T>(s, shared, false, (T)0);
+    for (long long j = threadIdx.x; j < cols; j += blockDim.x) dx[at + j] = y[at + j] * (dy[at + j] - s);
+}
+
+// LayerNormalization over a row: its mean, 1 / sqrt(variance + eps), and (x - mean) * inv * scale + bias.
+template <typename T>
+__global__ void layer_norm_rows(const T* x, const T* scale, const T* bias, int has_bias, T* y, T* mean_out,
+                                T* inv_out, long long cols, T eps) {
+    __shared__ T shared[32];
+    const long long at = (long long)blockIdx.x * cols;
+    T s = 0;
+    for (long long j = threadIdx.x; j < cols; j += blockDim.x) s += x[at + j];
+    const T mean = block_reduce<T>(s, shared, false, (T)0) / (T)cols;
+    T v = 0;
+    for (long long j = threadIdx.x; j < cols; j += blockDim.x) { T d = x[at + j] - mean; v += d * d; }
+    const T inv = (T)1 / sqrt(block_reduce<T>(v, shared, false, (T)0) / (T)cols + eps);
+    for (long long j = threadIdx.x; j < cols; j += blockDim.x) {
+        T o = (x[at + j] - mean) * inv;
+        o = o * scale[j];
+        y[at + j] = has_bias ? o + bias[j] : o;
+    }
+    if (threadIdx.x == 0) { mean_out[blockIdx.x] = mean; inv_out[blockIdx.x] = inv; }
+}
+"""
+ROW_KERNELS = ("softmax_rows", "softmax_grad_rows", "layer_norm_rows")
+
+
+@functools.cache
+def _row_module(cupy: ModuleType, dtype: str) -> Any:
+    return cupy.RawModule(code=_ROWS, options=("--std=c++14", "--fmad=false"),
+                          name_expressions=[f"{k}<{dtype}>" for k in ROW_KERNELS])
+
+
+def _row_kernel(cupy: ModuleType, name: str, dtype: str) -> Any:
+    return _row_module(cupy, dtype).get_function(f"{name}<{dtype}>")
+
+
+def _threads(cols: int) -> int:
+    return 32 if cols <= 32 else 128 if cols <= 1024 else 256
 
 
 def softmax_last(cupy: ModuleType, x: Any) -> Any | None:
@@ -125,9 +166,45 @@ def softmax_last(cupy: ModuleType, x: Any) -> Any | None:
     cols = x.shape[-1]
     rows = x.size // cols
     y = cupy.empty_like(x)
-    threads = 32 if cols <= 32 else 128 if cols <= 1024 else 256
-    _softmax_kernel(cupy, ctype)((rows,), (threads,), (x, y, np.int64(cols)))
+    _row_kernel(cupy, "softmax_rows", ctype)((rows,), (_threads(cols),), (x, y, np.int64(cols)))
     return y
+
+
+def softmax_grad_last(cupy: ModuleType, dy: Any, y: Any) -> Any | None:
+    """y * (dy - sum(dy * y, last axis)): the gradient of a softmax over the last axis, from its
+    output y and the output's gradient dy, in one pass over each row; None where the kernel does
+    not apply (other dtypes or shapes: the caller computes it with CuPy's operations)."""
+    ctype = CTYPES.get(y.dtype)
+    if ctype is None or dy.dtype != y.dtype or dy.shape != y.shape or y.ndim == 0 or y.size == 0:
+        return None
+    dy, y = cupy.ascontiguousarray(dy), cupy.ascontiguousarray(y)
+    cols = y.shape[-1]
+    dx = cupy.empty_like(y)
+    _row_kernel(cupy, "softmax_grad_rows", ctype)((y.size // cols,), (_threads(cols),), (dy, y, dx, np.int64(cols)))
+    return dx
+
+
+def layer_norm_last(cupy: ModuleType, x: Any, axis: int, eps: float, scale: Any, bias: Any = None) -> tuple | None:
+    """ONNX's LayerNormalization of x over its axes from `axis` on, one thread block per row:
+    (y, mean, inv_std_dev), the statistics shaped as ONNX's (the normalised axes kept as 1); None
+    where the kernel does not apply (float16 and other types, a scale or bias that is not one
+    value per normalised element)."""
+    ctype = CTYPES.get(x.dtype)
+    cols = math.prod(x.shape[axis:])
+    if (ctype is None or x.size == 0 or cols == 0 or scale.dtype != x.dtype or scale.size != cols
+            or (bias is not None and (bias.dtype != x.dtype or bias.size != cols))):
+        return None
+    x = cupy.ascontiguousarray(x)
+    scale = cupy.ascontiguousarray(scale)
+    bias = cupy.ascontiguousarray(bias) if bias is not None else None
+    rows = x.size // cols
+    y = cupy.empty_like(x)
+    stats = x.shape[:axis] + (1,) * (x.ndim - axis)
+    mean, inv = cupy.empty(stats, x.dtype), cupy.empty(stats, x.dtype)
+    _row_kernel(cupy, "layer_norm_rows", ctype)(
+        (rows,), (_threads(cols),), (x, scale, bias if bias is not None else scale, np.int32(bias is not None), y, mean, inv,
+                                     np.int64(cols), x.dtype.type(eps)))
+    return y, mean, inv
 
 
 _COLUMN_SUM = r"""
