@@ -11,10 +11,13 @@ SiLU does the same.
 op, and whose inputs are constants, graph inputs, values kept anyway, or values this pass
 recomputes in turn (a cone of at most `MAX_CONE` nodes), is recomputed from those inputs right
 before each backward node that reads it. The forward value is then freed after its last forward
-reader. The recomputed nodes are elementwise trees, which the array engine fuses into the
-backward's own kernels (`parc.exec.engines.fusion`): on a GPU they cost reading the kept input,
-which is usually less than reading the kept values they replace. The values are the same to the
-bit: the same ops on the same inputs.
+reader. The recomputed nodes belong to their reader (`parc.forward` is the reader's: a pipeline
+stage or a mesh's coarsening puts them where the reader runs, so a value recomputed across a
+stage boundary is recomputed in the later stage from inputs sent forward). They are elementwise
+trees, which the array engine fuses into the backward's own kernels (`parc.exec.engines.fusion`):
+on a GPU they cost reading the kept input, usually less than reading the kept values they replace.
+A parameter is never a leaf: a reader in another pipeline stage would need its own copy of it.
+The values are the same to the bit: the same ops on the same inputs.
 """
 
 from __future__ import annotations
@@ -54,6 +57,8 @@ def recompute_elementwise(graph: Graph) -> int:
             return None
         nodes: list[Node] = []
         for u in n.inputs:
+            if u is not None and u.is_param:
+                return None  # a parameter lives with its stage: a reader in another would need it sent
             if not from_forward(u) or (id(u) in kept_ids and id(u) not in recomputed):
                 continue  # a constant, a graph input, or a value the backward pass keeps anyway
             sub = cone(u)  # type: ignore[arg-type]
@@ -74,10 +79,10 @@ def recompute_elementwise(graph: Graph) -> int:
             for n in nodes:
                 ins = [copies.get(id(u), u) if u is not None else None for u in n.inputs]
                 out = n.outputs[0]
-                copy = Node(n.op_type, ins, [Value(graph.names.fresh(f"{out.name}.recomputed"), out.dtype, out.shape)],
-                            n.attrs,
+                name = graph.names.fresh(f"{out.name}.recomputed")
+                copy = Node(n.op_type, ins, [Value(name, out.dtype, out.shape)], n.attrs,
                             graph.names.fresh(f"{n.name}.recompute"), n.domain,
-                            {PHASE: "backward", FORWARD_OF: n.name})
+                            {PHASE: "backward", FORWARD_OF: reader.meta.get(FORWARD_OF, n.name)})
                 copies[id(out)] = copy.outputs[0]
                 before.setdefault(id(reader), []).append(copy)
             for i, u in enumerate(reader.inputs):
