@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping
 
 import numpy as np
 import onnx
-from onnx import helper
+from onnx import helper, numpy_helper
 
 from parc.cluster.cost import compute_time, ring_time, send_recv_time
 from parc.cluster.devices import DeviceSpec
@@ -83,27 +83,52 @@ def module_seconds(model: onnx.ModelProto, device: DeviceSpec, info: Mapping[str
             nodes.append(node)
             work.append((flops, nbytes, dtype, op_class(node)))
         if device.gpu:
-            work = _on_the_array_engine(nodes, work, [o.name for o in model.graph.output])
+            consts = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer
+                      if t.data_type == onnx.TensorProto.INT64 and len(t.dims) <= 1}
+            work = _on_the_array_engine(nodes, work, [o.name for o in model.graph.output], consts)
         total = sum(compute_time(flops, nbytes, device, dtype, cls, queued=True) for flops, nbytes, dtype, cls in work)
         _MODULE_SECONDS[key] = total
     return _MODULE_SECONDS[key]
 
 
-def _on_the_array_engine(nodes: list, work: list[tuple], graph_outputs: list[str]) -> list[tuple]:
+def _on_the_array_engine(nodes: list, work: list[tuple], graph_outputs: list[str],
+                         consts: Mapping[str, np.ndarray]) -> list[tuple]:
     """`work` (FLOPs, bytes, dtype, class per node) as parc's array engine runs it on a GPU: a
-    tree of two or more elementwise nodes (`fusion.trees`, the grouping the engine makes) is one
-    kernel reading its leaves once and writing its root; a Transpose returns a view (its reader
-    takes the strides), moving nothing itself."""
-    from parc.exec.engines.fusion import fusible, trees
+    softmax's gradient as autodiff writes it (`fusion.softmax_grad_groups`) is one kernel reading
+    dy and y and writing the result; a tree of two or more elementwise nodes (`fusion.trees`,
+    the grouping the engine makes) is one kernel reading its leaves once and writing its root; a
+    Transpose returns a view (its reader takes the strides), moving nothing itself. `consts`:
+    the module's small integer initializers (ReduceSum's axes)."""
+    from parc.exec.engines.fusion import fusible, softmax_grad_groups, trees
 
-    steps = []
-    for n in nodes:
-        inputs = [v.name if v is not None else "" for v in n.inputs]
-        outputs = [(j, v.name) for j, v in enumerate(n.outputs)]
-        ok = n.domain in ("", "ai.onnx") and fusible(n.op_type, inputs, outputs)
-        steps.append((ok, inputs, outputs[0][1] if ok else None))
+    def reduce_axis(i: int) -> int | None:
+        n = nodes[i]
+        axes = consts.get(n.inputs[1].name) if len(n.inputs) > 1 and n.inputs[1] is not None else None
+        if axes is None or n.attr("keepdims", 1) != 1 or np.size(axes) != 1:
+            return None
+        return int(np.ravel(axes)[0])
+
+    names = [[v.name if v is not None else "" for v in n.inputs] for n in nodes]
+    groups = softmax_grad_groups([n.op_type for n in nodes], names, [[v.name for v in n.outputs] for n in nodes],
+                                 graph_outputs, reduce_axis)
     out = [(w[0], 0.0, *w[2:]) if n.op_type == "Transpose" else w for n, w in zip(nodes, work)]
-    for tree in trees(steps, graph_outputs):
+    for d, (a, b, c, dy, y, _axis) in groups.items():
+        read = {v.name: v for i in (a, c) for v in nodes[i].inputs if v is not None and v.name in (dy, y)}
+        root = nodes[d].outputs[0]
+        nbytes = sum(v.nbytes for v in read.values() if v.shape is not None) + (root.nbytes if root.shape else 0)
+        out[d] = (sum(out[i][0] for i in (a, b, c, d)), nbytes, out[d][2], "")
+        out[a] = out[b] = out[c] = None
+    taken = {i for a, b, c, *_ in groups.values() for i in (a, b, c)}
+    steps, index = [], []
+    for i, n in enumerate(nodes):
+        if i in taken:
+            continue
+        inputs = names[i]
+        outputs = [(j, v.name) for j, v in enumerate(n.outputs)]
+        ok = n.domain in ("", "ai.onnx") and i not in groups and fusible(n.op_type, inputs, outputs)
+        steps.append((ok, inputs, outputs[0][1] if ok else None))
+        index.append(i)
+    for tree in ([index[j] for j in t] for t in trees(steps, graph_outputs)):
         if len(tree) < 2:
             continue
         inner = {nodes[i].outputs[0].name for i in tree}

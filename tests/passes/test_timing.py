@@ -70,3 +70,25 @@ def test_views_move_no_bytes_on_any_device():
             "u": (TensorProto.FLOAT, (1, N))}
     cpu = DEVICES["cpu"]
     assert module_seconds(model, cpu, info) == pytest.approx(2 * cpu.launch_floor)
+
+
+def test_a_gpu_prices_a_softmax_gradient_as_one_pass():
+    """y * (dy - ReduceSum(dy * y, -1, keepdims=1)), as autodiff writes a softmax's gradient, is
+    one step of the engine (`fusion.softmax_grad_groups`): priced as one kernel reading dy and y
+    and writing the result; the Mul after it reads that result."""
+    shape = [1024, N // 1024]
+    nodes = [helper.make_node("Mul", ["dy", "y"], ["p"]), helper.make_node("ReduceSum", ["p", "axes"], ["s"]),
+             helper.make_node("Sub", ["dy", "s"], ["d"]), helper.make_node("Mul", ["y", "d"], ["dx"]),
+             helper.make_node("Mul", ["dx", "two"], ["out"])]
+    io = [helper.make_tensor_value_info(n, TensorProto.FLOAT, shape) for n in ("dy", "y")]
+    inits = [helper.make_tensor("axes", TensorProto.INT64, [1], [-1]), helper.make_tensor("two", TensorProto.FLOAT, [], [2.0])]
+    model = helper.make_model(helper.make_graph(nodes, "m", io, [helper.make_tensor_value_info("out", TensorProto.FLOAT, shape)],
+                                                inits), opset_imports=[helper.make_opsetid("", 17)])
+    info = {n: (TensorProto.FLOAT, tuple(shape)) for n in ("dy", "y", "p", "d", "dx", "out")}
+    info["s"] = (TensorProto.FLOAT, (shape[0], 1))
+    engine = ArrayEngine(model, device="cpu", fuse=True)
+    assert [s[4].rpartition("(")[2] for s in engine._steps] == ["SoftmaxGrad)", "Mul)"]
+    h100 = DEVICES["h100-80g"]
+    floor, bw, tensor = h100.launch_floor, h100.memory_bandwidth, 4 * N
+    want = max(3 * tensor / bw, floor) + max((2 * tensor + 4) / bw, floor)
+    assert module_seconds(model, h100, info) == pytest.approx(want)

@@ -183,47 +183,63 @@ def fuse(steps: list[tuple], ops: list[str], graph_outputs: Sequence[str], xp: A
     return out
 
 
-def softmax_grads(steps: list[tuple], ops: list[str], nodes: list, consts: dict, graph_outputs: Sequence[str],
-                  xp: Any) -> tuple[list[tuple], list[str]]:
-    """A softmax's gradient as autodiff writes it, `y * (dy - ReduceSum(dy * y, axis, keepdims=1))`
-    (four nodes, each intermediate read once), as one step: `gpu.softmax_grad_last` reads dy and
-    y once per row where the axis is the last, CuPy's operations otherwise. `nodes` are the
-    steps' ONNX nodes (for ReduceSum's axes and keepdims). Returns the steps and op types."""
-    from parc.exec.engines import gpu
-
-    readers = Counter(k for _, inputs, _, _ in steps for k in inputs)
+def softmax_grad_groups(ops: Sequence[str], inputs: Sequence[Sequence[str]], outputs: Sequence[Sequence[str]],
+                        graph_outputs: Sequence[str], reduce_axis) -> dict[int, tuple[int, int, int, str, str, int]]:
+    """Where a softmax's gradient, as autodiff writes it, `y * (dy - ReduceSum(dy * y, axis,
+    keepdims=1))`, is four steps whose intermediates nobody else reads: final Mul's step ->
+    (the first Mul's, the ReduceSum's and the Sub's steps, dy, y, axis). `reduce_axis(i)` is
+    ReduceSum step i's one axis when it keeps dims, else None. The engine runs each as one step
+    (`softmax_grads`); the cost model prices it so (`parc.passes.timing`)."""
+    readers = Counter(k for ins in inputs for k in ins)
     keep = set(graph_outputs)
-    producer = {k: i for i, (_, _, outputs, _) in enumerate(steps) for _, k in outputs}
+    producer = {k: i for i, outs in enumerate(outputs) for k in outs if k}
 
     def once(k: str) -> int | None:
         i = producer.get(k)
         return i if i is not None and readers[k] == 1 and k not in keep else None
 
-    found: dict[int, tuple[str, str, int]] = {}  # the final Mul's step -> (dy, y, axis)
-    for d, (_, inputs, _, _) in enumerate(steps):
-        if ops[d] != "Mul" or len(inputs) != 2:
+    found: dict[int, tuple[int, int, int, str, str, int]] = {}
+    for d, ins in enumerate(inputs):
+        if ops[d] != "Mul" or len(ins) != 2:
             continue
-        for y, c_out in (inputs, inputs[::-1]):
+        for y, c_out in (tuple(ins), tuple(ins)[::-1]):
             c = once(c_out)
-            if c is None or ops[c] != "Sub":
+            if c is None or ops[c] != "Sub" or len(inputs[c]) != 2:
                 continue
-            dy, b_out = steps[c][1]
+            dy, b_out = inputs[c]
             b = once(b_out)
-            node = nodes[b] if b is not None else None
-            if node is None or ops[b] != "ReduceSum" or len(node.input) < 2 or node.input[1] not in consts:
+            axis = reduce_axis(b) if b is not None and ops[b] == "ReduceSum" else None
+            if axis is None:
                 continue
-            attrs = {a.name: a.i for a in node.attribute}
-            axes = np.ravel(consts[node.input[1]])
-            if attrs.get("keepdims", 1) != 1 or axes.size != 1:
+            a = once(inputs[b][0])
+            if a is None or ops[a] != "Mul" or sorted(inputs[a]) != sorted((dy, y)) or dy == y:
                 continue
-            a = once(steps[b][1][0])
-            if a is None or ops[a] != "Mul" or sorted(steps[a][1]) != sorted((dy, y)) or dy == y:
-                continue
-            found[d] = (dy, y, int(axes[0]))
-            found.update({i: None for i in (a, b, c)})  # type: ignore[misc]
+            found[d] = (a, b, c, dy, y, axis)
             break
+    return found
+
+
+def softmax_grads(steps: list[tuple], ops: list[str], nodes: list, consts: dict, graph_outputs: Sequence[str],
+                  xp: Any) -> tuple[list[tuple], list[str]]:
+    """The engine's steps with each softmax gradient (`softmax_grad_groups`) as one step:
+    `gpu.softmax_grad_last` reads dy and y once per row where the axis is the last, CuPy's
+    operations otherwise. `nodes` are the steps' ONNX nodes (for ReduceSum's axes and keepdims).
+    Returns the steps and op types."""
+    from parc.exec.engines import gpu
+
+    def reduce_axis(i: int) -> int | None:
+        node = nodes[i]
+        keepdims = next((a.i for a in node.attribute if a.name == "keepdims"), 1)
+        if len(node.input) < 2 or node.input[1] not in consts or keepdims != 1:
+            return None
+        axes = np.ravel(consts[node.input[1]])
+        return int(axes[0]) if axes.size == 1 else None
+
+    found = softmax_grad_groups(ops, [s[1] for s in steps], [[k for _, k in s[2]] for s in steps],
+                                graph_outputs, reduce_axis)
     if not found:
         return steps, ops
+    taken = {i for a, b, c, *_ in found.values() for i in (a, b, c)}
 
     def make(axis: int):
         def softmax_grad(dy, y):
@@ -236,11 +252,13 @@ def softmax_grads(steps: list[tuple], ops: list[str], nodes: list, consts: dict,
 
     out, out_ops = [], []
     for i, step in enumerate(steps):
-        if i not in found:
-            out.append(step)
-            out_ops.append(ops[i])
-        elif found[i] is not None:
-            dy, y, axis = found[i]
+        if i in taken:
+            continue
+        if i in found:
+            *_, dy, y, axis = found[i]
             out.append((make(axis), (dy, y), step[2], f"{step[3].rpartition(' (')[0]} and 3 more (SoftmaxGrad)"))
             out_ops.append("SoftmaxGrad")
+        else:
+            out.append(step)
+            out_ops.append(ops[i])
     return out, out_ops
