@@ -394,13 +394,12 @@ def test_under_your_own_mpiexec_a_killed_rank_is_named(plan_dir, victim, tmp_pat
 
 
 def test_under_your_own_mpiexec_a_clean_run_leaves_nothing(plan_dir, tmp_path):
-    import tempfile
-
-    before = set(Path(tempfile.gettempdir()).glob("parc-run-*"))
+    tmp = tmp_path / "tmp"  # this job's own temporary directory: other tests' jobs run beside it
+    tmp.mkdir()
     res = subprocess.run([MPIEXEC, "-n", "2", sys.executable, "-m", "parc.cli.main", "run", str(plan_dir), "--steps", "2"],
-                         capture_output=True, text=True, timeout=120)
+                         capture_output=True, text=True, timeout=120, env={**os.environ, "TMPDIR": str(tmp)})
     assert res.returncode == 0 and res.stderr == "", res.stderr
-    assert set(Path(tempfile.gettempdir()).glob("parc-run-*")) == before  # state directory and sockets removed
+    assert [p.name for p in tmp.iterdir() if p.name.startswith("parc-")] == []  # state directory, sentinel socket
     assert subprocess.run(["pgrep", "-f", "parc.exec.sentinel"], capture_output=True).stdout == b""
 
 
