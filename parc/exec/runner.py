@@ -265,12 +265,30 @@ class Rank:
         return out
 
     def _load_init(self) -> dict[str, np.ndarray]:
+        """This rank's initial state from init.onnx, each externally stored tensor read from its
+        file straight into its array (through the protobuf it was three copies of gpt-medium's
+        4.3 GB of parameters and AdamW state, most of `parc run`'s start-up)."""
         here = rank_dir(self.dir, self.rank)
         model = onnx.load(str(here / "init.onnx"), load_external_data=False)
-        onnx.external_data_helper.load_external_data_for_model(model, str(here))
         out = {}
         for t in model.graph.initializer:
-            out[t.name.removesuffix(".init")] = numpy_helper.to_array(t).copy()
+            name = t.name.removesuffix(".init")
+            if t.data_location != onnx.TensorProto.EXTERNAL:
+                out[name] = numpy_helper.to_array(t).copy()
+                continue
+            where = {e.key: e.value for e in t.external_data}
+            path = here / where.get("location", "")
+            dtype = np.dtype(helper.tensor_dtype_to_np_dtype(t.data_type))
+            count, offset = int(np.prod(t.dims, dtype=np.int64)), int(where.get("offset", 0))
+            if path.resolve().parent != here.resolve() or not path.is_file():
+                raise PlanFormatError(f"{here / 'init.onnx'}: tensor {t.name!r} is stored in "
+                                      f"{where.get('location')!r}, which is not a file of {here}")
+            if int(where.get("length", count * dtype.itemsize)) != count * dtype.itemsize or \
+                    offset + count * dtype.itemsize > path.stat().st_size:
+                raise PlanFormatError(f"{here / 'init.onnx'}: tensor {t.name!r} ({count} x {dtype}) does not fit "
+                                      f"{path.name} at offset {offset}")
+            out[name] = np.fromfile(path, dtype=dtype.newbyteorder("<"), count=count, offset=offset).reshape(
+                tuple(t.dims)).astype(dtype, copy=False)
         return out
 
     def synchronize(self) -> None:
