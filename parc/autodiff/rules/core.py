@@ -351,9 +351,27 @@ def _reduce_sum(ctx: GradContext, node: Node, dys: Grads) -> Grads:
     return [g] + [None] * (len(node.inputs) - 1)
 
 
+def _statistics(ctx: GradContext, node: Node) -> tuple[Value, Value]:
+    """A LayerNormalization's Mean and InvStdDev outputs, given to the node where it has none."""
+    from parc.passes.fold_shapes import infer_types
+
+    while len(node.outputs) < 3:
+        v = Value(ctx.graph.names.fresh(f"{node.name}.{('mean', 'inv_std_dev')[len(node.outputs) - 1]}"))
+        v.producer, v.index = node, len(node.outputs)
+        node.outputs.append(v)
+    for i, what in ((1, "mean"), (2, "inv_std_dev")):
+        if not node.outputs[i].name:  # an omitted optional output
+            node.outputs[i].name = ctx.graph.names.fresh(f"{node.name}.{what}")
+    infer_types(node, ctx.graph.opset)
+    return node.outputs[1], node.outputs[2]
+
+
 @grad("LayerNormalization")
 def _layer_norm(ctx: GradContext, node: Node, dys: Grads) -> Grads:
-    """Recomputes mean and 1/std; dx = istd * (g - mean(g) - xhat mean(g xhat)), g = dy scale."""
+    """dx = istd * (g - mean(g) - xhat mean(g xhat)), g = dy scale, xhat = (x - mean) istd, with
+    the forward node's own Mean and InvStdDev (outputs it is given when it lacks them: one value
+    per normalised row, where recomputing them read x twice more and wrote x - mean and its
+    square) when it computes them in x's type (`stash_type`), else recomputed in x's type."""
     x, scale = _in(node, 0), _in(node, 1)
     bias = node.input(2)
     dy = dys[0]
@@ -362,11 +380,13 @@ def _layer_norm(ctx: GradContext, node: Node, dys: Grads) -> Grads:
                                  f"Mean or InvStdDev outputs")
     axis = node.attr("axis", -1) % x.rank
     norm_axes = list(range(axis, x.rank))
-    eps = node.attr("epsilon", 1e-5)
-    mean = ctx.reduce("ReduceMean", x, norm_axes)
-    xc = ctx.op("Sub", [x, mean])
-    var = ctx.reduce("ReduceMean", ctx.op("Mul", [xc, xc]), norm_axes)
-    istd = ctx.op("Reciprocal", [ctx.op("Sqrt", [ctx.op("Add", [var, ctx.scalar(eps, x)])])])
+    if x.dtype is not None and x.dtype.onnx_type == node.attr("stash_type", 1):  # the node's own statistics
+        mean, istd = _statistics(ctx, node)
+        xc = ctx.op("Sub", [x, mean])
+    else:  # computed in another type (float32 for a float64 or float16 x): recomputed in x's
+        xc = ctx.op("Sub", [x, ctx.reduce("ReduceMean", x, norm_axes)])
+        var = ctx.reduce("ReduceMean", ctx.op("Mul", [xc, xc]), norm_axes)
+        istd = ctx.op("Reciprocal", [ctx.op("Sqrt", [ctx.op("Add", [var, ctx.scalar(node.attr("epsilon", 1e-5), x)])])])
     xhat = ctx.op("Mul", [xc, istd])
     lead = list(range(axis))
     dscale = dbias = dx = None
