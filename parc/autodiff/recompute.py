@@ -23,12 +23,11 @@ The values are the same to the bit: the same ops on the same inputs.
 from __future__ import annotations
 
 from parc.autodiff.context import FORWARD_OF
+from parc.exec.engines.fusion import OPS
 from parc.ir.graph import Graph, Node, Value
 from parc.ir.state import PHASE
 
-# Elementwise ops the array engine fuses on a GPU (`parc.exec.engines.fusion.OPS`) and Cast.
-RECOMPUTED_OPS = frozenset(
-    "Add Sub Mul Div Pow Neg Exp Log Sqrt Reciprocal Tanh Erf Abs Identity Relu Sigmoid Where Cast".split())
+RECOMPUTED_OPS = frozenset(OPS) | {"Cast"}  # the elementwise ops the array engine fuses, and Cast
 MAX_CONE = 8  # nodes recomputed for one kept value, at most
 
 
@@ -49,24 +48,26 @@ def recompute_elementwise(graph: Graph) -> int:
     kept_ids = {id(v) for v in kept}
     recomputed: set[int] = set()
 
-    def cone(v: Value) -> list[Node] | None:
-        """The nodes that recompute v from values kept anyway (in order), or None."""
+    def cone(v: Value, room: int = MAX_CONE) -> list[Node] | None:
+        """The nodes that recompute v from values kept anyway (in order), at most `room` of
+        them, or None (the search stops as soon as the cone would be larger: an elementwise chain
+        thousands of nodes long is not walked)."""
         n = v.producer
-        if (n is None or n.op_type not in RECOMPUTED_OPS or n.domain not in ("", "ai.onnx")
+        if (room < 1 or n is None or n.op_type not in RECOMPUTED_OPS or n.domain not in ("", "ai.onnx")
                 or len(n.outputs) != 1 or id(v) in outputs):
             return None
         nodes: list[Node] = []
-        for u in n.inputs:
-            if u is not None and u.is_param:
+        for u in dict.fromkeys(u for u in n.inputs if u is not None):
+            if u.is_param:
                 return None  # a parameter lives with its stage: a reader in another would need it sent
             if not from_forward(u) or (id(u) in kept_ids and id(u) not in recomputed):
                 continue  # a constant, a graph input, or a value the backward pass keeps anyway
-            sub = cone(u)  # type: ignore[arg-type]
+            sub = cone(u, room - 1 - len(nodes))
             if sub is None:
                 return None
             nodes.extend(m for m in sub if all(m is not k for k in nodes))
         nodes.append(n)
-        return nodes if len(nodes) <= MAX_CONE else None
+        return nodes if len(nodes) <= room else None
 
     before: dict[int, list[Node]] = {}  # backward node -> the recomputing nodes to run first
     for v in kept:  # in forward order: a value's inputs are decided before it

@@ -31,6 +31,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from parc.errors import ParcError, PlanFormatError, UsageError, first_line
+from parc.exec.engines.gpu import device_out_of_memory
 from parc.exec.taskgraph import MB_END, MB_FIRST, MB_START, WHOLE, last_uses, load_taskgraph
 from parc.plandir import TASKGRAPH_FILE, load_program, rank_dir
 from parc.sharding.layout import shard_index
@@ -413,8 +414,6 @@ class Rank:
             except KeyError as e:
                 raise PlanFormatError(f"rank {self.rank}, task {t['id']}: value {e} is not available") from None
             except Exception as e:  # onnxruntime and MPI raise their own types
-                from parc.exec.engines.gpu import device_out_of_memory
-
                 if device_out_of_memory(e):
                     raise  # the launcher says which step and task, and what to do about it
                 first = first_line(e)

@@ -304,3 +304,23 @@ def test_recompute_stops_at_a_value_that_is_not_elementwise(forward):
         assert n.op_type not in ("MatMul", "Gemm", "Softmax", "LayerNormalization")
         readers = [m for v in n.outputs for m, _ in v.uses]
         assert readers and all(position[id(m)] > position[id(n)] for m in readers)
+
+
+def test_recompute_does_not_walk_a_long_elementwise_chain(tmp_path):
+    """A kept value at the end of 3,000 elementwise nodes nobody else keeps: its cone is larger
+    than MAX_CONE, found without walking the chain (the walk was recursive: Python's recursion
+    limit), and the value is kept."""
+    import onnx as onnx_
+    from onnx import TensorProto, helper, numpy_helper
+
+    chain = [helper.make_node("Mul", ["x", "w"], ["h0"])]
+    chain += [helper.make_node("Neg", [f"h{i}"], [f"h{i + 1}"]) for i in range(3000)]
+    chain += [helper.make_node("Mul", ["h3000", "h3000"], ["y"]), helper.make_node("ReduceSum", ["y"], ["loss"], keepdims=0)]
+    graph = helper.make_graph(chain, "chain", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
+                              [helper.make_tensor_value_info("loss", TensorProto.FLOAT, [])],
+                              [numpy_helper.from_array(np.ones(4, np.float32), "w")])
+    path = tmp_path / "chain.onnx"
+    onnx_.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), path)
+    g = load(path)
+    make_training_step(g, OptimizerConfig("sgd"))
+    assert "h3000" in _backward_reads(g) and not any(".recompute" in n.name for n in g.nodes)

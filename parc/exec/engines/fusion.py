@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from parc.exec.engines import gpu
 from parc.exec.engines.gpu import CTYPES
 
 # op -> (inputs, C body with {0}, {1}, {2} for the inputs and T for the float type)
@@ -225,8 +226,6 @@ def softmax_grads(steps: list[tuple], ops: list[str], nodes: list, consts: dict,
     `gpu.softmax_grad_last` reads dy and y once per row where the axis is the last, CuPy's
     operations otherwise. `nodes` are the steps' ONNX nodes (for ReduceSum's axes and keepdims).
     Returns the steps and op types."""
-    from parc.exec.engines import gpu
-
     def reduce_axis(i: int) -> int | None:
         node = nodes[i]
         keepdims = next((a.i for a in node.attribute if a.name == "keepdims"), 1)

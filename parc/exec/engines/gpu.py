@@ -264,10 +264,10 @@ class TightPool:
     asks for a block larger than any free one (the logits' 1.6 GB in gpt-medium at the loss,
     while the forward pass's freed pieces are 128-512 MiB), it allocates anew and keeps the
     pieces. On gpt-medium's step the pool held 43.5 GiB for 38.7 GiB of tensors. Here the pool's
-    limit is held at what it holds: a request that no free block can serve fails, the pool's
-    free blocks are released (`free_all_blocks`: every allocation whose blocks are all free goes
-    back to the driver) and the request is tried again under the same limit; only if it still does
-    not fit is the limit raised, and the pool grows. So the pool never holds more than the tensors
+    limit is held at what it holds: at a request that no free block can serve, CuPy releases the
+    pool's free blocks (every allocation whose blocks are all free goes back to the driver) and
+    tries again under the limit; only if it still does not fit is the limit raised, and the pool
+    grows. So the pool never holds more than the tensors
     need and the pieces it cannot join. Releasing synchronises the device; it happens while the
     pool finds its size (the first step), rarely after. A limit of the user's own
     (`CUPY_GPU_MEMORY_LIMIT`) stays the ceiling. `high` is the most the pool held at once.
@@ -296,12 +296,7 @@ class TightPool:
     def malloc(self, size: int) -> Any:
         pool = self.pool
         try:
-            return pool.malloc(size)
-        except self.out_of_memory:
-            pass
-        pool.free_all_blocks()  # CuPy's pool does this itself at its limit; not every version may
-        try:
-            return pool.malloc(size)
+            return pool.malloc(size)  # at the limit CuPy releases the free blocks and tries again
         except self.out_of_memory:
             pass
         pool.set_limit(size=self.cap)  # grow: the user's limit or none (a full device raises here)
