@@ -25,7 +25,9 @@ def work(tmp_path_factory) -> Path:
     ("gpt-tiny", ["--pipeline", "2", "--micro-batches", "2", "--hints", "dp"]),  # 2 stages x 2 data parallel
     ("gpt-tiny", ["--pipeline", "4", "--micro-batches", "2"]),
     ("unet-tiny", ["--pipeline", "2"]),  # skip connections cross stages
-    ("t5-tiny", ["--pipeline", "2"]),  # its loss cannot be microbatched: one microbatch
+    # a masked mean's token count needs every microbatch's labels: they are read whole
+    ("t5-tiny", ["--pipeline", "2", "--micro-batches", "2"]),
+    ("bert-tiny", ["--pipeline", "2", "--micro-batches", "2"]),  # and the token-type embedding's scatter
     ("moe-tiny", ["--pipeline", "2"]),
 ])
 def test_pipelined_sgd_steps_verify(work, model, args):
@@ -36,6 +38,8 @@ def test_pipelined_sgd_steps_verify(work, model, args):
     doc = _plan(_step(work, model), plan_dir, *args)
     stages = int(args[1])
     assert doc["format_version"] == 2 and len(doc["stages"]) == stages
+    if "--micro-batches" in args:
+        assert doc["micro_batches"]["count"] == int(args[args.index("--micro-batches") + 1])
     tg = json.loads((plan_dir / "taskgraph.json").read_text())
     assert len(tg["stages"]) == stages
     kinds = {t["kind"] for t in tg["tasks"]}

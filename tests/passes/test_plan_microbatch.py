@@ -127,3 +127,56 @@ def test_a_step_whose_compute_outweighs_the_fixed_penalty_still_microbatches(ste
     model = build(graph, None, parse_devices("2xa100-80g"), micro)
     assert model.forbidden >= costs.FORBIDDEN_SCALE * sum(float(c.max()) for c in model.problem.comp)
     assert solve(model.problem, "O2").cost < model.forbidden
+
+
+@pytest.fixture(scope="module")
+def bert_step(tmp_path_factory):
+    path = tmp_path_factory.mktemp("micro-bert") / "bert.train.onnx"
+    res = parc("models", "build", "bert-tiny", "--set", "batch=4", "--train", "adamw", "-o", str(path))
+    assert res.returncode == 0, res.stderr
+    return path
+
+
+def test_a_masked_mean_reads_its_labels_whole_and_the_model_still_splits(bert_step):
+    """BERT's MLM loss is a mean over the labels not ignored: its count needs every
+    microbatch's labels, which are all at hand when the step starts, so the labels are read
+    whole and the count computed in each microbatch; the model itself runs on the piece.
+    (With a fixed 1e3 s price on forbidden moves, the LP's tolerances made the search read
+    every input whole here: each microbatch computing the whole batch.)"""
+    graph = importer.load(str(bert_step), {})
+    cluster = parse_devices("2xa100-80g")
+    micro = micro_layout(graph, cluster, 2)
+    sources = dict(zip((v.name for v in build(graph, None, cluster, micro).sources), micro.sources))
+    assert str(sources["labels"]) == "R" and str(sources["input_ids"]) == "S(0)"
+    label = {n.name: micro.labels[pos] for pos, n in enumerate(graph.nodes)}
+    forward = [n.name for n in graph.nodes if n.meta.get("parc.phase") == "forward"]
+    assert label["labels.flatten"] is None  # the count's cone, whole
+    whole = [name for name in forward if label[name] is None and not name.startswith(("labels", "loss"))]
+    assert whole == ["embeddings.token_type.gather"], whole  # a parameter's row, no batch dim
+    model = build(graph, None, cluster, micro)
+    assert model.forbidden < 1.0  # priced against this model's costs, not a fixed 1e3 s
+    assert solve(model.problem, "O3").cost < model.forbidden
+
+
+@pytest.mark.parametrize("elem", [7, 1])  # int64, float
+def test_only_integer_data_may_be_read_whole(elem):
+    """Only integer data (labels, ids, masks) may be read whole: a float input is the model's
+    work, and one needed whole means the step cannot run as microbatches."""
+    from helpers import inp, make_model
+    from onnx import helper
+
+    from parc.errors import UsageError
+    from parc.ir.importer import from_model
+
+    model = make_model([helper.make_node("Cast", ["t"], ["f"], to=1),
+                        helper.make_node("ReduceSum", ["f"], ["n"], keepdims=0),
+                        helper.make_node("Mul", ["x", "n"], ["y"])],
+                       [inp("x", [8, 4]), inp("t", [8], elem)], [inp("y", [8, 4])], opset=17)
+    graph = from_model(model)
+    if elem == 1:
+        with pytest.raises(UsageError, match="cannot be split into microbatches"):
+            micro_layout(graph, parse_devices("2xa100-80g"), 2)
+        return
+    micro = micro_layout(graph, parse_devices("2xa100-80g"), 2)
+    sources = build(graph, None, parse_devices("2xa100-80g"), micro).sources
+    assert {v.name: str(s) for v, s in zip(sources, micro.sources)} == {"x": "S(0)", "t": "R"}

@@ -24,6 +24,11 @@ CASES = {
     "Reshape": lambda r: [r.standard_normal((2, 6)), Arg(np.array([3, 4], np.int64))],
     "Unsqueeze": lambda r: [r.standard_normal((2, 6)), Arg(np.array([0], np.int64))],
     "Expand": lambda r: [r.standard_normal((1, 6)), Arg(np.array([3, 6], np.int64))],
+    # an embedding's gradient (Gather's): updates scattered at unique rows
+    "ScatterND": lambda r: [r.standard_normal((5, 3)), Arg(np.array([[1], [3]], np.int64)),
+                            r.standard_normal((2, 3))],
+    "ScatterElements": lambda r: [r.standard_normal((4, 3)), Arg(np.array([[2, 0, 1]], np.int64)),
+                                  r.standard_normal((1, 3))],
 }
 
 
@@ -59,4 +64,10 @@ def test_partial_strategies_sum_to_the_whole(op):
 
 def test_nonlinear_ops_get_no_partial_strategy():
     case = build("Relu", [np.ones((2, 2), np.float32)], opset=18)
+    assert not [s for s in node_strategies(case.node, (2,)) if PARTIAL in s.labels]
+
+
+def test_a_multiplying_scatter_gets_no_partial_strategy():
+    case = build("ScatterND", [np.ones((4, 3), np.float32), Arg(np.array([[1]], np.int64)),
+                               np.ones((1, 3), np.float32)], opset=18, reduction="mul")
     assert not [s for s in node_strategies(case.node, (2,)) if PARTIAL in s.labels]

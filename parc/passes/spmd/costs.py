@@ -36,13 +36,14 @@ from parc.passes.spmd.strategies import (
     uneven_strategies,
 )
 from parc.sharding import R, S, ShardSpec, ShardSpecError, local_shape, reshard
-from parc.sharding.spec import Partial, Split
+from parc.sharding.spec import Partial, Replicated, Split
 from parc.solver import Problem
 from parc.solver.follow import Grouping
 
-# seconds charged for a layout change no sequential microbatch schedule can run: at least this,
-# and FORBIDDEN_SCALE times the most the graph's compute can cost (a GPT-175B-like step priced
-# on one device has single matmuls of 3,800 s: a fixed 1e3 read as "cannot be microbatched")
+# a layout change no sequential microbatch schedule can run costs FORBIDDEN_SCALE times the
+# most any plan without one can cost (`_forbid`: a GPT-175B-like step priced on one device has
+# single matmuls of 3,800 s, so no fixed price works); models without a time axis forbid
+# nothing and keep FORBIDDEN as their (unused) price
 FORBIDDEN = 1e3
 FORBIDDEN_SCALE = 10.0
 
@@ -251,7 +252,8 @@ def build(graph: Graph, mesh: Mesh | None, cluster: Cluster, micro: Micro | None
                      else [replicated(shape)])
             specs = specs + [s for s in extra if s not in specs]
             if fixed is not None:
-                specs = _on_time_axis(v, fixed, specs, shape, wanted_specs.get(id(v), []))
+                specs = list(dict.fromkeys(s for f in fixed
+                                           for s in _on_time_axis(v, f, specs, shape, wanted_specs.get(id(v), []))))
             spec_lists[key] = specs
         source_specs.append(spec_lists[key])
 
@@ -265,6 +267,11 @@ def build(graph: Graph, mesh: Mesh | None, cluster: Cluster, micro: Micro | None
         else:
             runs = micro.count if micro is not None else 1  # it arrives in every microbatch
             comp.append(np.array([runs * per_byte * _local_bytes(v, s, shape) for s in specs]))
+        if micro is not None and not v.is_const and v.producer is None:
+            # a data input whole along time is copied in every microbatch, then sliced
+            copy = micro.count / (slowest.memory_bandwidth * slowest.memory_efficiency)
+            comp[-1] = comp[-1] + np.array([copy * _local_bytes(v, s, shape) if s.axes and isinstance(s[0], Replicated)
+                                            else 0.0 for s in specs])
         mem.append(np.array([(_local_bytes(v, s, shape) if balance is None else _device_bytes(v, s, shape, balance))
                              if v.is_const else 0.0 for s in specs]))
     producer: dict[int, tuple[int, int]] = {}  # value id -> (problem node, output index)
@@ -283,10 +290,9 @@ def build(graph: Graph, mesh: Mesh | None, cluster: Cluster, micro: Micro | None
         for k, v in enumerate(n.outputs):
             producer[id(v)] = (len(sources) + pos, k)
 
-    forbidden = FORBIDDEN  # only a microbatch model forbids anything (_Pricer's rules 1 and 2)
-    if micro is not None:
-        forbidden = max(FORBIDDEN, FORBIDDEN_SCALE * sum(float(c.max()) for c in comp if len(c)))
-    pricer = _Pricer(mesh, forbidden)
+    # only a microbatch model forbids anything (_Pricer's rules 1 and 2): priced as inf first,
+    # then as FORBIDDEN_SCALE times the most any choice without them can cost (`_forbid`)
+    pricer = _Pricer(mesh, math.inf if micro is not None else FORBIDDEN)
     pair_cost: dict[tuple[int, int], np.ndarray] = {}
     for pos, (n, strats) in enumerate(zip(graph.nodes, strategies)):
         vi = len(sources) + pos
@@ -307,6 +313,7 @@ def build(graph: Graph, mesh: Mesh | None, cluster: Cluster, micro: Micro | None
             key = (ui, vi)
             pair_cost[key] = pair_cost[key] + m if key in pair_cost else m
     _tie_state_updates(graph, sources, source_specs, strategies, producer, mesh, pair_cost)
+    forbidden = _forbid(comp, pair_cost) if micro is not None else FORBIDDEN
 
     edges = np.array(sorted(pair_cost), dtype=np.int64).reshape(-1, 2)
     problem = Problem(tuple(comp), edges, tuple(pair_cost[tuple(e)] for e in edges.tolist()),
@@ -466,16 +473,25 @@ def _fits(spec: ShardSpec, v: Value, mesh_shape: tuple[int, ...]) -> bool:
     return True
 
 
-def _time_spec(v: Value, micro: Micro, k: int) -> ShardSpec:
-    """Source k's layout on the time axis: as decided, else data split on the batch dim."""
+def _time_spec(v: Value, micro: Micro, k: int) -> tuple[ShardSpec, ...]:
+    """Source k's layouts on the time axis: as decided, else a data input split on the batch dim,
+    or for integer data (labels, token ids, masks) also whole. Every microbatch's data is at
+    hand when the step starts, so a value that needs the whole batch of such an input (a masked
+    mean's count of the labels not ignored) is computed from all of it in each microbatch
+    instead of across them; the nodes that read it whole are charged the whole batch every
+    microbatch, and the copy is charged too (the data's split is free), so the split wins
+    wherever it can. Float data is what the model computes on: a float input needed whole
+    means the step cannot be microbatched."""
     if micro.sources is not None:
-        return micro.sources[k]
+        return (micro.sources[k],)
     if v.is_const or not v.shape:
-        return ShardSpec((R,))
+        return (ShardSpec((R,)),)
     if v.shape[0] % micro.count:
         raise UsageError(f"--micro-batches {micro.count}: input '{v.name}' has batch dim {v.shape[0]}, "
                          f"not divisible into {micro.count} microbatches")
-    return ShardSpec((S(0),))
+    if v.dtype is None or v.dtype.is_float:
+        return (ShardSpec((S(0),)),)
+    return ShardSpec((S(0),)), ShardSpec((R,))
 
 
 def _on_time_axis(v: Value, fixed: ShardSpec, specs: list[ShardSpec], shape: tuple[int, ...],
@@ -631,6 +647,24 @@ def _unique(specs: list[ShardSpec]) -> tuple[list[ShardSpec], np.ndarray]:
             out.append(s)
         where[k] = j
     return out, where
+
+
+def _forbid(comp: list[np.ndarray], pair_cost: dict[tuple[int, int], np.ndarray]) -> float:
+    """Replace the forbidden (inf) entries of `pair_cost` by FORBIDDEN_SCALE times the most a
+    choice using none of them can cost (every node's and edge's dearest allowed entry), and
+    return that price: above every allowed plan, so a solution that pays it has no allowed
+    alternative, yet within the range of the other coefficients. A fixed large price (it was
+    at least 1e3 s) is a coefficient 1e9 times the median one on a small model, where the LP's
+    1e-7 tolerances let the relaxation's bound rise 2.6% above a plan it had not found."""
+    top = sum(float(c.max()) for c in comp if len(c))
+    for m in pair_cost.values():
+        finite = m[np.isfinite(m)]
+        top += float(finite.max()) if finite.size else 0.0
+    price = FORBIDDEN_SCALE * max(top, 1e-9)
+    for key, m in pair_cost.items():
+        if not np.isfinite(m).all():
+            pair_cost[key] = np.where(np.isfinite(m), m, price)
+    return price
 
 
 def _tie_state_updates(graph, sources, source_specs, strategies, producer, mesh, pair_cost) -> None:

@@ -75,7 +75,11 @@ LINEAR: dict[str, tuple[tuple[int, ...], ...]] = {
     "Reshape": ((0,),), "Transpose": ((0,),), "Squeeze": ((0,),), "Unsqueeze": ((0,),),
     "Flatten": ((0,),), "ReduceSum": ((0,),), "Expand": ((0,),), "Mul": ((0,), (1,)),
     "MatMul": ((0,), (1,)), "Div": ((0,),), "Cast": ((0,),),
+    # linear in data and updates together: with reduction "add" always, with "none" where the
+    # indices are unique (ONNX leaves duplicates undefined there); a Gather's gradient
+    "ScatterND": ((0, 2),), "ScatterElements": ((0, 2),),
 }
+LINEAR_REDUCTIONS = ("none", "add")  # the scatters' reductions that keep them linear
 PARTIAL = "+"  # the label of a mesh axis along which a strategy passes partial sums through
 MAX_PARTIAL = 8  # partial variants per node
 
@@ -87,6 +91,8 @@ def partial_variants(node: Node, base: list[Strategy], mesh_shape: tuple[int, ..
     rest replicated)."""
     groups = LINEAR.get(node.op_type) if node.domain in ("", "ai.onnx") else None
     if not groups or any(v.dtype is None or not v.dtype.is_float for v in node.outputs):
+        return []
+    if node.op_type.startswith("Scatter") and node.attr("reduction", "none") not in LINEAR_REDUCTIONS:
         return []
     if node.op_type == "Cast" and not all(v is not None and v.dtype is not None and v.dtype.is_float
                                           for v in node.inputs[:1]):
