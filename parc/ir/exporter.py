@@ -10,6 +10,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from parc.errors import UsageError
 from parc.ir.graph import Graph, Node, Value
 from parc.ir.tensor import TensorData
 
@@ -88,6 +89,11 @@ def save(graph: Graph, path: str | Path, *, external_min_bytes: int = 1 << 20,
     their source a chunk at a time with zero runs left sparse.
     """
     path = Path(path)
+    for target in (path, path.parent / (path.name + ".data")):
+        # the rename below replaces what is there: a device or pipe (`-o /dev/null`) would be
+        # replaced by a file, a directory refused with a traceback
+        if target.exists() and not target.is_file():
+            raise UsageError(f"-o {path}: {target} exists and is not a regular file; expected a file path")
     big = [v for v in graph.constants.values() if v.const is not None and v.const.nbytes >= external_min_bytes]
     tmp_model = path.parent / (path.name + ".tmp")
     if not big or sum(v.const.nbytes for v in big) < external_total_bytes:  # type: ignore[union-attr]

@@ -125,6 +125,20 @@ def test_output_equal_to_input(tmp_path, good):
     assert Path(good).read_bytes() == before
 
 
+def test_an_output_that_is_not_a_file_is_refused_and_kept(tmp_path, good):
+    """`-o /dev/null` used to replace the device node with the step (the write is a rename)."""
+    import os
+    import stat
+
+    pipe = tmp_path / "pipe.onnx"
+    os.mkfifo(pipe)
+    assert_one_line_error(parc("grad", good, "-o", str(pipe)), "-o", "not a regular file")
+    assert stat.S_ISFIFO(pipe.stat().st_mode)
+    (tmp_path / "dir.onnx").mkdir()
+    assert_one_line_error(parc("grad", good, "-o", str(tmp_path / "dir.onnx")), "-o")
+    assert (tmp_path / "dir.onnx").is_dir()
+
+
 def test_missing_input_file(tmp_path):
     assert_one_line_error(parc("grad", str(tmp_path / "nope.onnx"), "-o", str(tmp_path / "out.onnx")), "nope.onnx")
 
