@@ -135,4 +135,7 @@ def test_the_shared_minimum_reaches_across_forked_workers():
         return best.value
 
     seen = pool.run_jobs(offer, from_model(mlp_model()), [7.0, 3.0, 4.0], 2)
-    assert best.value == 3.0 and seen[0] == 5.0 and min(seen) == 3.0
+    # each job sees the least offered so far: two workers race, so job 0 may see job 1's 3.0
+    # and job 2 may run before job 1 offers
+    assert best.value == 3.0 and seen[1] == 3.0
+    assert seen[0] in (3.0, 5.0) and seen[2] in (3.0, 4.0)

@@ -112,6 +112,42 @@ def test_time_limit_returns_incumbent_and_proven_gap():
     assert sol.time_s < 3.0
 
 
+def test_no_branch_and_bound_when_less_time_is_left_than_the_relaxation_took(monkeypatch):
+    """HiGHS's MIP starts over from presolve and its root LP: with less time left than the LP
+    relaxation took, it cannot improve the LP's bound, so the solve ends on the rounded LP and
+    the LP bound. Here the LP is made to take 0.4 s of a 0.6 s limit."""
+    import time
+
+    import parc.solver.ilp as ilp
+
+    runs = []
+    make = ilp._highs
+
+    def slow_lp(options):
+        h = make(options)
+        run = h.run
+
+        def timed():
+            runs.append(1)
+            if len(runs) == 1:
+                time.sleep(0.4)
+            return run()
+
+        h.run = timed
+        return h
+
+    monkeypatch.setattr(ilp, "_highs", slow_lp)
+    p = random_problem(1, "dag", 120, (6, 8))  # the LP is not tight here: B&B would be needed
+    sol = solve_ilp(p, IlpOptions(time_limit=0.6))
+    assert runs == [1]  # the LP only
+    assert sol.status == "time_limit" and sol.method == "ilp(lp-rounding)"
+    assert sol.lower_bound == pytest.approx(lp_relaxation(p), rel=1e-9) and sol.lower_bound < sol.cost
+    assert sol.cost == p.cost(sol.choice)
+    runs.clear()
+    sol = solve_ilp(p, IlpOptions(time_limit=3.0))  # time enough: branch and bound runs
+    assert runs == [1, 1]
+
+
 def test_model_build_is_vectorised():
     """600k-ish columns are built from numpy arrays in well under a few seconds."""
     import time
