@@ -77,9 +77,9 @@ CASES = [
 ]
 
 
-def cost_model(out: Path | None) -> None:
+def cost_model(out: Path | None, only: list[str] | None = None) -> None:
     """Whale's experiments in the cost model: one `parc plan` per case, the plan against its
-    even split."""
+    even split (`only`: the cases whose label is listed)."""
     import time
 
     rows = ["| case | model | devices | plan | plan step | even split | even / plan | Algorithm 1 vs optimum "
@@ -89,6 +89,8 @@ def cost_model(out: Path | None) -> None:
         d = Path(tmp)
         (d / "dp.yaml").write_text("default: replicate\n")
         for label, model, sets, devices, flags in CASES:
+            if only and label not in only:
+                continue
             step = d / f"{model}-{'-'.join(sets)}.onnx"
             if not step.exists():
                 parc("models", "build", model, *[x for v in sets for x in ("--set", v)], "--train", "adamw",
@@ -141,9 +143,10 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=96)
     ap.add_argument("--hidden", type=int, default=384)
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--case", action="append", help="only the cases of this label (e.g. 'fig. 18'); repeatable")
     args = ap.parse_args()
     if not args.measured:
-        cost_model(args.out)
+        cost_model(args.out, args.case)
         return
     with tempfile.TemporaryDirectory() as tmp:
         d = Path(tmp)
