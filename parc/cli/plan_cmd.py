@@ -160,12 +160,16 @@ def plan(model: str, devices: str | None, cluster_file: str | None, calibration_
             if best is not None:
                 break
     if best is not None and (stages > 0 or spmd is None or best.step_s < spmd.best.solution.cost):
+        uniform = pipeline_uniform(best, time_limit, mesh_dims)
+        if uniform.get("feasible") and uniform["step_time_s"] < best.step_s and hints.empty:  # no stage pins
+            best = _on_uniform_stages(best, uniform, graph, cluster, level, budget, time_limit, pipeline_tolerance,
+                                      jobs, mesh_dims)
         best.baselines = dict(spmd.baselines) if spmd is not None else {}
         best.spmd = ({"step_time_s": spmd.best.solution.cost, "mesh": list(spmd.best.mesh.shape)}
                      if spmd is not None else {"searched": False} if stages > 0
                      else {"feasible": False, "error": str(spmd_error)})
         best.tried = tried
-        best.baselines["pipeline-uniform"] = pipeline_uniform(best, time_limit, mesh_dims)
+        best.baselines["pipeline-uniform"] = uniform
         best.baselines.pop("even-split", None)  # the one-mesh plan's; the pipeline's own follows
         if best.even_split is not None:
             best.baselines["even-split"] = best.even_split
@@ -229,6 +233,32 @@ def plan(model: str, devices: str | None, cluster_file: str | None, calibration_
                f"{p['comm_s'] * 1e3:.3f}; simulated {doc['simulation']['step_time_s'] * 1e3:.3f}), "
                f"{p['memory_bytes_per_device'][0] / 2**30:.2f} GiB/device; "
                f"baselines: {base}")
+
+
+def _on_uniform_stages(best, uniform: dict, graph, cluster, level: str, budget, time_limit: float,
+                       tolerance: float, jobs, mesh_dims: int):
+    """The pipeline searched on the uniform cut when the `pipeline-uniform` baseline (a recipe on
+    that cut) beats the plan: a plan must not lose to a baseline parc computed (the stage
+    search balances its per-node estimate, which on small stages misses what the stages' own
+    plans cost). The faster of the two, with the first's even-split record."""
+    from parc.errors import InfeasiblePlanError
+    from parc.passes.pipeline.plan import plan_pipeline
+    from parc.passes.pipeline.stages import uniform_stages
+
+    logging.getLogger("parc.plan").info(
+        "the pipeline-uniform baseline (%.6g s) beats the plan (%.6g s): searching its stages too",
+        uniform["step_time_s"], best.step_s)
+    try:
+        other = plan_pipeline(graph, cluster, len(best.stages), micro_batches=best.micro_batches, level=level,
+                              memory_budget=budget, time_limit=time_limit, tolerance=tolerance, jobs=jobs,
+                              max_mesh_dims=mesh_dims, cut=uniform_stages(graph, cluster, len(best.stages)))
+    except (InfeasiblePlanError, UsageError):
+        return best
+    if other.step_s >= best.step_s:
+        return best
+    other.even_split = best.even_split
+    other.micro_searched = best.micro_searched
+    return other
 
 
 def _simulated(graph, programs_dir: Path | None) -> dict:

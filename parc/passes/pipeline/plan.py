@@ -211,14 +211,15 @@ def batch_size(graph: Graph) -> int | None:
 def plan_pipeline(graph: Graph, cluster: Cluster, stages: int, *, micro_batches: int | None = None,
                   level: str = "O3", memory_budget: float | None = None, time_limit: float = 60.0,
                   tolerance: float = DEFAULT_TOLERANCE, jobs: int | None = None, max_mesh_dims: int = 2,
-                  hints: Hints | None = None) -> PipelinePlan:
+                  hints: Hints | None = None, cut: StageAssignment | None = None) -> PipelinePlan:
     """The pipelined plan of `graph` in `stages` stages over the cluster (module docstring).
     `hints`: `stage:` scopes pin forward nodes to stages; the rest of the hints apply to every
     stage's SPMD search (pins to the tensors the stage holds). Without `micro_batches` the
     microbatch count is searched (`micro_batch_candidates`): the stages are found once (the
     stage ILP does not depend on it), then each count's stage plans, from the fewest
     microbatches up, until one predicts no faster than the one before; when none fits in
-    memory, larger counts (about doubling, up to the batch) until one does."""
+    memory, larger counts (about doubling, up to the batch) until one does. `cut`: these
+    stages instead of the stage search's (and no even-split cut beside them)."""
     t0 = time.perf_counter()
     n = cluster.num_devices
     if stages < 2 or n % stages:
@@ -230,11 +231,13 @@ def plan_pipeline(graph: Graph, cluster: Cluster, stages: int, *, micro_batches:
     budget = float(memory_budget if memory_budget is not None else min(d.memory_bytes for d in cluster.devices))
     fixed = stage_pins(graph, hints, stages) if hints is not None else None
     shares = stage_shares(graph, cluster, stages)
-    a = assign_stages(graph, cluster, stages, tolerance, fixed, time_limit, capacity=shares)
+    a = cut if cut is not None else assign_stages(graph, cluster, stages, tolerance, fixed, time_limit,
+                                                  capacity=shares)
     # a mixed cluster: the stages cut for equal compute too (Whale's even split), planned beside
     # the speed-balanced cut at every microbatch count; the faster is the plan, the even one its
     # `even-split` baseline
-    even = assign_stages(graph, cluster, stages, tolerance, fixed, time_limit) if shares is not None else None
+    even = (assign_stages(graph, cluster, stages, tolerance, fixed, time_limit)
+            if shares is not None and cut is None else None)
     crossing = boundaries(graph, a)
     counts = [micro_batches] if micro_batches is not None else micro_batch_candidates(graph, stages)
     best: PipelinePlan | None = None
