@@ -293,6 +293,8 @@ def export_checkpoint(directory: str | Path, output: str | Path) -> Path:
     import onnx
     from onnx import numpy_helper
 
+    from parc.ir.exporter import check_output_file
+
     root, out = Path(directory), Path(output)
     doc = check_checkpoint(root)
     src = Path((doc.get("model") or {}).get("path", ""))
@@ -300,6 +302,7 @@ def export_checkpoint(directory: str | Path, output: str | Path) -> Path:
         raise UsageError(f"{root}: the source model {src} is gone; export writes its trained values into it")
     if out.resolve() == src.resolve():
         raise UsageError(f"-o {out}: refusing to overwrite the source model")
+    check_output_file(out)
     model = onnx.load(str(src))
     whole = full_tensors(root, doc)
     for i, t in enumerate(model.graph.initializer):

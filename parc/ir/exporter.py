@@ -80,6 +80,15 @@ def to_onnx(graph: Graph, *, external: dict[str, tuple[str, int]] | None = None,
     return model
 
 
+def check_output_file(path: Path) -> None:
+    """An ONNX file (and its `.data` beside it) is written to a temporary file and renamed over
+    `path`: a device or pipe there (`-o /dev/null`) would be replaced by a file, a directory
+    refused with a traceback. UsageError (one line) when either exists and is not a file."""
+    for target in (path, path.parent / (path.name + ".data")):
+        if target.exists() and not target.is_file():
+            raise UsageError(f"-o {path}: {target} exists and is not a regular file; expected a file path")
+
+
 def save(graph: Graph, path: str | Path, *, external_min_bytes: int = 1 << 20,
          external_total_bytes: int = 1 << 30) -> Path:
     """Write the graph as ONNX, atomically (temp file + rename).
@@ -89,11 +98,7 @@ def save(graph: Graph, path: str | Path, *, external_min_bytes: int = 1 << 20,
     their source a chunk at a time with zero runs left sparse.
     """
     path = Path(path)
-    for target in (path, path.parent / (path.name + ".data")):
-        # the rename below replaces what is there: a device or pipe (`-o /dev/null`) would be
-        # replaced by a file, a directory refused with a traceback
-        if target.exists() and not target.is_file():
-            raise UsageError(f"-o {path}: {target} exists and is not a regular file; expected a file path")
+    check_output_file(path)
     big = [v for v in graph.constants.values() if v.const is not None and v.const.nbytes >= external_min_bytes]
     tmp_model = path.parent / (path.name + ".tmp")
     if not big or sum(v.const.nbytes for v in big) < external_total_bytes:  # type: ignore[union-attr]

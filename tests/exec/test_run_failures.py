@@ -6,6 +6,7 @@ import json
 import os
 import re
 import shutil
+import stat
 import subprocess
 import sys
 import time
@@ -226,7 +227,10 @@ def test_resume_continues_exactly_and_reshards(plan_dir, tmp_path):
     one = parc("run", str(tmp_path / "one"), "--steps", "4", "--json", "--checkpoint", str(ck2), "--resume")
     assert one.returncode == 0, one.stderr
     np.testing.assert_allclose([json.loads(x)["loss"] for x in one.stdout.splitlines()], want[2:], rtol=1e-5)
-    # export: the source model with the trained values
+    # export: the source model with the trained values; a pipe where the file would go is kept
+    os.mkfifo(tmp_path / "pipe.onnx")
+    assert_one_line_error(parc("export", str(ck), "-o", str(tmp_path / "pipe.onnx")), "not a regular file")
+    assert stat.S_ISFIFO((tmp_path / "pipe.onnx").stat().st_mode)
     res = parc("export", str(ck), "-o", str(tmp_path / "trained.onnx"))
     assert res.returncode == 0, res.stderr
     m = onnx.load(str(tmp_path / "trained.onnx"))

@@ -115,18 +115,26 @@ def test_the_refusal_names_the_node_that_cannot_split_the_batch():
         micro_layout(from_model(model), parse_devices("2xa100-80g"), 2)
 
 
-def test_a_step_whose_compute_outweighs_the_fixed_penalty_still_microbatches(step, monkeypatch):
-    """A forbidden time-axis move costs more than all of the graph's compute, however large:
-    a GPT-175B-like step priced on one H100 has single matmuls of 3,800 s, which a fixed 1e3 s
-    penalty read as 'cannot be split into microbatches' (simulated here by a tiny fixed one)."""
+def test_the_forbidden_price_is_above_every_allowed_plan_and_no_more_than_it_needs(step):
+    """A forbidden time-axis move costs FORBIDDEN_SCALE times the dearest plan without one
+    (every node's and edge's dearest allowed entry), however large the compute: a GPT-175B-like
+    step priced on one H100 has single matmuls of 3,800 s, which a fixed 1e3 s read as 'cannot
+    be split into microbatches'. And no more: a fixed 1e3 s on a small model left the LP's
+    bound above a plan it had not found (test_a_masked_mean_reads_its_labels_whole...)."""
+    import numpy as np
+
     import parc.passes.spmd.costs as costs
+    from parc.passes.spmd.costs import Micro
 
     graph = importer.load(str(step), {})
-    monkeypatch.setattr(costs, "FORBIDDEN", 1e-12)
-    micro = micro_layout(graph, parse_devices("2xa100-80g"), 4)
-    model = build(graph, None, parse_devices("2xa100-80g"), micro)
-    assert model.forbidden >= costs.FORBIDDEN_SCALE * sum(float(c.max()) for c in model.problem.comp)
-    assert solve(model.problem, "O2").cost < model.forbidden
+    model = build(graph, None, parse_devices("2xa100-80g"), Micro(4))  # the layout not yet decided
+    p = model.problem
+    forbidden = [m for m in p.comm if (m >= model.forbidden).any()]
+    assert forbidden and all(np.isfinite(m).all() for m in p.comm)  # priced, not inf
+    allowed = [m[m < model.forbidden] for m in p.comm]
+    dearest = sum(float(c.max()) for c in p.comp) + sum(float(a.max()) for a in allowed if a.size)
+    assert model.forbidden == pytest.approx(costs.FORBIDDEN_SCALE * dearest, rel=1e-9)
+    assert solve(p, "O2").cost < model.forbidden
 
 
 @pytest.fixture(scope="module")

@@ -267,7 +267,7 @@ def build(graph: Graph, mesh: Mesh | None, cluster: Cluster, micro: Micro | None
         else:
             runs = micro.count if micro is not None else 1  # it arrives in every microbatch
             comp.append(np.array([runs * per_byte * _local_bytes(v, s, shape) for s in specs]))
-        if micro is not None and not v.is_const and v.producer is None:
+        if micro is not None and not v.is_const:
             # a data input whole along time is copied in every microbatch, then sliced
             copy = micro.count / (slowest.memory_bandwidth * slowest.memory_efficiency)
             comp[-1] = comp[-1] + np.array([copy * _local_bytes(v, s, shape) if s.axes and isinstance(s[0], Replicated)
