@@ -8,7 +8,9 @@ import os
 import shutil
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -61,20 +63,23 @@ def _progress() -> Iterator[Callable[[str, int, int], None] | None]:
                    "and keep the faster plan, and when nothing fits in memory try 2, 4, ... stages.")
 @click.option("--pipeline-tolerance", type=float, default=0.1, show_default=True, metavar="EPS",
               help="Stage imbalance the stage search tolerates (Rhino 5.2's epsilon).")
+@click.option("--all-devices", is_flag=True,
+              help="Use every device given. By default, on a mixed cluster, parc also plans on the nodes "
+                   "of the faster types alone and leaves the slower idle when that is predicted at least "
+                   "5% faster.")
 @click.option("--mesh-dims", type=int, default=2, show_default=True, metavar="N",
               help="Search device meshes of up to N axes (3 adds meshes like 2x2x2; slow to price).")
 @click.option("--dim", "dims", multiple=True, metavar="NAME=VALUE", help="Bind a symbolic dim.")
 @click.option("--programs/--no-programs", default=True, show_default=True,
               help="Write the per-rank programs and taskgraph.json (what `parc run` needs).")
 @click.option("-o", "--output", required=True, type=click.Path(file_okay=False), help="Plan directory.")
-def plan(model: str, devices: str | None, cluster_file: str | None, calibration_file: str | None, level: str, mem_limit: float | None,
-         time_limit: float, hints_file: str | None, jobs: int | None, micro_batches: int | None,
-         pipeline: str, pipeline_tolerance: float, mesh_dims: int, dims: tuple[str, ...], programs: bool,
-         output: str) -> None:
+def plan(model: str, devices: str | None, cluster_file: str | None, calibration_file: str | None, level: str,
+         mem_limit: float | None, time_limit: float, hints_file: str | None, jobs: int | None,
+         micro_batches: int | None, pipeline: str, pipeline_tolerance: float, all_devices: bool, mesh_dims: int,
+         dims: tuple[str, ...], programs: bool, output: str) -> None:
     """Search how to split MODEL over the devices; write PLAN_DIR/plan.json."""
     from parc.cluster import resolve_cluster
     from parc.ir import importer
-    from parc.passes.spmd.search import plan_graph
 
     if not time_limit > 0:
         raise UsageError(f"--time-limit {time_limit}: expected a positive number of seconds")
@@ -106,83 +111,18 @@ def plan(model: str, devices: str | None, cluster_file: str | None, calibration_
         cluster = load_constants(calibration_file).apply(cluster)
     graph = importer.load(model, importer.parse_dims(dims))
     budget = mem_limit * 2**30 if mem_limit is not None else None
-    from parc.errors import InfeasiblePlanError
-    from parc.passes.pipeline.plan import (
-        fallback_counts,
-        pipeline_candidates,
-        pipeline_uniform,
-        plan_pipeline,
-    )
-
     if stages > 0 and (stages > cluster.num_devices or cluster.num_devices % stages):
         raise UsageError(f"--pipeline {stages}: expected a stage count that divides the "
                          f"{cluster.num_devices} devices")
     import time
 
     t0 = time.perf_counter()
-    counts = [stages] if stages > 0 else pipeline_candidates(cluster) if stages < 0 else []
-    spmd, spmd_error = None, None
-    if stages <= 0:  # with --pipeline S the user asked for that pipeline: no one-mesh search
-        try:
-            with _progress() as report:
-                spmd = plan_graph(graph, cluster, level=level, memory_budget=budget, progress=report,
-                                  time_limit=time_limit, hints=None if hints.empty else hints, jobs=jobs,
-                                  micro_batches=micro_batches or 1, max_mesh_dims=mesh_dims)
-        except (InfeasiblePlanError, UsageError) as e:  # a pipeline may still fit (auto)
-            if stages == 0 or isinstance(e, UsageError) and not counts:
-                raise
-            spmd_error = e
-    best, tried = None, []
-
-    def attempt(count: int) -> None:
-        nonlocal best
-        try:
-            pp = plan_pipeline(graph, cluster, count, micro_batches=micro_batches, level=level,
-                               memory_budget=budget, time_limit=time_limit, tolerance=pipeline_tolerance,
-                               jobs=jobs, max_mesh_dims=mesh_dims, hints=None if hints.empty else hints)
-        except (InfeasiblePlanError, UsageError) as e:
-            if stages > 0:
-                raise
-            tried.append({"stages": count, "feasible": False, "error": str(e)})
-            return
-        tried.append({"stages": count, "micro_batches": pp.micro_batches, "feasible": True,
-                      "step_time_s": pp.step_s})
-        if best is None or pp.step_s < best.step_s:
-            best = pp
-
-    for count in counts:
-        attempt(count)
-    if stages < 0 and spmd is None and best is None:  # nothing fits yet: more, smaller stages
-        for count in fallback_counts(cluster, counts):
-            logging.getLogger("parc.plan").warning(
-                "no one-mesh plan fits in memory: trying a pipeline of %d stages", count)
-            attempt(count)
-            if best is not None:
-                break
-    if best is not None and (stages > 0 or spmd is None or best.step_s < spmd.best.solution.cost):
-        uniform = pipeline_uniform(best, time_limit, mesh_dims)
-        if uniform.get("feasible") and uniform["step_time_s"] < best.step_s and hints.empty:  # no stage pins
-            best = _on_uniform_stages(best, uniform, graph, cluster, level, budget, time_limit, pipeline_tolerance,
-                                      jobs, mesh_dims)
-        best.baselines = dict(spmd.baselines) if spmd is not None else {}
-        best.spmd = ({"step_time_s": spmd.best.solution.cost, "mesh": list(spmd.best.mesh.shape)}
-                     if spmd is not None else {"searched": False} if stages > 0
-                     else {"feasible": False, "error": str(spmd_error)})
-        best.tried = tried
-        best.baselines["pipeline-uniform"] = uniform
-        best.baselines.pop("even-split", None)  # the one-mesh plan's; the pipeline's own follows
-        if best.even_split is not None:
-            best.baselines["even-split"] = best.even_split
-        result = best
-        stages = len(best.stages)
-    elif spmd is not None:
-        result, stages = spmd, 0
-    else:
-        if tried and isinstance(spmd_error, InfeasiblePlanError):
-            counts_text = ", ".join(str(t["stages"]) for t in tried)
-            raise InfeasiblePlanError(f"{spmd_error}; pipelines of {counts_text} stages do not fit either "
-                                      f"(first: {tried[0]['error']})") from None
-        raise spmd_error  # type: ignore[misc]
+    search = _Search(graph, level, budget, time_limit, hints, jobs, micro_batches, stages, pipeline_tolerance,
+                     mesh_dims)
+    result, stages, tried = search.on(cluster)
+    given = None
+    if not all_devices and hints.empty:  # pins name the given cluster's meshes and stages
+        result, stages, tried, given = _idle_slower(search, cluster, result, stages, tried)
     result.time_s = time.perf_counter() - t0  # the whole search: one mesh and pipelines
     out = Path(output)
     stage = out.parent / f".{out.name}.tmp-{os.getpid()}"
@@ -192,6 +132,8 @@ def plan(model: str, devices: str | None, cluster_file: str | None, calibration_
         doc = result.to_json()
         if not stages:
             doc["solver"]["pipelines"] = tried  # what --pipeline auto tried, and why it lost
+        if given is not None:
+            doc["devices_given"] = given
         doc["model"] = {"path": str(Path(model).resolve()), "sha256": sha256_file(Path(model))}
         if programs and stages:
             from parc.passes.pipeline.emit import write_pipeline_programs
@@ -217,6 +159,10 @@ def plan(model: str, devices: str | None, cluster_file: str | None, calibration_
         shutil.rmtree(stage, ignore_errors=True)
         raise
     p = doc["predicted"]
+    if given is not None and given["idle"]:
+        idle = ", ".join(f"{n} {name}" for name, n in given["idle"].items())
+        click.echo(f"{idle} left idle: the plan on {result.cluster.spec} alone is predicted faster than on "
+                   f"every device given ({given['devices']}); --all-devices uses them all")
     if stages:
         shapes = " | ".join(f"stage {st['id']}: {len(st['devices'])} devices {tuple(st['mesh'])}, {st['nodes']} nodes"
                             for st in doc["stages"])
@@ -233,6 +179,159 @@ def plan(model: str, devices: str | None, cluster_file: str | None, calibration_
                f"{p['comm_s'] * 1e3:.3f}; simulated {doc['simulation']['step_time_s'] * 1e3:.3f}), "
                f"{p['memory_bytes_per_device'][0] / 2**30:.2f} GiB/device; "
                f"baselines: {base}")
+
+
+# Devices are left idle only for a predicted gain of at least this fraction of the step: the
+# predictions are within about 10% of measured steps (docs/benchmarks.md), so a smaller gain
+# is not worth giving up devices the user asked for.
+IDLE_MIN_GAIN = 0.05
+
+
+@dataclass
+class _Search:
+    """One search of the plan over a cluster: the one-mesh plan, the pipelines `--pipeline` asks
+    for, and the pipeline on the uniform cut when its baseline beats the stage search."""
+
+    graph: Any
+    level: str
+    budget: float | None
+    time_limit: float
+    hints: Any
+    jobs: int | None
+    micro_batches: int | None
+    stages: int  # 0 off, -1 auto, else the count
+    tolerance: float
+    mesh_dims: int
+
+    def on(self, cluster):
+        """(plan, its stage count or 0, the pipelines tried) on `cluster`."""
+        from parc.errors import InfeasiblePlanError
+        from parc.passes.pipeline.plan import (
+            fallback_counts,
+            pipeline_candidates,
+            pipeline_uniform,
+            plan_pipeline,
+        )
+        from parc.passes.spmd.search import plan_graph
+
+        graph, level, budget, time_limit, jobs = self.graph, self.level, self.budget, self.time_limit, self.jobs
+        stages, micro_batches, mesh_dims, hints = self.stages, self.micro_batches, self.mesh_dims, self.hints
+        counts = [stages] if stages > 0 else pipeline_candidates(cluster) if stages < 0 else []
+        spmd, spmd_error = None, None
+        if stages <= 0:  # with --pipeline S the user asked for that pipeline: no one-mesh search
+            try:
+                with _progress() as report:
+                    spmd = plan_graph(graph, cluster, level=level, memory_budget=budget, progress=report,
+                                      time_limit=time_limit, hints=None if hints.empty else hints, jobs=jobs,
+                                      micro_batches=micro_batches or 1, max_mesh_dims=mesh_dims)
+            except (InfeasiblePlanError, UsageError) as e:  # a pipeline may still fit (auto)
+                if stages == 0 or isinstance(e, UsageError) and not counts:
+                    raise
+                spmd_error = e
+        best, tried = None, []
+
+        def attempt(count: int) -> None:
+            nonlocal best
+            try:
+                pp = plan_pipeline(graph, cluster, count, micro_batches=micro_batches, level=level,
+                                   memory_budget=budget, time_limit=time_limit, tolerance=self.tolerance,
+                                   jobs=jobs, max_mesh_dims=mesh_dims, hints=None if hints.empty else hints)
+            except (InfeasiblePlanError, UsageError) as e:
+                if stages > 0:
+                    raise
+                tried.append({"stages": count, "feasible": False, "error": str(e)})
+                return
+            tried.append({"stages": count, "micro_batches": pp.micro_batches, "feasible": True,
+                          "step_time_s": pp.step_s})
+            if best is None or pp.step_s < best.step_s:
+                best = pp
+
+        for count in counts:
+            attempt(count)
+        if stages < 0 and spmd is None and best is None:  # nothing fits yet: more, smaller stages
+            for count in fallback_counts(cluster, counts):
+                logging.getLogger("parc.plan").warning(
+                    "no one-mesh plan fits in memory: trying a pipeline of %d stages", count)
+                attempt(count)
+                if best is not None:
+                    break
+        if best is not None and (stages > 0 or spmd is None or best.step_s < spmd.best.solution.cost):
+            uniform = pipeline_uniform(best, time_limit, mesh_dims)
+            if uniform.get("feasible") and uniform["step_time_s"] < best.step_s and hints.empty:  # no stage pins
+                best = _on_uniform_stages(best, uniform, graph, cluster, level, budget, time_limit, self.tolerance,
+                                          jobs, mesh_dims)
+            best.baselines = dict(spmd.baselines) if spmd is not None else {}
+            best.spmd = ({"step_time_s": spmd.best.solution.cost, "mesh": list(spmd.best.mesh.shape)}
+                         if spmd is not None else {"searched": False} if stages > 0
+                         else {"feasible": False, "error": str(spmd_error)})
+            best.tried = tried
+            best.baselines["pipeline-uniform"] = uniform
+            best.baselines.pop("even-split", None)  # the one-mesh plan's; the pipeline's own follows
+            if best.even_split is not None:
+                best.baselines["even-split"] = best.even_split
+            return best, len(best.stages), tried
+        if spmd is not None:
+            return spmd, 0, tried
+        if tried and isinstance(spmd_error, InfeasiblePlanError):
+            counts_text = ", ".join(str(t["stages"]) for t in tried)
+            raise InfeasiblePlanError(f"{spmd_error}; pipelines of {counts_text} stages do not fit either "
+                                      f"(first: {tried[0]['error']})") from None
+        raise spmd_error  # type: ignore[misc]
+
+
+def _step_s(result, stages: int) -> float:
+    return result.step_s if stages else result.best.solution.cost
+
+
+def _idle_slower(search: _Search, cluster, result, stages: int, tried: list):
+    """On a mixed cluster, the plan on each set of whole nodes that leaves the slower device types
+    idle (`Cluster.without_slower`); it replaces the plan on every device when predicted at least
+    `IDLE_MIN_GAIN` faster. Returns the plan, its stage count, its pipelines tried, and the
+    `devices_given` record of plan.json (None when there was nothing to leave idle)."""
+    from parc.errors import InfeasiblePlanError
+
+    subsets = cluster.without_slower()
+    if not subsets:
+        return result, stages, tried, None
+    log = logging.getLogger("parc.plan")
+    every = _step_s(result, stages)
+    records = [{"devices": cluster.spec, "nodes": list(range(len(cluster.nodes))), "feasible": True,
+                "step_time_s": every, "chosen": True}]
+    best = (result, stages, tried, every, records[0], tuple(range(len(cluster.nodes))), cluster)
+    for sub, kept in subsets:
+        record = {"devices": sub.spec, "nodes": list(kept), "feasible": False, "chosen": False}
+        records.append(record)
+        if search.stages > 0 and sub.num_devices % search.stages:
+            record["error"] = f"--pipeline {search.stages} does not divide its {sub.num_devices} devices"
+            continue
+        log.info("trying the plan on %s alone (the slower devices idle)", sub.spec)
+        try:
+            other, other_stages, other_tried = search.on(sub)
+        except (InfeasiblePlanError, UsageError) as e:
+            record["error"] = str(e)
+            continue
+        step = _step_s(other, other_stages)
+        record.update(feasible=True, step_time_s=step)
+        if step < best[3] and step <= every * (1 - IDLE_MIN_GAIN):
+            best[4]["chosen"] = False
+            record["chosen"] = True
+            best = (other, other_stages, other_tried, step, record, kept, sub)
+    chosen, chosen_stages, chosen_tried, step, _, kept, used = best
+    idle: dict[str, int] = {}
+    for i, node in enumerate(cluster.nodes):
+        if i not in kept:
+            for d in node.devices:
+                idle[d.name] = idle.get(d.name, 0) + 1
+    if idle:
+        log.info("leaving %s idle: %.6g s on %s against %.6g s on every device", idle, step, used.spec, every)
+        full = result.baselines
+        if "even-split" in full:  # the naive use of every device given stays the reference
+            chosen.baselines["even-split"] = {**full["even-split"], "devices": cluster.spec}
+        chosen.baselines["all-devices"] = {"step_time_s": every, "feasible": True, "devices": cluster.spec,
+                                           "stages": stages}
+    given = {"devices": cluster.spec, "num_devices": cluster.num_devices, "nodes_used": list(kept),
+             "idle": idle, "min_gain": IDLE_MIN_GAIN, "tried": records}
+    return chosen, chosen_stages, chosen_tried, given
 
 
 def _on_uniform_stages(best, uniform: dict, graph, cluster, level: str, budget, time_limit: float,

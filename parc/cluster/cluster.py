@@ -107,6 +107,19 @@ class Cluster:
         """The distinct device specs, in order of first appearance."""
         return tuple(dict.fromkeys(self.devices))
 
+    def without_slower(self) -> list[tuple[Cluster, tuple[int, ...]]]:
+        """The clusters that leave the slower device types idle, fastest first: for each speed of
+        device but the slowest, the whole nodes whose devices are all at least that fast (a node
+        is kept or left whole: its ranks are one host's), with the kept nodes' indices. Speed is
+        a device's float32 peak at its efficiency. Empty for one device type."""
+        speeds = sorted({_speed(d) for d in self.devices}, reverse=True)
+        out = []
+        for speed in speeds[:-1]:
+            kept = tuple(i for i, node in enumerate(self.nodes) if all(_speed(d) >= speed for d in node.devices))
+            if kept and len(kept) < len(self.nodes) and all(kept != k for _, k in out):
+                out.append((Cluster(tuple(self.nodes[i] for i in kept), self.inter_link), kept))
+        return out
+
     @property
     def spec(self) -> str:
         """The devices in `--devices` syntax (links and NICs are not part of it)."""
@@ -243,3 +256,8 @@ def _device(name: str, where: str, extra: Mapping[str, DeviceSpec] | None, term:
     if re.match(r"^\d+\s*x", name, re.IGNORECASE):
         raise UsageError(f"{where}: '{term}' has more than two counts; {_GRAMMAR}")
     return lookup_device(name, where, extra)
+
+
+def _speed(device: DeviceSpec) -> float:
+    """A device's float32 FLOP/s at its efficiency: how `Cluster.without_slower` ranks types."""
+    return device.peak("float32") * device.compute_efficiency

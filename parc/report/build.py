@@ -55,7 +55,7 @@ def explain(plan: Mapping[str, Any], plan_file: str = "plan.json") -> Report:
         parameters=params,
         communication=_communication(plan.get("communication"), step.comm_s), memory=memory,
         baselines=_baselines(plan.get("baselines") or {}, step_s, memory.max_bytes), why=[],
-        pipeline=_pipeline(plan), mixed=_mixed(plan), simulation=_simulation(plan.get("simulation"), plan_file))
+        pipeline=_pipeline(plan), mixed=_mixed(plan), given=plan.get("devices_given"), simulation=_simulation(plan.get("simulation"), plan_file))
     return replace(report, why=reasons(report))
 
 

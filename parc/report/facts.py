@@ -220,6 +220,9 @@ class Report:
     pipeline: dict[str, Any] | None = None
     # a mesh of mixed devices: per device its type, compute and memory, and the axes' balance
     mixed: dict[str, Any] | None = None
+    # on a mixed cluster, plan.json's `devices_given`: the cluster given, the nodes used, the
+    # device types left idle, and each set of nodes planned on
+    given: dict[str, Any] | None = None
     # plan.json's `simulation`: the step replayed task by task (None: the plan has none)
     simulation: Simulation | None = None
 

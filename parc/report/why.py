@@ -17,10 +17,42 @@ def reasons(r: facts.Report) -> list[str]:
     out += _communication(r.communication, r.parameters)
     out += _parameters(r)
     out += _memory(r)
+    out += _idle(r)
     out += _mixed(r)
     out += [_baseline(r, b) for b in r.baselines]
     out += _meshes(r.summary)
     out += _solver(r.summary)
+    return out
+
+
+def _idle(r: facts.Report) -> list[str]:
+    """On a mixed cluster: which devices the plan leaves idle, or why it uses them all."""
+    g = r.given
+    if not g:
+        return []
+    tried = g.get("tried") or []
+    every = tried[0] if tried else None  # the plan on every device comes first
+    chosen = next((t for t in tried if t.get("chosen")), None)
+    others = [t for t in tried if t is not chosen]
+    margin = fmt_pct(g.get("min_gain", 0.0))
+    if g.get("idle") and chosen is not None and every is not None:
+        idle = ", ".join(f"{n} {name}" for name, n in g["idle"].items())
+        gain = 1 - chosen["step_time_s"] / every["step_time_s"]
+        return [f"{idle} of the {g['num_devices']} devices given are left idle: the plan on {chosen['devices']} "
+                f"({'node' if len(chosen['nodes']) == 1 else 'nodes'} {', '.join(map(str, chosen['nodes']))}) is predicted {fmt_time(chosen['step_time_s'])} "
+                f"against {fmt_time(every['step_time_s'])} on every device, {fmt_pct(gain)} faster (devices are "
+                f"left idle for a gain of {margin} or more; --all-devices uses them all)"]
+    out = []
+    for t in others:
+        if not t.get("feasible") or t.get("step_time_s") is None:
+            out.append(f"every device given is used: a plan on {t['devices']} alone does not fit "
+                       f"({t.get('error', 'infeasible')})")
+            continue
+        gain = 1 - t["step_time_s"] / r.step.step_time_s
+        what = (f"{fmt_pct(gain)} faster, under the {margin} that leaving devices idle must gain" if gain > 0
+                else f"{fmt_pct(-gain)} slower")
+        out.append(f"every device given is used: a plan on {t['devices']} alone is predicted "
+                   f"{fmt_time(t['step_time_s'])}, {what}")
     return out
 
 

@@ -130,3 +130,21 @@ def test_resolve_cluster_needs_exactly_one_source(tmp_path):
     for devices, cluster in ((None, None), ("8xv100-32g", str(path))):
         with pytest.raises(UsageError, match="^give exactly one of --devices SPEC and --cluster FILE$"):
             resolve_cluster(devices, cluster)
+
+
+@pytest.mark.parametrize("spec, subsets", [
+    ("8xv100-32g", []),  # one type: nothing to leave idle
+    ("2x8xa100-80g", []),
+    ("4xv100-32g+4xp100-16g", [("4xv100-32g", (0,))]),
+    ("4xp100-16g+4xv100-32g", [("4xv100-32g", (1,))]),  # the fast node need not come first
+    # three speeds: V100 alone, then V100 with P100 (the T4s idle)
+    ("8xv100-32g+2x4xt4+4xp100-16g", [("8xv100-32g", (0,)), ("8xv100-32g+4xp100-16g", (0, 3))]),
+    ("(4xv100-32g+4xp100-16g)", []),  # one mixed node: a node is kept or left whole
+    ("(2xv100-32g+2xp100-16g)+4xv100-32g", [("4xv100-32g", (1,))]),
+])
+def test_the_clusters_that_leave_slower_devices_idle(spec, subsets):
+    cluster = parse_devices(spec)
+    found = cluster.without_slower()
+    assert [(c.spec, kept) for c, kept in found] == subsets
+    for c, kept in found:
+        assert c.nodes == tuple(cluster.nodes[i] for i in kept) and c.inter_link == cluster.inter_link

@@ -28,7 +28,7 @@ def _plan(tmp: Path, model: str, batch: int, *args: str, sets: tuple[str, ...] =
     assert res.returncode == 0, res.stderr
     out = tmp / f"{model}-plan"
     res = parc("plan", str(step), "--devices", MIXED, "--mesh-dims", "1", "--pipeline", "off", "--jobs", "1",
-               "-o", str(out), *args)
+               "--all-devices", "-o", str(out), *args)
     assert res.returncode == 0, res.stderr
     return out, json.loads((out / "plan.json").read_text())
 
@@ -74,7 +74,7 @@ def test_heterogeneous_pipeline_verifies(tmp_path):
     assert res.returncode == 0, res.stderr
     out = tmp_path / "pipe"
     res = parc("plan", str(step), "--devices", "2xp100-16g+2xv100-32g", "--pipeline", "2", "--jobs", "1",
-               "-o", str(out))
+               "--all-devices", "-o", str(out))
     assert res.returncode == 0, res.stderr
     plan = json.loads((out / "plan.json").read_text())
     assert [s["devices"] for s in plan["stages"]] == [[2, 3], [0, 1]]
@@ -124,3 +124,60 @@ def test_a_2d_mesh_uneven_on_its_mixed_axis_verifies(tmp_path):
     assert [a["axis"] for a in plan["balance"]["axes"]] == [1]
     assert any(v.startswith("R") and "[" in v for v in plan["specs"].values())  # axis 0 even, axis 1 uneven
     _verify(out)
+
+
+def test_slow_devices_are_left_idle_when_that_is_faster(tmp_path):
+    """gpt-tiny on 2 V100 + 2 T4 (two nodes): the T4s slow every step (their launch floors and
+    the link between the nodes), so the plan runs on the V100 node alone; it verifies on 2 ranks,
+    explain says why, and the plan on every device is its `all-devices` baseline."""
+    step = tmp_path / "gpt.onnx"
+    assert parc("models", "build", "gpt-tiny", "--set", "batch=32", "--train", "sgd", "-o", str(step)).returncode == 0
+    out = tmp_path / "plan"
+    res = parc("plan", str(step), "--devices", "2xv100-32g+2xt4", "--mesh-dims", "1", "--pipeline", "off",
+               "--jobs", "1", "-o", str(out))
+    assert res.returncode == 0, res.stderr
+    assert "2 t4-16g left idle" in res.stdout
+    plan = json.loads((out / "plan.json").read_text())
+    given = plan["devices_given"]
+    assert given["idle"] == {"t4-16g": 2} and given["nodes_used"] == [0] and given["num_devices"] == 4
+    assert [len(n["devices"]) for n in plan["cluster"]["nodes"]] == [2]
+    every, alone = given["tried"]
+    assert (every["devices"], every["chosen"]) == ("2xv100-32g+2xt4-16g", False)
+    assert (alone["devices"], alone["chosen"]) == ("2xv100-32g", True)
+    me = plan["predicted"]["step_time_s"]
+    assert me == pytest.approx(alone["step_time_s"]) and me <= every["step_time_s"] * (1 - given["min_gain"])
+    assert plan["baselines"]["all-devices"]["step_time_s"] == pytest.approx(every["step_time_s"])
+    assert plan["baselines"]["even-split"]["step_time_s"] > me  # the naive use of every device
+    _verify(out)
+    res = parc("explain", str(out))
+    assert res.returncode == 0, res.stderr
+    assert "2 t4-16g of the 4 devices given are left idle: the plan on 2xv100-32g (node 0)" in " ".join(res.stdout.split())
+
+    res = parc("plan", str(step), "--devices", "2xv100-32g+2xt4", "--mesh-dims", "1", "--pipeline", "off",
+               "--jobs", "1", "--all-devices", "-o", str(tmp_path / "all"))
+    assert res.returncode == 0, res.stderr
+    plan = json.loads((tmp_path / "all" / "plan.json").read_text())
+    assert "devices_given" not in plan and len(plan["predicted"]["memory_bytes_per_device"]) == 4
+    assert plan["predicted"]["step_time_s"] == pytest.approx(every["step_time_s"])
+
+
+def test_every_device_is_used_when_idling_gains_too_little(tmp_path):
+    """gpt-tiny on 2 V100 + 2 P100 (the acceptance check's case): the V100s alone are predicted
+    a few percent faster, under `IDLE_MIN_GAIN`, so every device is used and explain says so."""
+    from parc.cli.plan_cmd import IDLE_MIN_GAIN
+
+    step = tmp_path / "gpt.onnx"
+    assert parc("models", "build", "gpt-tiny", "--set", "batch=32", "--train", "sgd", "-o", str(step)).returncode == 0
+    out = tmp_path / "plan"
+    res = parc("plan", str(step), "--devices", MIXED, "--mesh-dims", "1", "--pipeline", "off", "--jobs", "1",
+               "-o", str(out))
+    assert res.returncode == 0, res.stderr
+    plan = json.loads((out / "plan.json").read_text())
+    given = plan["devices_given"]
+    assert given["idle"] == {} and given["nodes_used"] == [0, 1] and "all-devices" not in plan["baselines"]
+    every, alone = given["tried"]
+    assert every["chosen"] and not alone["chosen"] and alone["devices"] == "2xv100-32g"
+    assert every["step_time_s"] * (1 - IDLE_MIN_GAIN) < alone["step_time_s"]
+    assert _uneven(plan)
+    res = parc("explain", str(out))
+    assert "every device given is used: a plan on 2xv100-32g alone is predicted" in " ".join(res.stdout.split())
