@@ -105,6 +105,9 @@ def cost_model(out: Path | None, only: list[str] | None = None) -> None:
             me = data["predicted"]["step_time_s"]
             even = data["baselines"].get("even-split", {}).get("step_time_s")
             kind = (f"{len(data['stages'])} stages" if "stages" in data else f"mesh {data['mesh']['shape']}")
+            idle = (data.get("devices_given") or {}).get("idle")
+            if idle:  # the plan leaves the slower devices idle (`--all-devices` uses them)
+                kind += ", " + ", ".join(f"{n} {name}" for name, n in idle.items()) + " idle"
             axes = (data.get("balance") or {}).get("axes") or []
             if axes:
                 a = axes[0]
