@@ -5,6 +5,7 @@ equal to the single-device model (the mean loss weighted by each rank's samples 
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -47,6 +48,10 @@ def _verify(out: Path) -> None:
 def test_uneven_data_parallel_verifies(tmp_path, model, batch):
     out, plan = _plan(tmp_path, model, batch)
     assert _uneven(plan), "no uneven split in the mixed-cluster plan"
+    # every dim that holds whole batches is cut where the batch is (a flattened [B*S, H] too)
+    pieces = {tuple(map(int, re.findall(r"\d+", v.split("[", 1)[1]))) for v in plan["specs"].values() if "[" in v}
+    cut = next(p for p in pieces if sum(p) == batch)
+    assert all(p == tuple(c * (sum(p) // batch) for c in cut) for p in pieces if sum(p) % batch == 0), pieces
     assert plan["baselines"]["even-split"]["step_time_s"] >= plan["predicted"]["step_time_s"] * (1 - 1e-9)
     _verify(out)
     res = parc("explain", str(out))
@@ -87,7 +92,6 @@ def test_heterogeneous_pipeline_verifies(tmp_path):
 def test_an_uneven_checkpoint_reshards_onto_an_even_plan_and_back(tmp_path):
     """Steps 1-2 on the uneven plan, 3 on an even plan of the same model, 4 on the uneven one
     again: the losses equal one uninterrupted uneven run's."""
-    import re
 
     out, plan = _plan(tmp_path, "gpt-tiny", 32)
     assert _uneven(plan)
@@ -127,11 +131,13 @@ def test_a_2d_mesh_uneven_on_its_mixed_axis_verifies(tmp_path):
 
 
 def test_slow_devices_are_left_idle_when_that_is_faster(tmp_path):
-    """gpt-tiny on 2 V100 + 2 T4 (two nodes): the T4s slow every step (their launch floors and
-    the link between the nodes), so the plan runs on the V100 node alone; it verifies on 2 ranks,
-    explain says why, and the plan on every device is its `all-devices` baseline."""
+    """gpt-tiny (batch 8, hidden 256) on 2 V100 + 2 T4 (two nodes): the T4s slow every step
+    (their launch floors, and the gradients crossing the link between the nodes), so the plan
+    runs on the V100 node alone; it verifies on 2 ranks, explain says why, and the plan on every
+    device is its `all-devices` baseline."""
     step = tmp_path / "gpt.onnx"
-    assert parc("models", "build", "gpt-tiny", "--set", "batch=32", "--train", "sgd", "-o", str(step)).returncode == 0
+    assert parc("models", "build", "gpt-tiny", "--set", "batch=8", "--set", "hidden=256", "--train", "sgd",
+                "-o", str(step)).returncode == 0
     out = tmp_path / "plan"
     res = parc("plan", str(step), "--devices", "2xv100-32g+2xt4", "--mesh-dims", "1", "--pipeline", "off",
                "--jobs", "1", "-o", str(out))

@@ -13,7 +13,7 @@ from parc.cluster import enumerate_meshes, resolve_cluster
 from parc.ir import importer
 from parc.ops.base import RULES
 from parc.passes.spmd.costs import build, even_choice, per_device, work_fractions
-from parc.passes.spmd.hetero import balanced_time, exact_balance, split_sizes, whale_balance
+from parc.passes.spmd.hetero import balanced_time, exact_balance, label_sizes, split_sizes, whale_balance
 from parc.sharding.spec import Split
 from tests.helpers import parc
 
@@ -68,6 +68,24 @@ def test_split_sizes():
     assert split_sizes(3, [0.25] * 4) is None  # too small for a piece each
     assert split_sizes(8, [0.25] * 4) is None  # even: no uneven split
     assert min(split_sizes(5, [0.97, 0.01, 0.01, 0.01])) >= 1
+
+
+def test_a_flattened_batch_is_cut_where_the_batch_is():
+    """[B*S, H] pieces are the batch's pieces times S (a Reshape's output meets its consumer's
+    input); rounded apart they differ: 32768 * 0.073 -> 2392 rows, not 5 * 512."""
+    shares = [0.073] * 8 + [0.052] * 8
+    cut = (5,) * 8 + (3,) * 8  # the batch of 64 by the exact balance
+    assert label_sizes(64, shares, cut) == cut
+    assert label_sizes(64 * 512, shares, cut) == tuple(c * 512 for c in cut) != split_sizes(64 * 512, shares)
+    assert label_sizes(1000, shares, cut) == split_sizes(1000, shares)  # not whole batches
+    assert label_sizes(64 * 512, shares, None) == split_sizes(64 * 512, shares)  # no batch cut
+    # moe-tiny's batch of 16 on 2 V100 + 2 P100: 16 * 0.279 rounds to an even 4 each; the
+    # exact balance cuts it 5, 5, 3, 3, and its flattened dims follow
+    assert split_sizes(16, [0.279, 0.279, 0.221, 0.221]) is None
+    assert label_sizes(64, [0.279, 0.279, 0.221, 0.221], (5, 5, 3, 3)) == (20, 20, 12, 12)
+    # an even batch cut: other extents keep their own rounding (tensor parallel on a small batch)
+    assert label_sizes(512, [0.6, 0.4], (2, 2)) == split_sizes(512, [0.6, 0.4]) == (307, 205)
+
 
 
 @pytest.fixture(scope="module")

@@ -347,7 +347,7 @@ def _uneven(graph: Graph, strategies: list[list[Strategy]], shape: tuple[int, ..
     out = []
     for n, strats in zip(graph.nodes, strategies):
         if id(strats) not in done:
-            done[id(strats)] = uneven_strategies(n, strats, shape, balance.shares, axes)
+            done[id(strats)] = uneven_strategies(n, strats, shape, balance.shares, axes, balance.cuts)
         out.append(done[id(strats)])
     return out
 

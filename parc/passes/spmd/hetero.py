@@ -168,6 +168,17 @@ def split_sizes(extent: int, shares: Sequence[float]) -> tuple[int, ...] | None:
     return tuple(sizes)
 
 
+def label_sizes(extent: int, shares: Sequence[float], cut: Sequence[int] | None) -> tuple[int, ...] | None:
+    """A label's pieces on an uneven axis: an extent holding whole batches (the batch dim, and the
+    batch flattened with the sequence or the heads) is cut where the batch is (`cut`, the
+    batch's samples per slice, when uneven); any other by `split_sizes`. Rounded apart, a
+    Reshape from [B, S, H] to [B*S, H] would hand its consumer pieces of other sizes, and every
+    such edge would reshard (bert-large, 8 V100 + 8 P100, batch 64: 330 ms of a 1.19 s step)."""
+    if cut is not None and len(set(cut)) > 1 and min(cut) >= 1 and extent % sum(cut) == 0:
+        return tuple(c * (extent // sum(cut)) for c in cut)
+    return split_sizes(extent, shares)
+
+
 @dataclass(frozen=True)
 class Balance:
     """How a mesh over mixed devices shares its work: per axis, each coordinate's share (1/n
@@ -177,6 +188,8 @@ class Balance:
     devices: tuple[DeviceSpec, ...]  # per mesh position, row-major
     budgets: tuple[float, ...]  # bytes per mesh position
     report: dict  # what plan.json's `balance` says: capacity, Algorithm 1, optimum
+    # per axis, the batch's samples per slice (the exact balance), or None: `label_sizes`
+    cuts: tuple[tuple[int, ...] | None, ...] = ()
 
     def uneven(self, axis: int) -> bool:
         s = self.shares[axis]
@@ -201,7 +214,7 @@ def mesh_balance(mesh: Mesh, cluster: Cluster, unit_time: dict[str, float], unit
     devices = tuple(cluster.devices[r] for r in mesh.devices)
     budgets = tuple(float(d.memory_bytes) for d in devices)
     grid = np.arange(len(devices)).reshape(mesh.shape)
-    shares, report = [], {"axes": []}
+    shares, cuts, report = [], [], {"axes": []}
     for k, n in enumerate(mesh.shape):
         slices = [np.take(grid, i, axis=k).ravel() for i in range(n)]
         size = len(slices[0])
@@ -211,6 +224,7 @@ def mesh_balance(mesh: Mesh, cluster: Cluster, unit_time: dict[str, float], unit
         names = ["+".join(sorted({devices[j].name for j in s})) for s in slices]
         if len(set(t)) == 1 and len(set(mem)) == 1:
             shares.append(tuple([1.0 / n] * n))
+            cuts.append(None)
             continue
         # a slice of `size` devices: each holds the fixed part, a unit's activations are split over
         # them, so size * fixed + n_units * mem_per_unit <= size * (its smallest budget)
@@ -223,6 +237,7 @@ def mesh_balance(mesh: Mesh, cluster: Cluster, unit_time: dict[str, float], unit
         shares.append(tuple(c / SHARE_UNITS for c in fine))
         # what plan.json reports: the batch's samples by Algorithm 1, by the optimum and evenly
         opt = exact_balance(units, t, mem, mem_per_unit, fixed)
+        cuts.append(None if opt is None else tuple(opt))
         whale = whale_balance(units, flops, mem, mem_per_unit, fixed)
         even = [units // n + (1 if i < units % n else 0) for i in range(n)]
         report["axes"].append({
@@ -231,8 +246,8 @@ def mesh_balance(mesh: Mesh, cluster: Cluster, unit_time: dict[str, float], unit
             "time_optimum_s": None if opt is None else balanced_time(opt, t),
             "time_algorithm1_s": balanced_time(whale, t), "time_even_s": balanced_time(even, t),
         })
-    return Balance(tuple(shares), devices, budgets, report)
+    return Balance(tuple(shares), devices, budgets, report, tuple(cuts))
 
 
-__all__ = ["Balance", "balanced_time", "device_times", "exact_balance", "mesh_balance", "split_sizes",
+__all__ = ["Balance", "balanced_time", "device_times", "exact_balance", "label_sizes", "mesh_balance", "split_sizes",
            "stage_capacity", "stage_order", "whale_balance"]

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from parc.ir.graph import Node, Value
 from parc.ops import sharding_rule
 from parc.ops.base import ShardingRule
-from parc.passes.spmd.hetero import split_sizes
+from parc.passes.spmd.hetero import label_sizes
 from parc.sharding import P, R, S, ShardSpec, ShardSpecError, shard_spec_for_labels
 
 MAX_STRATEGIES = 32  # per node; label combinations beyond this are dropped, largest splits kept
@@ -164,20 +164,22 @@ def tensor_specs(v: Value, mesh_shape: tuple[int, ...], wanted: list[ShardSpec])
 
 
 def uneven_strategies(node: Node, strats: list[Strategy], mesh_shape: tuple[int, ...],
-                      shares: tuple[tuple[float, ...], ...], uneven_axes: set[int]) -> list[Strategy]:
+                      shares: tuple[tuple[float, ...], ...], uneven_axes: set[int],
+                      cuts: tuple[tuple[int, ...] | None, ...] = ()) -> list[Strategy]:
     """Each of node's strategies with every label split along an axis of `uneven_axes` cut in
     proportion to that axis's `shares` (`S(d,[sizes])` on every tensor holding it), kept as it
     is where that cannot be expressed: the label on two axes, held inside a dim (a strided
     piece), sharing a dim with a label another axis splits, or too small to give every device a
-    piece."""
+    piece. A label's pieces are `label_sizes`: where the batch is cut (`cuts`, per axis), when
+    its extent holds whole batches."""
     rule = sharding_rule(node)
     if rule is None:
         return strats
-    return [_uneven(rule, s, mesh_shape, shares, uneven_axes) for s in strats]
+    return [_uneven(rule, s, mesh_shape, shares, uneven_axes, cuts) for s in strats]
 
 
 def _uneven(rule: ShardingRule, s: Strategy, mesh_shape: tuple[int, ...], shares: tuple[tuple[float, ...], ...],
-            uneven_axes: set[int]) -> Strategy:
+            uneven_axes: set[int], cuts: tuple[tuple[int, ...] | None, ...]) -> Strategy:
     if not any(k in uneven_axes and lab not in (None, PARTIAL) for k, lab in enumerate(s.labels)):
         return s
     split_labels = [lab for lab in s.labels if lab not in (None, PARTIAL)]
@@ -188,7 +190,7 @@ def _uneven(rule: ShardingRule, s: Strategy, mesh_shape: tuple[int, ...], shares
     for k, label in axes:
         if k not in uneven_axes or label in (None, PARTIAL) or split_labels.count(label) > 1:
             continue
-        sizes = split_sizes(rule.size(label), shares[k])
+        sizes = label_sizes(rule.size(label), shares[k], cuts[k] if k < len(cuts) else None)
         if sizes is None:
             continue
         ok = True
