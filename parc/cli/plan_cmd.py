@@ -17,6 +17,11 @@ import click
 from parc.errors import UsageError
 from parc.report.units import fmt_bytes
 
+# Devices are left idle only for a predicted gain of at least this fraction of the step: the
+# predictions are within about 10% of measured steps (docs/benchmarks.md), so a smaller gain
+# is not worth giving up devices the user asked for.
+IDLE_MIN_GAIN = 0.05
+
 
 @contextmanager
 def _progress() -> Iterator[Callable[[str, int, int], None] | None]:
@@ -179,12 +184,6 @@ def plan(model: str, devices: str | None, cluster_file: str | None, calibration_
                f"{p['comm_s'] * 1e3:.3f}; simulated {doc['simulation']['step_time_s'] * 1e3:.3f}), "
                f"{p['memory_bytes_per_device'][0] / 2**30:.2f} GiB/device; "
                f"baselines: {base}")
-
-
-# Devices are left idle only for a predicted gain of at least this fraction of the step: the
-# predictions are within about 10% of measured steps (docs/benchmarks.md), so a smaller gain
-# is not worth giving up devices the user asked for.
-IDLE_MIN_GAIN = 0.05
 
 
 @dataclass
