@@ -282,6 +282,20 @@ def _step_s(result, stages: int) -> float:
     return result.step_s if stages else result.best.solution.cost
 
 
+@dataclass
+class _OnNodes:
+    """A plan on some of the cluster's nodes: the plan, its stage count and pipelines tried, its
+    step, its `devices_given.tried` record, the nodes kept and the cluster they form."""
+
+    plan: Any
+    stages: int
+    tried: list
+    step_s: float
+    record: dict
+    kept: tuple[int, ...]
+    cluster: Any
+
+
 def _idle_slower(search: _Search, cluster, result, stages: int, tried: list):
     """On a mixed cluster, the plan on each set of whole nodes that leaves the slower device types
     idle (`Cluster.without_slower`); it replaces the plan on every device when predicted at least
@@ -294,9 +308,10 @@ def _idle_slower(search: _Search, cluster, result, stages: int, tried: list):
         return result, stages, tried, None
     log = logging.getLogger("parc.plan")
     every = _step_s(result, stages)
-    records = [{"devices": cluster.spec, "nodes": list(range(len(cluster.nodes))), "feasible": True,
-                "step_time_s": every, "chosen": True}]
-    best = (result, stages, tried, every, records[0], tuple(range(len(cluster.nodes))), cluster)
+    everywhere = tuple(range(len(cluster.nodes)))
+    records = [{"devices": cluster.spec, "nodes": list(everywhere), "feasible": True, "step_time_s": every,
+                "chosen": True}]
+    best = _OnNodes(result, stages, tried, every, records[0], everywhere, cluster)
     for sub, kept in subsets:
         record = {"devices": sub.spec, "nodes": list(kept), "feasible": False, "chosen": False}
         records.append(record)
@@ -311,26 +326,26 @@ def _idle_slower(search: _Search, cluster, result, stages: int, tried: list):
             continue
         step = _step_s(other, other_stages)
         record.update(feasible=True, step_time_s=step)
-        if step < best[3] and step <= every * (1 - IDLE_MIN_GAIN):
-            best[4]["chosen"] = False
+        if step < best.step_s and step <= every * (1 - IDLE_MIN_GAIN):
+            best.record["chosen"] = False
             record["chosen"] = True
-            best = (other, other_stages, other_tried, step, record, kept, sub)
-    chosen, chosen_stages, chosen_tried, step, _, kept, used = best
+            best = _OnNodes(other, other_stages, other_tried, step, record, kept, sub)
     idle: dict[str, int] = {}
     for i, node in enumerate(cluster.nodes):
-        if i not in kept:
+        if i not in best.kept:
             for d in node.devices:
                 idle[d.name] = idle.get(d.name, 0) + 1
     if idle:
-        log.info("leaving %s idle: %.6g s on %s against %.6g s on every device", idle, step, used.spec, every)
+        log.info("leaving %s idle: %.6g s on %s against %.6g s on every device", idle, best.step_s,
+                 best.cluster.spec, every)
         full = result.baselines
         if "even-split" in full:  # the naive use of every device given stays the reference
-            chosen.baselines["even-split"] = {**full["even-split"], "devices": cluster.spec}
-        chosen.baselines["all-devices"] = {"step_time_s": every, "feasible": True, "devices": cluster.spec,
-                                           "stages": stages}
-    given = {"devices": cluster.spec, "num_devices": cluster.num_devices, "nodes_used": list(kept),
+            best.plan.baselines["even-split"] = {**full["even-split"], "devices": cluster.spec}
+        best.plan.baselines["all-devices"] = {"step_time_s": every, "feasible": True, "devices": cluster.spec,
+                                              "stages": stages}
+    given = {"devices": cluster.spec, "num_devices": cluster.num_devices, "nodes_used": list(best.kept),
              "idle": idle, "min_gain": IDLE_MIN_GAIN, "tried": records}
-    return chosen, chosen_stages, chosen_tried, given
+    return best.plan, best.stages, best.tried, given
 
 
 def _on_uniform_stages(best, uniform: dict, graph, cluster, level: str, budget, time_limit: float,
