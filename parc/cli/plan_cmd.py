@@ -71,7 +71,7 @@ def _progress() -> Iterator[Callable[[str, int, int], None] | None]:
 @click.option("--all-devices", is_flag=True,
               help="Use every device given. By default, on a mixed cluster, parc also plans on the nodes "
                    "of the faster types alone and leaves the slower idle when that is predicted at least "
-                   "5% faster.")
+                   f"{IDLE_MIN_GAIN:.0%} faster.")
 @click.option("--mesh-dims", type=int, default=2, show_default=True, metavar="N",
               help="Search device meshes of up to N axes (3 adds meshes like 2x2x2; slow to price).")
 @click.option("--dim", "dims", multiple=True, metavar="NAME=VALUE", help="Bind a symbolic dim.")
@@ -298,12 +298,18 @@ class _OnNodes:
 
 def _idle_slower(search: _Search, cluster, result, stages: int, tried: list):
     """On a mixed cluster, the plan on each set of whole nodes that leaves the slower device types
-    idle (`Cluster.without_slower`); it replaces the plan on every device when predicted at least
-    `IDLE_MIN_GAIN` faster. Returns the plan, its stage count, its pipelines tried, and the
-    `devices_given` record of plan.json (None when there was nothing to leave idle)."""
+    idle (`Cluster.without_slower`, ranked by the graph's time on each type); it replaces the
+    plan on every device when predicted at least `IDLE_MIN_GAIN` faster. Returns the plan, its
+    stage count, its pipelines tried, and the `devices_given` record of plan.json (None when
+    there was nothing to leave idle)."""
     from parc.errors import InfeasiblePlanError
+    from parc.passes.spmd.hetero import device_times
 
-    subsets = cluster.without_slower()
+    if len(cluster.device_types) < 2:
+        return result, stages, tried, None
+    # the graph's own time on each type (launch floors included), not a catalogue figure: a
+    # memory-bound or launch-bound step ranks devices by bandwidth or floors
+    subsets = cluster.without_slower(device_times(search.graph, cluster.devices, floors=True))
     if not subsets:
         return result, stages, tried, None
     log = logging.getLogger("parc.plan")

@@ -107,15 +107,15 @@ class Cluster:
         """The distinct device specs, in order of first appearance."""
         return tuple(dict.fromkeys(self.devices))
 
-    def without_slower(self) -> list[tuple[Cluster, tuple[int, ...]]]:
-        """The clusters that leave the slower device types idle, fastest first: for each speed of
-        device but the slowest, the whole nodes whose devices are all at least that fast (a node
-        is kept or left whole: its ranks are one host's), with the kept nodes' indices. Speed is
-        a device's float32 peak at its efficiency. Empty for one device type."""
-        speeds = sorted({_speed(d) for d in self.devices}, reverse=True)
+    def without_slower(self, times: Mapping[str, float]) -> list[tuple[Cluster, tuple[int, ...]]]:
+        """The clusters that leave the slower device types idle, fastest first: for each time but
+        the slowest in `times` (seconds per device type name, for the work at hand), the whole
+        nodes whose devices all take at most that long (a node is kept or left whole: its ranks
+        are one host's), with the kept nodes' indices. Empty for one device type."""
+        levels = sorted({times[d.name] for d in self.devices})
         out = []
-        for speed in speeds[:-1]:
-            kept = tuple(i for i, node in enumerate(self.nodes) if all(_speed(d) >= speed for d in node.devices))
+        for level in levels[:-1]:
+            kept = tuple(i for i, node in enumerate(self.nodes) if all(times[d.name] <= level for d in node.devices))
             if kept and len(kept) < len(self.nodes) and all(kept != k for _, k in out):
                 out.append((Cluster(tuple(self.nodes[i] for i in kept), self.inter_link), kept))
         return out
@@ -257,7 +257,3 @@ def _device(name: str, where: str, extra: Mapping[str, DeviceSpec] | None, term:
         raise UsageError(f"{where}: '{term}' has more than two counts; {_GRAMMAR}")
     return lookup_device(name, where, extra)
 
-
-def _speed(device: DeviceSpec) -> float:
-    """A device's float32 FLOP/s at its efficiency: how `Cluster.without_slower` ranks types."""
-    return device.peak("float32") * device.compute_efficiency

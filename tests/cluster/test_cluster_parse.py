@@ -144,7 +144,16 @@ def test_resolve_cluster_needs_exactly_one_source(tmp_path):
 ])
 def test_the_clusters_that_leave_slower_devices_idle(spec, subsets):
     cluster = parse_devices(spec)
-    found = cluster.without_slower()
+    found = cluster.without_slower({d.name: 1 / d.peak("float32") for d in cluster.devices})
     assert [(c.spec, kept) for c, kept in found] == subsets
     for c, kept in found:
         assert c.nodes == tuple(cluster.nodes[i] for i in kept) and c.inter_link == cluster.inter_link
+
+
+def test_the_work_at_hand_ranks_the_devices():
+    """The caller's times per type rank the devices (`parc plan` passes the step's own time on
+    each), not the catalogue's peaks: reverse them and the other node is kept."""
+    cluster = parse_devices("4xp100-16g+4xt4")
+    assert [kept for _, kept in cluster.without_slower({"p100-16g": 1.0, "t4-16g": 2.3})] == [(0,)]
+    assert [kept for _, kept in cluster.without_slower({"p100-16g": 2.0, "t4-16g": 1.0})] == [(1,)]
+    assert cluster.without_slower({"p100-16g": 1.0, "t4-16g": 1.0}) == []  # equally fast: nothing to idle

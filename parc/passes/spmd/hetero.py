@@ -189,7 +189,7 @@ class Balance:
     budgets: tuple[float, ...]  # bytes per mesh position
     report: dict  # what plan.json's `balance` says: capacity, Algorithm 1, optimum
     # per axis, the batch's samples per slice (the exact balance), or None: `label_sizes`
-    cuts: tuple[tuple[int, ...] | None, ...] = ()
+    cuts: tuple[tuple[int, ...] | None, ...]
 
     def uneven(self, axis: int) -> bool:
         s = self.shares[axis]

@@ -165,7 +165,7 @@ def tensor_specs(v: Value, mesh_shape: tuple[int, ...], wanted: list[ShardSpec])
 
 def uneven_strategies(node: Node, strats: list[Strategy], mesh_shape: tuple[int, ...],
                       shares: tuple[tuple[float, ...], ...], uneven_axes: set[int],
-                      cuts: tuple[tuple[int, ...] | None, ...] = ()) -> list[Strategy]:
+                      cuts: tuple[tuple[int, ...] | None, ...]) -> list[Strategy]:
     """Each of node's strategies with every label split along an axis of `uneven_axes` cut in
     proportion to that axis's `shares` (`S(d,[sizes])` on every tensor holding it), kept as it
     is where that cannot be expressed: the label on two axes, held inside a dim (a strided
@@ -190,7 +190,7 @@ def _uneven(rule: ShardingRule, s: Strategy, mesh_shape: tuple[int, ...], shares
     for k, label in axes:
         if k not in uneven_axes or label in (None, PARTIAL) or split_labels.count(label) > 1:
             continue
-        sizes = label_sizes(rule.size(label), shares[k], cuts[k] if k < len(cuts) else None)
+        sizes = label_sizes(rule.size(label), shares[k], cuts[k])
         if sizes is None:
             continue
         ok = True
