@@ -170,8 +170,10 @@ def profile_parc(work: Path, tf32: bool, steps: int = 2) -> dict:
         rank.step(synthetic(inputs, 0, WARM_STEPS + s))
     rank.synchronize()
     wall = (time.perf_counter() - t0) / steps
-    ops = {op: {"calls": c // steps, "s": t / steps} for op, (c, t) in profile.items()}
-    return {"wall_s": wall, "kernel_s": sum(v["s"] for v in ops.values()), "ops": ops}
+    ops = {op: {"calls": c // steps, "s": t / steps} for op, (c, t) in profile.items() if "[" not in op}
+    shapes = sorted(((op, c // steps, t / steps) for op, (c, t) in profile.items() if "[" in op), key=lambda x: -x[2])
+    return {"wall_s": wall, "kernel_s": sum(v["s"] for v in ops.values()), "ops": ops,
+            "by_shape": [{"op": op, "calls": c, "s": t} for op, c, t in shapes[:40]]}
 
 
 # ---- PyTorch -------------------------------------------------------------------------------------
@@ -390,6 +392,9 @@ def summary(r: dict) -> str:
                      f"{prof['kernel_s'] * 1e3:.1f} ms")
         for op, v in sorted(prof["ops"].items(), key=lambda kv: -kv[1]["s"])[:14]:
             lines.append(f"  {op:<28} {v['calls']:>6} calls {v['s'] * 1e3:9.2f} ms")
+        lines.append("  by input shapes:")
+        for v in prof.get("by_shape", [])[:25]:
+            lines.append(f"  {v['op'][:70]:<70} {v['calls']:>5} calls {v['s'] * 1e3:8.2f} ms")
     tprof = r.get("profile_torch")
     if tprof:
         lines.append(f"torch profile: kernels {tprof['kernel_s'] * 1e3:.1f} ms")

@@ -230,9 +230,10 @@ class ArrayEngine:
                 for kernel, inputs, outputs, frees, label in self._steps:  # noqa: B007 (read below)
                     if timer:
                         timer.start()
-                    results = kernel(*[env[k] for k in inputs])
+                    args = [env[k] for k in inputs]
+                    results = kernel(*args)
                     if timer:
-                        timer.stop(label.rpartition("(")[2].rstrip(")"))
+                        timer.stop(label.rpartition("(")[2].rstrip(")"), args)
                     for j, k in outputs:
                         env[k] = results[j]
                     for k in frees:
@@ -265,7 +266,7 @@ class _Timer:
 
             self._t0 = time.perf_counter()
 
-    def stop(self, op: str) -> None:
+    def stop(self, op: str, args: list) -> None:
         if self.gpu:
             end = self.xp.cuda.Event()
             end.record()
@@ -273,16 +274,19 @@ class _Timer:
             import time
 
             end = time.perf_counter()
-        self.marks.append((op, self._t0, end))
+        shapes = ",".join("x".join(map(str, a.shape)) if hasattr(a, "shape") else "-" for a in args)
+        self.marks.append((op, shapes, self._t0, end))
 
     def add_to(self, profile: dict[str, list]) -> None:
+        """Calls and seconds per op type, and per op type and input shapes under "op [shapes]"."""
         if self.gpu and self.marks:
-            self.marks[-1][2].synchronize()
-        for op, t0, t1 in self.marks:
+            self.marks[-1][3].synchronize()
+        for op, shapes, t0, t1 in self.marks:
             dt = self.xp.cuda.get_elapsed_time(t0, t1) / 1e3 if self.gpu else t1 - t0
-            entry = profile.setdefault(op, [0, 0.0])
-            entry[0] += 1
-            entry[1] += dt
+            for key in (op, f"{op} [{shapes}]"):
+                entry = profile.setdefault(key, [0, 0.0])
+                entry[0] += 1
+                entry[1] += dt
 
 
 def _quiet(xp: ModuleType):

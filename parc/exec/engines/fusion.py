@@ -20,6 +20,7 @@ grouping. `PARC_CUPY_KERNELS=0` turns fusion off.
 
 from __future__ import annotations
 
+import math
 import sys
 from collections import Counter
 from collections.abc import Sequence
@@ -62,6 +63,8 @@ class Group:
     xp: Any
     leaves: tuple[str, ...] = ()
     _kernels: dict[tuple, Any] = field(default_factory=dict)
+    _flats: dict[tuple, Any] = field(default_factory=dict)
+    _launches: dict[tuple, Any] = field(default_factory=dict)
     _failed: bool = False
 
     def __post_init__(self) -> None:
@@ -74,19 +77,93 @@ class Group:
 
     @property
     def label(self) -> str:
+        if len(self.ops) == 1:  # one node, run by the flat kernel: it keeps its own label
+            return self.ops[0].label
         return f"{self.ops[-1].label.rpartition(' (')[0]} and {len(self.ops) - 1} more (Fused)"
 
     def __call__(self, *leaves: Any) -> tuple[Any]:
-        kernel = None if self._failed or self.xp is np else self._kernel(leaves)
-        if kernel is None:
+        if self._failed or self.xp is np:
             return (self.unfused(leaves),)
         try:
-            return (kernel(*leaves),)
+            key = tuple((a.dtype, a.shape, a.flags.c_contiguous) for a in leaves)
+        except AttributeError:  # not all device arrays
+            key = None
+        launch = self._launches.get(key) if key is not None else None
+        if launch is None:
+            launch = self._prepare(leaves)
+            if key is not None:
+                self._launches[key] = launch
+        try:
+            return (launch(*leaves),)
         except Exception as e:  # CuPy compiles at the first call
             if type(e).__name__ != "CompileException":
                 raise
             self._refuse(e)
             return (self.unfused(leaves),)
+
+    def _prepare(self, leaves: Sequence[Any]) -> Any:
+        """How leaves of these types and layouts run: the flat kernel where every leaf is read by
+        a flat index (`flat_layout`), else CuPy's ElementwiseKernel (which broadcasts anything),
+        else the nodes one by one."""
+        kernel = self._kernel(leaves)
+        if kernel is None:
+            return lambda *xs: self.unfused(xs)
+        layout = flat_layout([a.shape for a in leaves], [a.flags.c_contiguous for a in leaves])
+        if layout is None:
+            return kernel
+        shape, modes, extents = layout
+        conditions = {o.inputs[0] for o in self.ops if o.op == "Where"}
+        dtype = next(a.dtype for k, a in zip(self.leaves, leaves) if k not in conditions)
+        types = tuple("bool" if k in conditions else CTYPES[dtype] for k in self.leaves)
+        flat = self._flats.get((types, modes))
+        if flat is None:
+            flat = self._flats[(types, modes)] = self.xp.RawKernel(
+                self.flat_source(types, modes, CTYPES[dtype]), "parc_flat", options=("--fmad=false",))
+        n = math.prod(shape)
+        grid = (min(-(-n // (FLAT_THREADS * FLAT_PER)), FLAT_MAX_BLOCKS),)
+        args = (np.uint32(n), *(np.uint32(m) for m in extents))
+        xp = self.xp
+
+        def launch(*xs: Any) -> Any:
+            out = xp.empty(shape, dtype)
+            flat(grid, (FLAT_THREADS,), (*xs, out, *args))
+            return out
+        return launch
+
+    def flat_source(self, types: Sequence[str], modes: Sequence[str], ctype: str) -> str:
+        """The flat kernel: each thread loads FLAT_PER elements of every leaf (strided by the block,
+        so loads coalesce, and all issued before any is used), then runs the group's body on each."""
+        index = {"full": "i", "one": "0", "tail": "i % m{0}", "head": "i / m{0}"}
+        params = ", ".join([f"const {t}* __restrict__ p{i}" for i, t in enumerate(types)]
+                           + [f"{ctype}* __restrict__ o", "unsigned int n"] + [f"unsigned int m{i}" for i in range(len(types))])
+        held = " ".join(f"{t} a{i}[{FLAT_PER}];" for i, t in enumerate(types))
+        loads = " ".join(f"a{i}[j] = p{i}[{index[m].format(i)}];" for i, m in enumerate(modes))
+        names = " ".join(f"const {t} in{i} = a{i}[j];" for i, t in enumerate(types))
+        return f"""typedef {ctype} T;
+extern "C" __global__ void parc_flat({params}) {{
+    for (unsigned int at = blockIdx.x * blockDim.x * {FLAT_PER}u + threadIdx.x; at < n;
+         at += gridDim.x * blockDim.x * {FLAT_PER}u) {{
+        {held}
+        #pragma unroll
+        for (int j = 0; j < {FLAT_PER}; ++j) {{
+            const unsigned int i = at + j * blockDim.x;
+            if (i < n) {{ {loads} }}
+        }}
+        #pragma unroll
+        for (int j = 0; j < {FLAT_PER}; ++j) {{
+            const unsigned int i = at + j * blockDim.x;
+            if (i < n) {{
+                {names}
+                T out;
+                {{
+{self.body(ctype)}
+                }}
+                o[i] = out;
+            }}
+        }}
+    }}
+}}
+"""
 
     def _refuse(self, e: Exception) -> None:
         """A compiler's refusal is parc's bug, said once; the nodes still run, one by one."""
@@ -136,6 +213,43 @@ class Group:
         return "\n".join(lines)
 
 
+FLAT_THREADS, FLAT_PER = 256, 4  # the flat kernel's block, and the elements each thread loads ahead
+FLAT_MAX_BLOCKS = 1 << 16  # blocks loop over the rest
+FLAT_MAX = 1 << 30  # elements: 32-bit indices, with room for the loop's last step
+
+
+def flat_layout(shapes: Sequence[tuple[int, ...]], contiguous: Sequence[bool]) -> tuple | None:
+    """(output shape, each leaf's mode, each leaf's extent) where every leaf of a group can be read
+    by the output's flat index i: "full" (its own index i: contiguous, the output's size), "one"
+    (a single value), "tail" (contiguous, broadcast over leading dims: i % extent, a bias or a
+    mask) or "head" (contiguous, broadcast over trailing dims: i / extent, a row's statistic).
+    None for anything else (a transposed view, a broadcast in the middle): CuPy's kernel reads
+    those."""
+    shape = tuple(np.broadcast_shapes(*shapes))
+    n = math.prod(shape)
+    if not 0 < n < FLAT_MAX:
+        return None
+    modes, extents = [], []
+    for s, c in zip(shapes, contiguous, strict=True):
+        size = math.prod(s)
+        pad = (1,) * (len(shape) - len(s)) + tuple(s)
+        lead = next((k for k, d in enumerate(pad) if d != 1), len(pad))
+        trail = next((k for k in range(len(pad), 0, -1) if pad[k - 1] != 1), 0)
+        if size == 1:
+            modes.append("one"), extents.append(1)
+        elif not c:
+            return None
+        elif size == n:
+            modes.append("full"), extents.append(n)
+        elif pad[lead:] == shape[lead:]:
+            modes.append("tail"), extents.append(size)
+        elif pad[:trail] == shape[:trail]:
+            modes.append("head"), extents.append(n // size)
+        else:
+            return None
+    return shape, tuple(modes), tuple(extents)
+
+
 def fusible(op: str, inputs: Sequence[str], outputs: Sequence[tuple[int, str]]) -> bool:
     arity = OPS.get(op, (None,))[0]
     return (arity == len(inputs) and all(inputs) and len(outputs) == 1 and outputs[0][0] == 0
@@ -169,7 +283,9 @@ def fuse(steps: list[tuple], ops: list[str], graph_outputs: Sequence[str], xp: A
     flags = [fusible(op, inputs, outputs) for (_, inputs, outputs, _), op in zip(steps, ops)]
     groups = trees([(ok, inputs, outputs[0][1] if ok else None)
                     for ok, (_, inputs, outputs, _) in zip(flags, steps)], graph_outputs)
-    root = {tree[-1]: tree for tree in groups if len(tree) > 1}
+    # on a GPU a lone elementwise node runs as a group of one too: the flat kernel reads ahead,
+    # CuPy's own kernel for it does not
+    root = {tree[-1]: tree for tree in groups if len(tree) > 1 or xp is not np}
     taken = {i for tree in root.values() for i in tree[:-1]}
     out: list[tuple] = []
     for i, step in enumerate(steps):

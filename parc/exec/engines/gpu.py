@@ -6,6 +6,8 @@
 - `softmax_last`: softmax over a contiguous last axis, one thread block per row, reading the row
   from memory once (CuPy's max/exp/sum/divide read and write the whole tensor four times).
 - `sum_leading`: ReduceSum/ReduceMean over leading axes, a column sum in chunks of rows.
+- `batched_matmul`: MatMul of stacks of matrices as one strided-batched cuBLAS call that reads
+  transposed views and broadcast batches in place (CuPy copies both to contiguous arrays first).
 - elementwise fusion (`fusion.py`).
 
 `PARC_CUPY_KERNELS=0` turns all of them off (the engine then uses CuPy's generic
@@ -14,6 +16,7 @@ operations), for measuring what they give and for telling a kernel's bug from th
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import os
@@ -139,17 +142,85 @@ __global__ void layer_norm_rows(const T* x, const T* scale, const T* bias, int h
     if (threadIdx.x == 0) { mean_out[blockIdx.x] = mean; inv_out[blockIdx.x] = inv; }
 }
 """
+
+_HELD = r"""
+// The same three, for rows of at most PER * blockDim.x elements: each thread keeps its elements
+// in registers, so a row is read from memory once (the loops above read it two or three times).
+// Each thread takes the same elements, and adds them in the same order, as above: same results.
+#define EACH for (int k = 0; k < PER; ++k)
+#define J (threadIdx.x + (long long)k * blockDim.x)
+
+template <typename T, int PER>
+__global__ void softmax_rows_held(const T* x, T* y, long long cols) {
+    __shared__ T shared[32];
+    const T* row = x + (long long)blockIdx.x * cols;
+    T* out = y + (long long)blockIdx.x * cols;
+    T v[PER];
+    T m = row[0];
+    #pragma unroll
+    EACH { v[k] = J < cols ? row[J] : row[0]; m = v[k] > m ? v[k] : m; }
+    m = block_reduce<T>(m, shared, true, row[0]);
+    T s = 0;
+    #pragma unroll
+    EACH { v[k] = ex(v[k] - m); if (J < cols) s += v[k]; }
+    s = block_reduce<T>(s, shared, false, (T)0);
+    #pragma unroll
+    EACH if (J < cols) out[J] = v[k] / s;
+}
+
+template <typename T, int PER>
+__global__ void softmax_grad_rows_held(const T* dy, const T* y, T* dx, long long cols) {
+    __shared__ T shared[32];
+    const long long at = (long long)blockIdx.x * cols;
+    T g[PER], v[PER];
+    T s = 0;
+    #pragma unroll
+    EACH if (J < cols) { g[k] = dy[at + J]; v[k] = y[at + J]; s += g[k] * v[k]; }
+    s = block_reduce<T>(s, shared, false, (T)0);
+    #pragma unroll
+    EACH if (J < cols) dx[at + J] = v[k] * (g[k] - s);
+}
+
+template <typename T, int PER>
+__global__ void layer_norm_rows_held(const T* x, const T* scale, const T* bias, int has_bias, T* y, T* mean_out,
+                                     T* inv_out, long long cols, T eps) {
+    __shared__ T shared[32];
+    const long long at = (long long)blockIdx.x * cols;
+    T v[PER];
+    T s = 0;
+    #pragma unroll
+    EACH if (J < cols) { v[k] = x[at + J]; s += v[k]; }
+    const T mean = block_reduce<T>(s, shared, false, (T)0) / (T)cols;
+    T var = 0;
+    #pragma unroll
+    EACH if (J < cols) { T d = v[k] - mean; var += d * d; }
+    const T inv = (T)1 / sqrt(block_reduce<T>(var, shared, false, (T)0) / (T)cols + eps);
+    #pragma unroll
+    EACH if (J < cols) {
+        T o = (v[k] - mean) * inv;
+        o = o * scale[J];
+        y[at + J] = has_bias ? o + bias[J] : o;
+    }
+    if (threadIdx.x == 0) { mean_out[blockIdx.x] = mean; inv_out[blockIdx.x] = inv; }
+}
+"""
 ROW_KERNELS = ("softmax_rows", "softmax_grad_rows", "layer_norm_rows")
+HELD = (1, 2, 4, 8, 16, 32)  # elements a thread keeps in registers: the `_held` kernels' PER
 
 
 @functools.cache
 def _row_module(cupy: ModuleType, dtype: str) -> Any:
-    return cupy.RawModule(code=_ROWS, options=("--std=c++14", "--fmad=false"),
-                          name_expressions=[f"{k}<{dtype}>" for k in ROW_KERNELS])
+    names = [f"{k}<{dtype}>" for k in ROW_KERNELS] + [f"{k}_held<{dtype}, {p}>" for k in ROW_KERNELS for p in HELD]
+    return cupy.RawModule(code=_ROWS + _HELD, options=("--std=c++14", "--fmad=false"), name_expressions=names)
 
 
-def _row_kernel(cupy: ModuleType, name: str, dtype: str) -> Any:
-    return _row_module(cupy, dtype).get_function(f"{name}<{dtype}>")
+def _row_kernel(cupy: ModuleType, name: str, dtype: str, cols: int) -> tuple[Any, int]:
+    """The kernel for rows of `cols` elements and its threads per block: the register-held
+    variant where a row fits in the block's registers (up to 32 elements a thread)."""
+    threads = _threads(cols)
+    per = next((p for p in HELD if p * threads >= cols), None)
+    fn = f"{name}<{dtype}>" if per is None else f"{name}_held<{dtype}, {per}>"
+    return _row_module(cupy, dtype).get_function(fn), threads
 
 
 def _threads(cols: int) -> int:
@@ -166,7 +237,8 @@ def softmax_last(cupy: ModuleType, x: Any) -> Any | None:
     cols = x.shape[-1]
     rows = x.size // cols
     y = cupy.empty_like(x)
-    _row_kernel(cupy, "softmax_rows", ctype)((rows,), (_threads(cols),), (x, y, np.int64(cols)))
+    kernel, threads = _row_kernel(cupy, "softmax_rows", ctype, cols)
+    kernel((rows,), (threads,), (x, y, np.int64(cols)))
     return y
 
 
@@ -180,7 +252,8 @@ def softmax_grad_last(cupy: ModuleType, dy: Any, y: Any) -> Any | None:
     dy, y = cupy.ascontiguousarray(dy), cupy.ascontiguousarray(y)
     cols = y.shape[-1]
     dx = cupy.empty_like(y)
-    _row_kernel(cupy, "softmax_grad_rows", ctype)((y.size // cols,), (_threads(cols),), (dy, y, dx, np.int64(cols)))
+    kernel, threads = _row_kernel(cupy, "softmax_grad_rows", ctype, cols)
+    kernel((y.size // cols,), (threads,), (dy, y, dx, np.int64(cols)))
     return dx
 
 
@@ -201,8 +274,9 @@ def layer_norm_last(cupy: ModuleType, x: Any, axis: int, eps: float, scale: Any,
     y = cupy.empty_like(x)
     stats = x.shape[:axis] + (1,) * (x.ndim - axis)
     mean, inv = cupy.empty(stats, x.dtype), cupy.empty(stats, x.dtype)
-    _row_kernel(cupy, "layer_norm_rows", ctype)(
-        (rows,), (_threads(cols),), (x, scale, bias if bias is not None else scale, np.int32(bias is not None), y, mean, inv,
+    kernel, threads = _row_kernel(cupy, "layer_norm_rows", ctype, cols)
+    kernel(
+        (rows,), (threads,), (x, scale, bias if bias is not None else scale, np.int32(bias is not None), y, mean, inv,
                                      np.int64(cols), x.dtype.type(eps)))
     return y, mean, inv
 
@@ -305,3 +379,87 @@ class TightPool:
         self.high = max(self.high, held)
         self._hold(held)
         return mem
+
+
+# ---- batched matmul ---------------------------------------------------------------------------
+CUBLAS_OP_N, CUBLAS_OP_T = 0, 1
+CUBLAS_COMPUTE = {("float32", False): 68, ("float32", True): 77, ("float64", False): 70}  # cublasComputeType_t:
+# 32F, 32F_FAST_TF32, 64F (CuPy's wrapper takes values >= 64 as compute types)
+CUBLAS_GEMM_DEFAULT = -1
+INT_MAX = 2**31 - 1
+
+
+@dataclasses.dataclass(frozen=True)
+class Operand:
+    """How cuBLAS reads one operand of a strided-batched product: op (N or T), leading dimension
+    and the stride between batches, in elements."""
+
+    op: int
+    ld: int
+    stride: int
+
+
+def gemm_operand(shape: tuple[int, ...], strides: tuple[int, ...], itemsize: int,
+                 batch: tuple[int, ...]) -> Operand | None:
+    """A row-major stack of matrices x[..., R, C] (strides in bytes, as NumPy and CuPy give them)
+    as cuBLAS reads it: the column-major X^T [C, R] (op N: rows contiguous) or, for a transposed
+    view (columns contiguous), the column-major X read with op T; its batch dims, broadcast to
+    `batch`, must step by one stride (stride 0 where broadcast). None where cuBLAS cannot read it
+    in place."""
+    if any(st % itemsize for st in strides):
+        return None
+    el = [st // itemsize for st in strides]
+    *lead, rows, cols = shape
+    sr, sc = el[-2], el[-1]
+    if (cols == 1 or sc == 1) and (rows == 1 or sr >= cols):
+        op, ld = CUBLAS_OP_N, sr if rows > 1 else cols
+    elif (rows == 1 or sr == 1) and (cols == 1 or sc >= rows):
+        op, ld = CUBLAS_OP_T, sc if cols > 1 else rows
+    else:
+        return None
+    lead_strides = el[:-2]
+    eff = [0] * (len(batch) - len(lead)) + [st if n > 1 else 0 for n, st in zip(lead, lead_strides, strict=True)]
+    step, inner = None, 1
+    for n, st in zip(reversed(batch), reversed(eff), strict=True):
+        if n > 1:
+            if step is None:
+                step = st // inner if st % inner == 0 else -1
+            if step < 0 or st != step * inner:
+                return None
+        inner *= n
+    return Operand(op, max(ld, 1), step or 0)
+
+
+def batched_matmul(cupy: ModuleType, a: Any, b: Any) -> Any | None:
+    """a @ b for stacks of matrices (either of at least 3 dims, batch dims broadcast) as one
+    cublasGemmStridedBatchedEx: C^T = B^T A^T in cuBLAS's column-major terms, each operand read in
+    place (transposed views by op T, broadcast batches by stride 0); TF32 where asked
+    (`CUPY_TF32`). None where it does not apply: other dtypes, 2-D products (CuPy's own call),
+    empty products, shapes that do not match, or views cuBLAS cannot read as they are."""
+    dtype = a.dtype
+    if (b.dtype != dtype or dtype.name not in ("float32", "float64") or a.ndim < 2 or b.ndim < 2
+            or max(a.ndim, b.ndim) < 3 or a.size == 0 or b.size == 0):
+        return None
+    (m, k), (k2, n) = a.shape[-2:], b.shape[-2:]
+    try:
+        batch = tuple(np.broadcast_shapes(a.shape[:-2], b.shape[:-2]))
+    except ValueError:
+        return None
+    count = math.prod(batch)
+    if k != k2 or max(m, n, k, count) > INT_MAX:
+        return None
+    oa = gemm_operand(a.shape, a.strides, dtype.itemsize, batch)
+    ob = gemm_operand(b.shape, b.strides, dtype.itemsize, batch)
+    if oa is None or ob is None or max(oa.ld, ob.ld) > INT_MAX:
+        return None
+    from cupy.cuda import cublas, device
+
+    out = cupy.empty(batch + (m, n), dtype)
+    one, zero = np.ones((), dtype), np.zeros((), dtype)
+    cuda_type = 0 if dtype == np.float32 else 1  # cudaDataType_t: CUDA_R_32F, CUDA_R_64F
+    compute = CUBLAS_COMPUTE[(dtype.name, dtype == np.float32 and tf32_requested())]
+    cublas.gemmStridedBatchedEx(
+        device.get_cublas_handle(), ob.op, oa.op, n, m, k, one.ctypes.data,
+        b.data.ptr, cuda_type, ob.ld, ob.stride, a.data.ptr, cuda_type, oa.ld, oa.stride,
+        zero.ctypes.data, out.data.ptr, cuda_type, n, m * n, count, compute, CUBLAS_GEMM_DEFAULT)
+    return out

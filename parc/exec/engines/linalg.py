@@ -4,13 +4,19 @@ from __future__ import annotations
 
 import numpy as np
 
+from parc.exec.engines import gpu
 from parc.exec.engines.kernels import Kernel, Maker, NodeInfo
 
 
 def make_matmul(n: NodeInfo) -> Kernel:
     xp = n.xp
+    strided = n.on_gpu and gpu.kernels_enabled()  # stacks of matrices as one strided-batched call
 
     def matmul(a, b):
+        if strided and (a.ndim > 2 and b.ndim > 2 or a.ndim == 2 and b.ndim > 2):
+            y = gpu.batched_matmul(xp, a, b)
+            if y is not None:
+                return (y,)
         if a.ndim > 2 and b.ndim == 2 and a.size:
             # activations [..., k] times a weight [k, n]: one 2-D product. numpy and CuPy would
             # otherwise loop over (or, CuPy, broadcast the weight into a pointer-array batched
