@@ -220,7 +220,8 @@ def test_softmax_gradient_and_layer_norm_kernels_match_numpy(dtype, shape):
     ((2, 3, 64, 32), (2, 3, 32, 48), False, False), ((2, 3, 64, 32), (2, 3, 32, 48), True, False),
     ((2, 3, 64, 32), (2, 3, 32, 48), False, True), ((2, 3, 64, 32), (2, 3, 32, 48), True, True),
     ((4, 64, 32), (32, 48), False, False), ((64, 32), (5, 32, 48), True, False),
-    ((1, 3, 7, 5), (2, 1, 5, 9), False, True), ((2, 3, 1, 5), (2, 3, 5, 1), False, False)])
+    ((1, 3, 7, 5), (2, 1, 5, 9), False, True), ((2, 3, 1, 5), (2, 3, 5, 1), False, False),
+    ((2, 64, 3, 32), (2, 3, 32, 48), "heads", False)])
 def test_strided_batched_matmul_matches_numpy(dtype, sa, sb, ta, tb):
     """One cublasGemmStridedBatchedEx over transposed views and broadcast batches, no copies."""
     import cupy
@@ -230,6 +231,9 @@ def test_strided_batched_matmul_matches_numpy(dtype, sa, sb, ta, tb):
     rng = np.random.default_rng(3)
 
     def operand(shape, transposed):
+        if transposed == "heads":  # [B, S, H, D] read as [B, H, S, D]: B calls of H matrices
+            x = rng.standard_normal(shape).astype(dtype)
+            return x.transpose(0, 2, 1, 3), cupy.asarray(x).transpose(0, 2, 1, 3)
         x = rng.standard_normal(shape[:-2] + (shape[-1], shape[-2]) if transposed else shape).astype(dtype)
         return (np.swapaxes(x, -1, -2) if transposed else x), (cupy.asarray(x).swapaxes(-1, -2) if transposed
                                                                else cupy.asarray(x))

@@ -430,12 +430,66 @@ def gemm_operand(shape: tuple[int, ...], strides: tuple[int, ...], itemsize: int
     return Operand(op, max(ld, 1), step or 0)
 
 
+MAX_GEMM_CALLS = 4096  # calls of a batched product whose batch dims do not step by one stride
+
+
+@dataclasses.dataclass(frozen=True)
+class GemmCall:
+    """One strided-batched call of a product: byte offsets of its first A, B and C matrices from
+    the arrays' starts, the operands as cuBLAS reads them, and how many matrices it multiplies."""
+
+    a_offset: int
+    b_offset: int
+    c_offset: int
+    a: Operand
+    b: Operand
+    count: int
+
+
+def gemm_calls(a_shape: tuple[int, ...], a_strides: tuple[int, ...], b_shape: tuple[int, ...],
+               b_strides: tuple[int, ...], itemsize: int) -> list[GemmCall] | None:
+    """The strided-batched calls computing a @ b into a contiguous result, each operand read in
+    place: one call where the batch dims of each step by one stride, else one per index of the
+    fewest leading batch dims that leave the rest so (attention's [B, H, S, D] views of a
+    [B, S, H*D] tensor: B calls of H matrices). None where that takes over MAX_GEMM_CALLS."""
+    batch = tuple(np.broadcast_shapes(a_shape[:-2], b_shape[:-2]))
+    m, n = a_shape[-2], b_shape[-1]
+    for cut in range(len(batch) + 1):
+        outer, inner = batch[:cut], batch[cut:]
+        if math.prod(outer) > MAX_GEMM_CALLS:
+            return None
+        oa = gemm_operand(*_inner(a_shape, a_strides, len(inner)), itemsize, inner)
+        ob = gemm_operand(*_inner(b_shape, b_strides, len(inner)), itemsize, inner)
+        if oa is None or ob is None:
+            continue
+        count = math.prod(inner)
+        steps_a, steps_b = _outer_strides(a_shape, a_strides, batch, cut), _outer_strides(b_shape, b_strides, batch, cut)
+        return [GemmCall(sum(i * st for i, st in zip(idx, steps_a)), sum(i * st for i, st in zip(idx, steps_b)),
+                         k * count * m * n * itemsize, oa, ob, count)
+                for k, idx in enumerate(np.ndindex(*outer))]
+    return None
+
+
+def _inner(shape: tuple[int, ...], strides: tuple[int, ...], k: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """An operand's matrix dims and its last k batch dims (fewer where it has fewer)."""
+    start = max(len(shape) - 2 - k, 0)
+    return tuple(shape[start:]), tuple(strides[start:])
+
+
+def _outer_strides(shape: tuple[int, ...], strides: tuple[int, ...], batch: tuple[int, ...], cut: int) -> list[int]:
+    """Byte strides of an operand along the first `cut` dims of the broadcast batch (0 where broadcast)."""
+    lead = len(shape) - 2
+    pad = [(1, 0)] * (len(batch) - lead) + list(zip(shape[:lead], strides[:lead]))
+    return [st if d > 1 else 0 for d, st in pad[:cut]]
+
+
 def batched_matmul(cupy: ModuleType, a: Any, b: Any) -> Any | None:
-    """a @ b for stacks of matrices (either of at least 3 dims, batch dims broadcast) as one
-    cublasGemmStridedBatchedEx: C^T = B^T A^T in cuBLAS's column-major terms, each operand read in
-    place (transposed views by op T, broadcast batches by stride 0); TF32 where asked
-    (`CUPY_TF32`). None where it does not apply: other dtypes, 2-D products (CuPy's own call),
-    empty products, shapes that do not match, or views cuBLAS cannot read as they are."""
+    """a @ b for stacks of matrices (either of at least 3 dims, batch dims broadcast) as
+    cublasGemmStridedBatchedEx calls (`gemm_calls`): C^T = B^T A^T in cuBLAS's column-major
+    terms, each operand read in place (transposed views by op T, broadcast batches by stride 0);
+    TF32 where asked (`CUPY_TF32`). None where it does not apply: other dtypes, 2-D products
+    (CuPy's own call), empty products, shapes that do not match, or views cuBLAS cannot read as
+    they are."""
     dtype = a.dtype
     if (b.dtype != dtype or dtype.name not in ("float32", "float64") or a.ndim < 2 or b.ndim < 2
             or max(a.ndim, b.ndim) < 3 or a.size == 0 or b.size == 0):
@@ -445,12 +499,10 @@ def batched_matmul(cupy: ModuleType, a: Any, b: Any) -> Any | None:
         batch = tuple(np.broadcast_shapes(a.shape[:-2], b.shape[:-2]))
     except ValueError:
         return None
-    count = math.prod(batch)
-    if k != k2 or max(m, n, k, count) > INT_MAX:
+    if k != k2 or max(m, n, k, math.prod(batch)) > INT_MAX:
         return None
-    oa = gemm_operand(a.shape, a.strides, dtype.itemsize, batch)
-    ob = gemm_operand(b.shape, b.strides, dtype.itemsize, batch)
-    if oa is None or ob is None or max(oa.ld, ob.ld) > INT_MAX:
+    calls = gemm_calls(a.shape, a.strides, b.shape, b.strides, dtype.itemsize)
+    if calls is None or max(max(c.a.ld, c.b.ld) for c in calls) > INT_MAX:
         return None
     from cupy.cuda import cublas, device
 
@@ -458,8 +510,11 @@ def batched_matmul(cupy: ModuleType, a: Any, b: Any) -> Any | None:
     one, zero = np.ones((), dtype), np.zeros((), dtype)
     cuda_type = 0 if dtype == np.float32 else 1  # cudaDataType_t: CUDA_R_32F, CUDA_R_64F
     compute = CUBLAS_COMPUTE[(dtype.name, dtype == np.float32 and tf32_requested())]
-    cublas.gemmStridedBatchedEx(
-        device.get_cublas_handle(), ob.op, oa.op, n, m, k, one.ctypes.data,
-        b.data.ptr, cuda_type, ob.ld, ob.stride, a.data.ptr, cuda_type, oa.ld, oa.stride,
-        zero.ctypes.data, out.data.ptr, cuda_type, n, m * n, count, compute, CUBLAS_GEMM_DEFAULT)
+    handle = device.get_cublas_handle()
+    for c in calls:
+        cublas.gemmStridedBatchedEx(
+            handle, c.b.op, c.a.op, n, m, k, one.ctypes.data,
+            b.data.ptr + c.b_offset, cuda_type, c.b.ld, c.b.stride, a.data.ptr + c.a_offset, cuda_type, c.a.ld,
+            c.a.stride, zero.ctypes.data, out.data.ptr + c.c_offset, cuda_type, n, m * n, c.count, compute,
+            CUBLAS_GEMM_DEFAULT)
     return out
