@@ -26,8 +26,9 @@ def _on_path(graph: Graph, loss: Value, params: list[Value]) -> set[int]:
     return from_params & to_loss
 
 
-def differentiate(graph: Graph, loss: Value, params: list[Value]) -> dict[str, Value]:
-    """Append backward nodes computing d loss / d p for each parameter; returns name -> grad.
+def differentiate(graph: Graph, loss: Value, params: list[Value], seed_scale: float = 1.0) -> dict[str, Value]:
+    """Append backward nodes computing d loss / d p for each parameter (times `seed_scale`, a
+    loss scale: the gradient the loss itself starts with); returns name -> grad.
 
     Every backward node records `parc.phase = backward` and, in `parc.forward`, the forward
     node it differentiates. Contributions from several uses are summed.
@@ -40,7 +41,7 @@ def differentiate(graph: Graph, loss: Value, params: list[Value]) -> dict[str, V
         raise UsageError(f"loss '{loss.name}' does not depend on any parameter")
     forward = list(graph.nodes)
     contribs: dict[int, list[Value]] = {}
-    seed = graph.add_constant(TensorData.from_array(np.ones(loss.shape, loss.dtype.numpy)),
+    seed = graph.add_constant(TensorData.from_array(np.full(loss.shape, seed_scale, loss.dtype.numpy)),
                               graph.names.fresh(f"{loss.name}.grad_seed"))
     contribs[id(loss)] = [seed]
     for node in reversed(forward):

@@ -9,6 +9,7 @@ which input on the next step, the parameters, their gradients, the optimizer and
 from __future__ import annotations
 
 import logging
+import math
 import re
 from dataclasses import dataclass
 
@@ -17,6 +18,7 @@ import numpy as np
 from parc.autodiff.context import PHASE
 from parc.autodiff.engine import differentiate
 from parc.autodiff.optimizers import STEP, OptimizerConfig, apply_update, bias_corrections
+from parc.autodiff.precision import autocast, low_type
 from parc.autodiff.recompute import recompute_elementwise
 from parc.errors import UsageError
 from parc.ir.graph import Graph, Node, Value
@@ -78,20 +80,29 @@ def pick_params(graph: Graph, include: str | None, frozen: str | None) -> list[V
 
 def make_training_step(graph: Graph, optimizer: OptimizerConfig, *, loss: str | None = None,
                        params: str | None = None, frozen: str | None = None,
-                       recompute: bool = True) -> TrainingStep:
+                       recompute: bool = True, precision: str = "fp32",
+                       loss_scale: float | None = None) -> TrainingStep:
     """Turn a forward graph with a scalar loss into a training step, in place; `recompute`:
     cheap elementwise values the backward pass reads are recomputed there, not kept
-    (`parc.autodiff.recompute`)."""
+    (`parc.autodiff.recompute`); `precision` "bf16" or "fp16": matrix products compute in it,
+    with float32 master weights, and the loss's gradient is scaled by `loss_scale` (default:
+    DEFAULT_LOSS_SCALE for fp16, 1 otherwise) and each gradient unscaled before the optimizer
+    (`parc.autodiff.precision`)."""
     if STATE_KEY in graph.metadata:
         raise UsageError("the model is already a training step (it has parc.state metadata)")
     if graph.opset.get("", 0) < MIN_OPSET:
         graph.opset[""] = MIN_OPSET  # every op's opset-13 form means the same at 16
+    scale = _loss_scale(precision, loss_scale)
     loss_v = pick_loss(graph, loss)
     split_masked_means(graph)
     trainable = pick_params(graph, params, frozen)
+    products = autocast(graph, precision)
+    if precision != "fp32" and not products:
+        raise UsageError(f"--precision {precision}: the model has no matrix product (MatMul, Gemm, Conv, "
+                         "ConvTranspose, Einsum) of float32 inputs that can compute in it")
     for n in graph.nodes:
         n.meta[PHASE] = "forward"
-    grads = differentiate(graph, loss_v, trainable)
+    grads = differentiate(graph, loss_v, trainable, seed_scale=scale)
     if recompute:
         recompute_elementwise(graph)
     dropped = [p.name for p in trainable if p.name not in grads]
@@ -100,7 +111,14 @@ def make_training_step(graph: Graph, optimizer: OptimizerConfig, *, loss: str | 
                     len(dropped), ", ".join(dropped[:5]) + (" ..." if len(dropped) > 5 else ""))
     trained = [p for p in trainable if p.name in grads]
     for p in trained:  # gradients are named values, so a step splits into compute and apply
-        grads[p.name] = _rename(graph, grads[p.name], f"{p.name}.grad")
+        g = grads[p.name]
+        if scale != 1:  # unscaled before anything reads it: exact, the scale is a power of two
+            n = graph.add_node("Mul", [g, _const(graph, np.array(1 / scale, g.dtype.numpy))],  # type: ignore[union-attr]
+                               name=graph.names.fresh(f"{p.name}.unscale"))
+            n.meta[PHASE] = "backward"
+            _type(graph, n)
+            g = n.outputs[0]
+        grads[p.name] = _rename(graph, g, f"{p.name}.grad")
 
     step_in = step_out = None
     scalars: dict = {}
@@ -142,9 +160,22 @@ def make_training_step(graph: Graph, optimizer: OptimizerConfig, *, loss: str | 
     graph.outputs = new_outputs
     fold_shapes(graph, typed=True)  # constant-only backward nodes (zeros, the loss seed's scaling)
     record = StepState(bindings, tuple(p.name for p in trained), {p.name: grads[p.name].name for p in trained},
-                       optimizer.to_json(), loss_v.name, STEP if step_in is not None else None)
+                       optimizer.to_json(), loss_v.name, STEP if step_in is not None else None,
+                       {} if precision == "fp32" else {"compute": precision, "products": products, "loss_scale": scale})
     write_step_state(graph.metadata, record)
     return TrainingStep(loss_v.name, record.params, dict(record.grads), bindings)
+
+
+DEFAULT_LOSS_SCALE = 1024.0  # fp16's static loss scale: gradients down to ~6e-11 survive the cast
+
+
+def _loss_scale(precision: str, given: float | None) -> float:
+    low_type(precision)  # a clear error for an unknown precision
+    scale = given if given is not None else DEFAULT_LOSS_SCALE if precision == "fp16" else 1.0
+    if not (scale > 0 and math.isfinite(scale) and math.log2(scale).is_integer()):
+        raise UsageError(f"--loss-scale {given}: expected a power of two (1, 2, 4, ..., 1024, ...), so "
+                         "that scaling and unscaling the gradients is exact")
+    return scale
 
 
 MASKED_LOSSES = ("SoftmaxCrossEntropyLoss", "NegativeLogLikelihoodLoss")

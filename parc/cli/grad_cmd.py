@@ -37,12 +37,19 @@ def _betas(text: str) -> tuple[float, float]:
 @click.option("--recompute/--no-recompute", default=True, show_default=True,
               help="Recompute cheap elementwise values (GELU's, a layer norm's) in the backward pass "
                    "instead of keeping them from the forward pass.")
+@click.option("--precision", default="fp32", show_default=True, type=click.Choice(["fp32", "bf16", "fp16"]),
+              help="What matrix products (MatMul, Gemm, Conv, Einsum) compute in; parameters, the optimizer "
+                   "and every other node stay float32 (mixed precision, docs/training.md).")
+@click.option("--loss-scale", type=float, default=None,
+              help="Static loss scale, a power of two: the loss's gradient is multiplied by it and each "
+                   "gradient divided again before the optimizer. Default: 1024 with fp16, else 1.")
 def grad(model: str, output: str, dims: tuple[str, ...], loss: str | None, params: str | None,
          frozen: str | None, optimizer: str, lr: float, weight_decay: float, momentum: float,
-         betas: str, eps: float, recompute: bool) -> None:
+         betas: str, eps: float, recompute: bool, precision: str, loss_scale: float | None) -> None:
     """Write a training step for MODEL: its loss, gradients and an optimizer update."""
     from parc.autodiff import OptimizerConfig, make_training_step
     from parc.ir import importer, save
+    from parc.ir.state import step_state
 
     src, out = Path(model).resolve(), Path(output).resolve()
     if out == src or out.parent / (out.name + ".data") == src or \
@@ -51,7 +58,11 @@ def grad(model: str, output: str, dims: tuple[str, ...], loss: str | None, param
     cfg = OptimizerConfig(optimizer, lr, weight_decay, momentum, _betas(betas), eps)
     t = time.perf_counter()
     graph = importer.load(model, importer.parse_dims(dims))
-    step = make_training_step(graph, cfg, loss=loss, params=params, frozen=frozen, recompute=recompute)
+    step = make_training_step(graph, cfg, loss=loss, params=params, frozen=frozen, recompute=recompute,
+                              precision=precision, loss_scale=loss_scale)
     save(graph, output)
+    mixed = step_state(graph.metadata).precision  # type: ignore[union-attr]
     click.echo(f"wrote {output}: loss '{step.loss}', {len(step.params)} parameters, optimizer "
-               f"{optimizer}, {len(graph.nodes)} nodes ({time.perf_counter() - t:.1f} s)")
+               f"{optimizer}, {len(graph.nodes)} nodes"
+               + (f", {mixed['products']} products in {precision} (loss scale {mixed['loss_scale']:g})" if mixed else "")
+               + f" ({time.perf_counter() - t:.1f} s)")

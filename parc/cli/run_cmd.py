@@ -80,7 +80,7 @@ def run(plan_dir: str, steps: int, data: str | None, checkpoint: str | None, che
         force: bool) -> None:
     """Run the plan in PLAN_DIR on its ranks for --steps steps (loss, step time, samples/s)."""
     from parc.exec.launch import CHILD, launch, rank_from_env, train
-    from parc.exec.runner import pick_engine
+    from parc.exec.runner import pick_engine, plan_engine
     from parc.exec.watch import FAULT_ENV, parse_fault
 
     if steps < 1:
@@ -94,10 +94,12 @@ def run(plan_dir: str, steps: int, data: str | None, checkpoint: str | None, che
     pick_engine(engine)  # --engine cupy without a usable GPU: one line, before any rank starts
     in_job = rank_from_env() is not None or os.environ.get(CHILD)
     if in_job and not os.environ.get(CHILD):  # the user's own mpiexec or srun: each rank checks
-        precheck(plan_dir, force)
+        plan, _ = precheck(plan_dir, force)
+        engine = plan_engine(engine, plan)
         _check_checkpoint(checkpoint, resume, plan_dir, hashes=False)  # each rank's load checks the sha256
     if not in_job:
-        _, ranks = precheck(plan_dir, force)
+        plan, ranks = precheck(plan_dir, force)
+        engine = plan_engine(engine, plan)
         if data:
             from parc.exec.data import NpzData, step_inputs
             from parc.plandir import load_program
@@ -135,28 +137,33 @@ def _check_checkpoint(checkpoint: str | None, resume: bool, plan_dir: str, hashe
 
 @click.command()
 @click.argument("plan_dir", metavar="PLAN_DIR")
-@click.option("--steps", type=int, default=3, show_default=True, help="Steps to compare.")
+@click.option("--steps", type=int, default=None, help="Steps to compare [default: 3; 1 for a mixed-precision step].")
 @click.option("--rtol", type=float, default=1e-3, show_default=True, help="Relative tolerance.")
 @click.option("--atol", type=float, default=1e-5, show_default=True, help="Absolute tolerance.")
 @click.option("--json", "as_json", is_flag=True, help="The comparison as JSON.")
 @click.option("--data", type=click.Path(dir_okay=False), help="npz batches to compare on (default: synthetic).")
 @_common
-def verify(plan_dir: str, steps: int, rtol: float, atol: float, as_json: bool, data: str | None, engine: str,
+def verify(plan_dir: str, steps: int | None, rtol: float, atol: float, as_json: bool, data: str | None, engine: str,
            seed: int, init: str, timeout: float, force: bool) -> None:
     """Run the source model on one device (onnxruntime) and the plan on its ranks from the same
     state and data; compare the outputs every step and the parameters at the end (exit 1 on a
     mismatch)."""
-    from parc.exec.runner import pick_engine
-    from parc.exec.verify import compare, plan_run, reference_run
+    from parc.exec.runner import pick_engine, plan_engine
+    from parc.exec.verify import compare, effective_rtol, plan_run, reference_run, source_precision
 
-    if steps < 1:
+    if steps is not None and steps < 1:
         raise UsageError(f"--steps {steps}: expected a count >= 1")
     pick_engine(engine)
     plan, ranks = precheck(plan_dir, force)
+    engine = plan_engine(engine, plan)
+    if steps is None:  # Adam(W) separates low-precision runs after one step (docs/training.md)
+        steps = 1 if source_precision(plan_dir, plan) else 3
     want = reference_run(plan_dir, plan, ranks, steps, seed, init, data)
     with tempfile.TemporaryDirectory(prefix="parc-verify-") as tmp:
         got = plan_run(plan_dir, ranks, steps, seed, engine, timeout, Path(tmp), init, data)
     rows, ok = compare(want, got, rtol, atol)
+    low = f" (widened for {want['low_eps']:.3g}-epsilon products: parc grad --precision)" if want.get("low_eps") else ""
+    rtol = effective_rtol(want, rtol)
     if as_json:
         click.echo(json.dumps({"ok": ok, "rtol": rtol, "atol": atol, "steps": steps, "tensors": rows}, indent=1))
     else:
@@ -168,7 +175,8 @@ def verify(plan_dir: str, steps: int, rtol: float, atol: float, as_json: bool, d
                        f"max abs err {r['max_abs_err']:.3e}{note}")
         bad = sum(not r["ok"] for r in rows)
         click.echo(f"{'verified' if ok else 'MISMATCH'}: {len(rows) - bad}/{len(rows)} tensors within rtol {rtol:g}, "
-                   f"atol {atol:g} over {steps} step{'s' if steps > 1 else ''} on {ranks} rank{'s' if ranks > 1 else ''}")
+                   f"atol {atol:g} over {steps} step{'s' if steps > 1 else ''} on {ranks} rank{'s' if ranks > 1 else ''}"
+                   f"{low}")
     if not ok:
         sys.exit(1)
 

@@ -125,6 +125,8 @@ class MpiComm:
         return {"sum": self._mpi.SUM, "max": self._mpi.MAX, "min": self._mpi.MIN}[op]
 
     def all_reduce(self, x: np.ndarray, op: str = "sum") -> np.ndarray:
+        if _bf16(x):  # MPI has no bfloat16: reduced in float32, rounded once
+            return self.all_reduce(x.astype(np.float32), op).astype(x.dtype)
         x = np.asarray(x, order="C")
         out = np.empty_like(x)
         self._wait(self.comm.Iallreduce(x, out, op=self._op(op)), f"all_reduce({op}) of {x.shape}")
@@ -132,6 +134,8 @@ class MpiComm:
 
     def all_gather(self, x: np.ndarray, dim: int = 0) -> np.ndarray:
         """Every rank's x concatenated along `dim` in rank order (equal shapes)."""
+        if _bf16(x):
+            return self.all_gather(_bits(x), dim).view(x.dtype)
         x = np.asarray(x, order="C")
         out = np.empty((self.size, *x.shape), dtype=x.dtype)
         self._wait(self.comm.Iallgather(x, out), f"all_gather of {x.shape}")
@@ -141,6 +145,8 @@ class MpiComm:
         """The `op` reduction of every rank's x, split along `dim`: this rank's piece."""
         if x.shape[dim] % self.size:
             raise ParcError(f"reduce_scatter: dim {dim} of {x.shape} does not split {self.size} ways")
+        if _bf16(x):
+            return self.reduce_scatter(x.astype(np.float32), dim, op).astype(x.dtype)
         send = np.asarray(np.stack(np.split(x, self.size, axis=dim)), order="C")
         out = np.empty(send.shape[1:], dtype=x.dtype)
         self._wait(self.comm.Ireduce_scatter_block(send, out, op=self._op(op)), f"reduce_scatter of {x.shape}")
@@ -151,6 +157,8 @@ class MpiComm:
         concatenate what arrives along `concat_dim` in rank order."""
         if x.shape[split_dim] % self.size:
             raise ParcError(f"all_to_all: dim {split_dim} of {x.shape} does not split {self.size} ways")
+        if _bf16(x):
+            return self.all_to_all(_bits(x), split_dim, concat_dim).view(x.dtype)
         send = np.asarray(np.stack(np.split(x, self.size, axis=split_dim)), order="C")
         out = np.empty_like(send)
         self._wait(self.comm.Ialltoall(send, out), f"all_to_all of {x.shape}")
@@ -159,6 +167,8 @@ class MpiComm:
     def gather_parts(self, x: np.ndarray) -> list[np.ndarray]:
         """Every rank's x, in rank order; shapes may differ in any dim (uneven or strided
         layouts, which the generic resharding step then rearranges)."""
+        if _bf16(x):
+            return [p.view(x.dtype) for p in self.gather_parts(_bits(x))]
         x = np.asarray(x, order="C")
         shapes = np.empty((self.size, max(x.ndim, 1)), dtype=np.int64)
         mine = np.array(x.shape if x.ndim else (1,), dtype=np.int64)
@@ -173,12 +183,14 @@ class MpiComm:
         return [flat[d:d + c].reshape(s) for d, c, s in zip(displs, counts, shapes)]
 
     def broadcast(self, x: np.ndarray, root: int = 0) -> np.ndarray:
+        if _bf16(x):
+            return self.broadcast(_bits(x), root).view(x.dtype)
         x = np.array(x, copy=True, order="C")
         self._wait(self.comm.Ibcast(x, root=root), f"broadcast from rank {root}")
         return x
 
     def send(self, x: np.ndarray, peer: int, tag: int = 0) -> None:
-        self._wait(self.comm.Isend(np.asarray(x, order="C"), dest=peer, tag=tag), f"send to rank {peer}")
+        self._wait(self.comm.Isend(_bits(np.asarray(x, order="C")), dest=peer, tag=tag), f"send to rank {peer}")
 
     def open_links(self, pairs) -> None:
         """Nothing to make: MPI matches a transfer by its peer and tag (NcclComm makes one
@@ -186,7 +198,7 @@ class MpiComm:
 
     def isend(self, x: np.ndarray, peer: int, tag: int = 0):
         """Start sending x to `peer`; `wait_sends` completes it (the buffer is kept until then)."""
-        buf = np.ascontiguousarray(x)
+        buf = _bits(np.ascontiguousarray(x))
         return (self.comm.Isend(buf, dest=peer, tag=tag), buf, peer)
 
     def wait_sends(self, pending: list) -> None:
@@ -195,7 +207,7 @@ class MpiComm:
 
     def recv(self, shape: tuple[int, ...], dtype, peer: int, tag: int = 0) -> np.ndarray:
         out = np.empty(shape, dtype=dtype)
-        self._wait(self.comm.Irecv(out, source=peer, tag=tag), f"recv from rank {peer}")
+        self._wait(self.comm.Irecv(_bits(out), source=peer, tag=tag), f"recv from rank {peer}")
         return out
 
     def barrier(self) -> None:
@@ -209,3 +221,12 @@ class MpiComm:
             sys.stderr.flush()
             os._exit(code)
         self.comm.Abort(code)
+
+
+def _bf16(x) -> bool:
+    return getattr(x, "dtype", None) is not None and x.dtype.name == "bfloat16"
+
+
+def _bits(x: np.ndarray) -> np.ndarray:
+    """A bfloat16 array's bits as uint16 (MPI has no bfloat16 type; moving bits is exact), else x."""
+    return x.view(np.uint16) if _bf16(x) else x

@@ -22,7 +22,8 @@ from parc.exec.comm import DEFAULT_TIMEOUT, CommTimeout, beat_every
 
 _TYPES = {"float32": "NCCL_FLOAT32", "float64": "NCCL_FLOAT64", "float16": "NCCL_FLOAT16",
           "int32": "NCCL_INT32", "int64": "NCCL_INT64", "uint8": "NCCL_UINT8", "int8": "NCCL_INT8",
-          "bool": "NCCL_UINT8"}
+          "bool": "NCCL_UINT8", "bfloat16": "NCCL_BFLOAT16"}
+NCCL_BFLOAT16 = 9  # ncclBfloat16 (NCCL >= 2.10), for a CuPy whose wrapper does not name it
 _OPS = {"sum": "NCCL_SUM", "max": "NCCL_MAX", "min": "NCCL_MIN"}
 _LINK_TAG = 32000  # the MPI tag of a link's NCCL id (MPI carries no pipeline transfer on a GPU run)
 
@@ -116,7 +117,7 @@ class NcclComm:
         name = _TYPES.get(np.dtype(x.dtype).name)
         if name is None:
             raise ParcError(f"NCCL: no data type for {x.dtype}")
-        return getattr(self.nccl, name)
+        return getattr(self.nccl, name, NCCL_BFLOAT16 if name == "NCCL_BFLOAT16" else None)
 
     def _op(self, op: str) -> int:
         if op not in _OPS:

@@ -157,6 +157,24 @@ def pick_engine(engine: str) -> tuple[str, str]:
     return ("cupy", "gpu") if gpu_available() else ("ort", "cpu")
 
 
+ORT_CPU_LACKS = ("bfloat16",)  # element types onnxruntime's CPU provider has no MatMul, Add, ... for
+
+
+def plan_engine(engine: str, plan: dict) -> str:
+    """The --engine a plan runs with. A plan holding values onnxruntime's CPU provider cannot
+    compute with (a bf16 step: `parc grad --precision bf16`) takes the array engine under `auto`
+    (cupy on a GPU, numpy on the CPU) and is refused under `ort`, one line."""
+    held = sorted({t.get("dtype") for t in plan.get("tensors", {}).values()} & set(ORT_CPU_LACKS))
+    if not held:
+        return engine
+    if engine == "ort":
+        raise UsageError(f"--engine ort: onnxruntime's CPU provider has no {held[0]} kernels and this plan "
+                         f"computes in {held[0]}; --engine numpy runs it on the CPU, --engine cupy on a GPU")
+    if engine == "auto":
+        return "cupy" if gpu_available() else "numpy"
+    return engine
+
+
 def to_host(x) -> np.ndarray:
     """A NumPy copy of a NumPy or CuPy array."""
     return x.get() if hasattr(x, "get") and not isinstance(x, np.ndarray) else np.asarray(x)

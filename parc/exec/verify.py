@@ -1,7 +1,8 @@
 """`parc verify`: the source model on one device against the plan on its ranks.
 
 The reference is the source model file itself (plan.json names it and its sha256) run by plain
-onnxruntime, step after step, with the `parc.state` bindings feeding new parameters and state
+onnxruntime (parc's array engine on the CPU for values onnxruntime cannot compute with:
+a bf16 step), step after step, with the `parc.state` bindings feeding new parameters and state
 back. The plan runs through `parc run --dump` on its ranks from the same initial state (the
 model's initializers, which every rank slices) and the same seeded data. Compared: every
 output other than the new state at every step (the loss), and every state tensor at the end,
@@ -10,6 +11,7 @@ gathered from the ranks' shards.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from pathlib import Path
 
@@ -19,6 +21,8 @@ from onnx import numpy_helper
 
 from parc.errors import UsageError
 from parc.exec.data import NpzData, step_inputs, synthetic
+from parc.exec.engines.array import ArrayEngine
+from parc.exec.runner import plan_engine
 from parc.ir.state import StepState, step_state
 from parc.plandir import load_program
 
@@ -32,6 +36,13 @@ def _source(plan_dir: str, plan: dict) -> Path:
     if h != info.get("sha256"):
         raise UsageError(f"{plan_dir}: the source model {path} changed since it was planned (sha256 differs)")
     return path
+
+
+def source_precision(plan_dir: str, plan: dict) -> str | None:
+    """What the source step's products compute in ("bf16", "fp16"), or None for float32."""
+    model = onnx.load(str(_source(plan_dir, plan)), load_external_data=False)
+    record = step_state({p.key: p.value for p in model.metadata_props})
+    return (record.precision or {}).get("compute") if record is not None else None
 
 
 def reference_run(plan_dir: str, plan: dict, ranks: int, steps: int, seed: int, init: str = "source",
@@ -59,31 +70,47 @@ def reference_run(plan_dir: str, plan: dict, ranks: int, steps: int, seed: int, 
                 state[r["name"]] = seeded_shard(seed, r["name"], shape, tuple(np.arange(e) for e in shape),
                                                 r["init"]["mean"], r["init"]["std"],
                                                 helper.tensor_dtype_to_np_dtype(r["dtype"]))
-    opts = ort.SessionOptions()
-    opts.log_severity_level = 3
-    sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
-    names = [o.name for o in sess.get_outputs()]
+    names = [o.name for o in model.graph.output]
+    if plan_engine("auto", plan) == "ort":
+        opts = ort.SessionOptions()
+        opts.log_severity_level = 3
+        sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+        run = functools.partial(sess.run, names)
+    else:  # values onnxruntime's CPU provider cannot compute with (bf16): the array engine, on the CPU
+        engine = ArrayEngine(model, device="cpu")
+        run = lambda feeds: [engine.run(feeds)[k] for k in names]  # noqa: E731
     data = step_inputs(programs[0])
     source = NpzData(data_file, data) if data_file else None
     outputs = []
     for step in range(steps):
         batch = source.batch(step) if source is not None else synthetic(data, seed, step)
         feeds = {**batch, **{k: v for k, v in state.items() if k in binds.values()}}
-        got = dict(zip(names, sess.run(names, feeds)))
+        got = dict(zip(names, run(feeds)))
         outputs.append({k: v for k, v in got.items() if k not in binds})
         for out, inp in binds.items():
             state[inp] = got[out]
     record = step_state({p.key: p.value for p in model.metadata_props})
-    adam = _adam_bounds(record, state, steps) if record is not None else {}
-    return {"outputs": outputs, "state": {k: state[k] for k in binds.values()}, "bounds": adam}
+    eps = LOW_EPS.get((record.precision or {}).get("compute")) if record is not None else None
+    adam = _adam_bounds(record, state, steps, eps) if record is not None else {}
+    return {"outputs": outputs, "state": {k: state[k] for k in binds.values()}, "bounds": adam, "low_eps": eps}
 
 
 # A gradient this small against the largest of its tensor is taken to be zero in exact arithmetic
 # (a key bias under softmax, a padded row): its value is round-off, which plans order differently.
 ROUNDOFF_GRADIENT = 1e-4
 
+# A mixed-precision step (`parc grad --precision`) rounds its products to bfloat16 or float16:
+# a plan sums their partial results in another order and rounds them at other places, so its
+# values differ from the reference's by multiples of that type's epsilon, not float32's. Its
+# tolerances scale with it: rtol at least LOW_RTOL_PER_EPS epsilons, each tensor's atol widened
+# by LOW_ATOL_PER_EPS epsilons of its largest magnitude, the first step's loss held to one
+# epsilon, and Adam's round-off gradients (above) are those under ROUNDOFF_PER_EPS epsilons of
+# the largest. A missing gradient reduction or a wrong shard is off by far more (tested).
+LOW_EPS = {"bf16": 2.0**-8, "fp16": 2.0**-11}
+LOW_RTOL_PER_EPS, LOW_ATOL_PER_EPS, ROUNDOFF_PER_EPS = 8, 8, 64
 
-def _adam_bounds(record: StepState, state: dict, steps: int) -> dict[str, np.ndarray]:
+
+def _adam_bounds(record: StepState, state: dict, steps: int, eps: float | None = None) -> dict[str, np.ndarray]:
     """Per parameter trained by Adam(W), the extra error each element may show: Adam divides the
     first moment by the root of the second, so a gradient at round-off level still moves its
     element by up to about lr a step, in a direction the round-off decides. Where the reference's
@@ -99,7 +126,7 @@ def _adam_bounds(record: StepState, state: dict, steps: int) -> dict[str, np.nda
         if v is None or not np.size(v):
             continue
         rms = np.sqrt(np.asarray(v, np.float64))
-        tiny = rms <= ROUNDOFF_GRADIENT * float(rms.max())
+        tiny = rms <= max(ROUNDOFF_GRADIENT, ROUNDOFF_PER_EPS * (eps or 0.0)) * float(rms.max())
         if tiny.any():
             out[p] = np.where(tiny, 2.0 * float(opt["lr"]) * steps, 0.0)
     return out
@@ -135,7 +162,7 @@ def plan_run(plan_dir: str, ranks: int, steps: int, seed: int, engine: str, time
 
 
 def _errors(got: np.ndarray, want: np.ndarray, rtol: float, atol: float,
-            extra: np.ndarray | float = 0.0) -> tuple[float, float, bool]:
+            extra: np.ndarray | float = 0.0, eps: float | None = None) -> tuple[float, float, bool]:
     got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
     if got.shape != want.shape:
         return float("inf"), float("inf"), False
@@ -143,6 +170,8 @@ def _errors(got: np.ndarray, want: np.ndarray, rtol: float, atol: float,
         return 0.0, 0.0, True
     diff = np.abs(got - want)
     scale = float(np.max(np.abs(want)))
+    if eps:
+        atol += LOW_ATOL_PER_EPS * eps * scale
     ok = bool(np.all(diff <= atol + rtol * np.abs(want) + extra))
     return float(diff.max()) / scale if scale else float(diff.max()), float(diff.max()), ok
 
@@ -153,11 +182,21 @@ def _errors(got: np.ndarray, want: np.ndarray, rtol: float, atol: float,
 FIRST_STEP_RTOL = 1e-5
 
 
+def effective_rtol(want: dict, rtol: float) -> float:
+    """The rtol compared with: the user's, or LOW_RTOL_PER_EPS epsilons of a mixed-precision step's
+    low type where that is larger."""
+    eps = want.get("low_eps")
+    return max(rtol, LOW_RTOL_PER_EPS * eps) if eps else rtol
+
+
 def compare(want: dict, got: dict, rtol: float, atol: float) -> tuple[list[dict], bool]:
     """One row per output (worst step) and per state tensor: max relative (to the tensor's
     largest magnitude) and absolute error, and whether every element is within atol + rtol*|want|
     (a scalar output at the first step: within atol + min(rtol, FIRST_STEP_RTOL)*|want|)."""
     rows = []
+    eps = want.get("low_eps")
+    rtol = effective_rtol(want, rtol)
+    first = max(FIRST_STEP_RTOL, eps or 0.0)
     for name in want["outputs"][0]:
         worst = (0.0, 0.0, True)
         for step, (w, g) in enumerate(zip(want["outputs"], got["outputs"])):
@@ -165,13 +204,13 @@ def compare(want: dict, got: dict, rtol: float, atol: float) -> tuple[list[dict]
                 worst = (float("inf"), float("inf"), False)
                 break
             tight = step == 0 and np.asarray(w[name]).size == 1
-            e = _errors(g[name], w[name], min(rtol, FIRST_STEP_RTOL) if tight else rtol, atol)
+            e = _errors(g[name], w[name], min(rtol, first) if tight else rtol, atol, eps=eps)
             worst = (max(worst[0], e[0]), max(worst[1], e[1]), worst[2] and e[2])
         rows.append({"tensor": name, "max_rel_err": worst[0], "max_abs_err": worst[1], "ok": worst[2]})
     bounds = want.get("bounds", {})
     for name, w in want["state"].items():
         g = got["state"].get(name)
-        e = (_errors(g, w, rtol, atol, bounds.get(name, 0.0)) if g is not None
+        e = (_errors(g, w, rtol, atol, bounds.get(name, 0.0), eps) if g is not None
              else (float("inf"), float("inf"), False))
         row = {"tensor": name, "max_rel_err": e[0], "max_abs_err": e[1], "ok": e[2]}
         if name in bounds:

@@ -3,7 +3,8 @@ node's phase (`phase`).
 
 `parc grad` (parc/autodiff/step.py) writes it; everything else reads it through `step_state`:
 which output feeds which input on the next step (`bindings`), the trained parameters and their
-gradients, the optimizer (its `to_json`), the loss output and the step counter input.
+gradients, the optimizer (its `to_json`), the loss output, the step counter input and, for a
+mixed-precision step, what its products compute in and its loss scale (`parc.autodiff.precision`).
 """
 
 from __future__ import annotations
@@ -33,10 +34,12 @@ class StepState:
     optimizer: Mapping[str, Any] | None = None
     loss: str | None = None
     step: str | None = None  # the step counter input, if the optimizer has one
+    precision: Mapping[str, Any] = field(default_factory=dict)  # {"compute": "bf16", "loss_scale": 1.0}; {} for fp32
 
     def to_json(self) -> str:
         return json.dumps({"bindings": dict(self.bindings), "params": list(self.params), "grads": dict(self.grads),
-                           "optimizer": self.optimizer, "loss": self.loss, "step": self.step}, sort_keys=True)
+                           "optimizer": self.optimizer, "loss": self.loss, "step": self.step,
+                           **({"precision": dict(self.precision)} if self.precision else {})}, sort_keys=True)
 
     def replace(self, **changes: Any) -> StepState:
         return replace(self, **changes)
@@ -50,7 +53,7 @@ def step_state(metadata: Mapping[str, str]) -> StepState | None:
         return None
     rec = json.loads(text)
     return StepState(dict(rec.get("bindings", {})), tuple(rec.get("params", ())), dict(rec.get("grads", {})),
-                     rec.get("optimizer"), rec.get("loss"), rec.get("step"))
+                     rec.get("optimizer"), rec.get("loss"), rec.get("step"), dict(rec.get("precision", {})))
 
 
 def bindings(metadata: Mapping[str, str]) -> dict[str, str]:

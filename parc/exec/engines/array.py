@@ -124,9 +124,17 @@ class ArrayEngine:
         self._required = [k for k in self._inputs if k not in self._values]
 
         steps, ops, nodes, defined = [], [], [], {"", *self._inputs, *self._values}
+        bf16 = {vi.name for vi in graph.input if vi.type.tensor_type.elem_type == onnx.TensorProto.BFLOAT16}
+        bf16 |= {t.name for t in graph.initializer if t.data_type == onnx.TensorProto.BFLOAT16}
         for i, node in enumerate(graph.node):
             label = f"node {node.name or f'#{i} ({node.output[0] if node.output else node.op_type})'!r}"
             kernel = self._make(node, label, opset, consts)
+            if node.op_type in ("Cast", "CastLike"):
+                if _cast_to(node, graph) == onnx.TensorProto.BFLOAT16:
+                    bf16.update(node.output)
+            elif any(k in bf16 for k in node.input):
+                kernel = _in_bfloat16(kernel)
+                bf16.update(node.output)
             undefined = [k for k in node.input if k not in defined]
             if undefined:
                 raise EngineError(f"{label}: input {undefined[0]!r} is not a graph input, an "
@@ -246,6 +254,30 @@ class ArrayEngine:
         if timer:
             timer.add_to(self.profile)
         return {k: self._xp.asarray(env[k]) for k in self._outputs}
+
+
+def _cast_to(node: onnx.NodeProto, graph: onnx.GraphProto) -> int | None:
+    """The element type a Cast writes (CastLike's: its `like` input's, where the graph says)."""
+    if node.op_type == "Cast":
+        return next((a.i for a in node.attribute if a.name == "to"), None)
+    like = node.input[1] if len(node.input) > 1 else ""
+    for t in graph.initializer:
+        if t.name == like:
+            return t.data_type
+    return next((vi.type.tensor_type.elem_type for vi in [*graph.input, *graph.value_info] if vi.name == like), None)
+
+
+def _in_bfloat16(kernel):
+    """A node reading bfloat16 values: NumPy (ml_dtypes) computes some of its operations on them
+    in float32 (matmul, exp, ...); ONNX's result is bfloat16, so float32 results are rounded to it
+    (a float32 accumulation, rounded once, as a GPU's bfloat16 product)."""
+    def run(*xs):
+        return tuple(r.astype(BFLOAT16) if r is not None and getattr(r, "dtype", None) == np.float32 else r
+                     for r in kernel(*xs))
+    return run
+
+
+BFLOAT16 = DTYPES[onnx.TensorProto.BFLOAT16]
 
 
 class _Timer:

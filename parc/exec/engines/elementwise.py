@@ -10,9 +10,10 @@ from onnx import TensorProto, helper
 
 from parc.exec.engines.kernels import Kernel, Maker, NodeInfo, Unsupported, special
 
-# ONNX element types the engine computes with (no strings, bfloat16, float8 or packed ints).
+# ONNX element types the engine computes with (no strings, float8 or packed ints). bfloat16 is
+# ml_dtypes' type (onnx's own dependency; CuPy reads it too): mixed-precision steps hold it.
 DTYPES: dict[int, np.dtype] = {t: np.dtype(helper.tensor_dtype_to_np_dtype(t)) for t in (
-    TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.FLOAT16, TensorProto.BOOL,
+    TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.FLOAT16, TensorProto.BFLOAT16, TensorProto.BOOL,
     TensorProto.INT8, TensorProto.INT16, TensorProto.INT32, TensorProto.INT64,
     TensorProto.UINT8, TensorProto.UINT16, TensorProto.UINT32, TensorProto.UINT64)}
 

@@ -45,7 +45,12 @@ def make_einsum(n: NodeInfo) -> Kernel:
     xp, equation = n.xp, n.attr("equation").replace(" ", "")
     # NumPy contracts pairs through BLAS only when asked to optimize.
     options = {"optimize": True} if xp is np else {}
-    return lambda *xs: (xp.einsum(equation, *xs, **options),)
+
+    def einsum(*xs):
+        if any(x.dtype.name == "bfloat16" for x in xs):  # NumPy's einsum has no loop for it: float32
+            xs = tuple(x.astype(np.float32) for x in xs)
+        return (xp.einsum(equation, *xs, **options),)
+    return einsum
 
 
 def make_det(n: NodeInfo) -> Kernel:
