@@ -58,6 +58,10 @@ def setup(work: Path, model: str, sets: list[str], lr: float, devices: str) -> d
     t2 = time.perf_counter()
     parc_cli("plan", str(work / "train.onnx"), "--devices", devices, "-o", str(work / "plan"))
     t3 = time.perf_counter()
+    # the bf16 mixed-precision step (parc grad --precision bf16) of the same model and weights
+    parc_cli("grad", str(work / "model.onnx"), "--optimizer", "adamw", "--lr", str(lr), "--precision", "bf16",
+             "-o", str(work / "train_bf16.onnx"))
+    parc_cli("plan", str(work / "train_bf16.onnx"), "--devices", devices, "-o", str(work / "plan_bf16"))
     info = {k: v for k, v in json.loads(parc_cli("inspect", str(work / "train.onnx"), "--json").stdout).items()
             if not isinstance(v, list | dict) or k == "phases"}
     plan = json.loads((work / "plan" / "plan.json").read_text())
@@ -136,10 +140,11 @@ def _cuda_time(fn, reps: int) -> float:
 
 
 # ---- parc ----------------------------------------------------------------------------------------
-def run_parc(work: Path, steps: int, tf32: bool, kernels: bool = True) -> dict:
+def run_parc(work: Path, steps: int, tf32: bool, kernels: bool = True, plan: str = "plan") -> dict:
     """`parc run --engine cupy`; without `kernels`, CuPy's generic operations only
-    (PARC_CUPY_KERNELS=0: no fused elementwise kernels, no softmax kernel)."""
-    res = parc_cli("run", str(work / "plan"), "--steps", str(steps), "--engine", "cupy", "--json",
+    (PARC_CUPY_KERNELS=0: no fused elementwise kernels, no softmax kernel); `plan`: plan_bf16
+    for the bf16 step."""
+    res = parc_cli("run", str(work / plan), "--steps", str(steps), "--engine", "cupy", "--json",
                    *(["--tf32"] if tf32 else []), env=None if kernels else {"PARC_CUPY_KERNELS": "0"})
     records = [json.loads(line) for line in res.stdout.splitlines() if line.startswith("{")]
     return {"losses": [r["loss"] for r in records], "step_times_s": [r["step_time_s"] for r in records],
@@ -221,7 +226,9 @@ def torch_gpt(weights: dict[str, np.ndarray], cfg: dict):
     return GPT()
 
 
-def run_torch(work: Path, steps: int, tf32: bool, device: str, profile: bool = False) -> dict:
+def run_torch(work: Path, steps: int, tf32: bool, device: str, profile: bool = False, bf16: bool = False) -> dict:
+    """PyTorch eager; `bf16`: under torch.autocast(bfloat16), its float32 master weights and
+    AdamW unchanged (what `parc grad --precision bf16` writes)."""
     import onnx
     import torch
     from onnx import numpy_helper
@@ -245,7 +252,8 @@ def run_torch(work: Path, steps: int, tf32: bool, device: str, profile: bool = F
         ids = torch.from_numpy(batch["input_ids"]).to(device)
         labels = torch.from_numpy(batch["labels"]).to(device)
         opt.zero_grad(set_to_none=True)
-        loss = net(ids, labels)
+        with torch.autocast(device_type=device, dtype=torch.bfloat16, enabled=bf16):
+            loss = net(ids, labels)
         loss.backward()
         opt.step()
         return loss
@@ -359,7 +367,7 @@ def summary(r: dict) -> str:
     lines.append("| precision | parc step ms | torch step ms | time ratio | parc GiB | torch GiB | mem ratio "
                  "| max loss rel diff | parc MFU |")
     lines.append("|---|---|---|---|---|---|---|---|---|")
-    for prec in ("fp32", "tf32", "fp32_generic", "tf32_generic"):
+    for prec in ("fp32", "tf32", "bf16", "fp32_generic", "tf32_generic"):
         p, t = r.get(f"parc_{prec}"), r.get(f"torch_{prec.removesuffix('_generic')}")
         if not p or not t:
             continue
@@ -414,6 +422,7 @@ def main() -> None:
     ap.add_argument("--devices", default="1xh100-80g")
     ap.add_argument("--steps", type=int, default=7)
     ap.add_argument("--tf32", action="store_true")
+    ap.add_argument("--bf16", action="store_true", help="the bf16 mixed-precision step (plan_bf16; torch autocast)")
     ap.add_argument("--no-kernels", action="store_true", help="parc without its own CUDA kernels")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--results", type=Path, help="where `all` writes results.json (default: in --work)")
@@ -426,9 +435,9 @@ def main() -> None:
     elif a.kind == "ceilings":
         print(json.dumps(ceilings()))
     elif a.kind == "parc":
-        print(json.dumps(run_parc(a.work, a.steps, a.tf32, not a.no_kernels)))
+        print(json.dumps(run_parc(a.work, a.steps, a.tf32, not a.no_kernels, "plan_bf16" if a.bf16 else "plan")))
     elif a.kind == "torch":
-        print(json.dumps(run_torch(a.work, a.steps, a.tf32, a.device)))
+        print(json.dumps(run_torch(a.work, a.steps, a.tf32, a.device, bf16=a.bf16)))
     elif a.kind == "profile-parc":
         print(json.dumps(profile_parc(a.work, a.tf32)))
     elif a.kind == "profile-torch":
@@ -463,6 +472,10 @@ def main() -> None:
                 save(f"parc_{prec}_generic", child("parc", a.work, "--steps", str(a.steps), *flag, "--no-kernels"))
             if f"torch_{prec}" not in a.skip:
                 save(f"torch_{prec}", child("torch", a.work, "--steps", str(a.steps), *flag, *dev))
+        if "parc_bf16" not in a.skip:
+            save("parc_bf16", child("parc", a.work, "--steps", str(a.steps), "--bf16"))
+        if "torch_bf16" not in a.skip:
+            save("torch_bf16", child("torch", a.work, "--steps", str(a.steps), "--bf16", *dev))
         if "calibrate" not in a.skip and a.device == "cuda":
             for prec in ("fp32", "tf32"):
                 save(f"calibrate_{prec}", child("calibrate", a.work, "--profile-seconds", str(a.profile_seconds),

@@ -71,6 +71,11 @@ CASES = [
     ("fig. 17", "resnet50-100k", ("batch=128",), "8xv100-32g+8xp100-16g", ()),
     ("fig. 17", "resnet50-100k", ("batch=128",), "8xv100-32g+8xp100-16g", ("dp",)),
     ("fig. 17 (GNMT-like)", "t5-large", ("batch=64", "layers=4", "dec_layers=4"), "8xv100-32g+8xp100-16g", ("dp",)),
+    # mixed precision (`parc grad --precision fp16`): products on V100's tensor cores, 5.9x a P100's
+    ("fig. 17 (fp16)", "bert-large", ("batch=64",), "8xv100-32g+8xp100-16g", ("fp16",)),
+    ("fig. 17 (fp16)", "bert-large", ("batch=64",), "8xv100-32g+8xp100-16g", ("fp16", "dp")),
+    ("fig. 17 (fp16)", "resnet50-100k", ("batch=128",), "8xv100-32g+8xp100-16g", ("fp16",)),
+    ("fig. 17 (fp16)", "resnet50-100k", ("batch=128",), "8xv100-32g+8xp100-16g", ("fp16", "dp")),
     ("fig. 18", "bert-large", ("batch=32",), "4xv100-32g+4xp100-16g", ("--pipeline", "4")),
     ("fig. 18", "t5-large", ("batch=32",), "4xv100-32g+4xp100-16g", ("--pipeline", "4")),
     ("A100 + H100", "gpt-medium", ("batch=32",), "8xa100-80g+8xh100-80g", ()),
@@ -91,12 +96,14 @@ def cost_model(out: Path | None, only: list[str] | None = None) -> None:
         for label, model, sets, devices, flags in CASES:
             if only and label not in only:
                 continue
-            step = d / f"{model}-{'-'.join(sets)}.onnx"
+            precision = "fp16" if "fp16" in flags else "fp32"
+            step = d / f"{model}-{'-'.join(sets)}-{precision}.onnx"
             if not step.exists():
-                parc("models", "build", model, *[x for v in sets for x in ("--set", v)], "--train", "adamw",
-                     "-o", str(step))
+                forward = d / f"{model}-{'-'.join(sets)}.forward.onnx"
+                parc("models", "build", model, *[x for v in sets for x in ("--set", v)], "-o", str(forward))
+                parc("grad", str(forward), "--optimizer", "adamw", "--precision", precision, "-o", str(step))
             extra = ["--hints", str(d / "dp.yaml"), "--mesh-dims", "1", "--pipeline", "off"] if "dp" in flags \
-                else list(flags)
+                else [f for f in flags if f != "fp16"]
             plan = d / "plan"
             t0 = time.perf_counter()
             parc("plan", str(step), "--devices", devices, "-O2", "--no-programs", *extra, "-o", str(plan))

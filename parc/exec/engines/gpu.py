@@ -383,8 +383,10 @@ class TightPool:
 
 # ---- batched matmul ---------------------------------------------------------------------------
 CUBLAS_OP_N, CUBLAS_OP_T = 0, 1
-CUBLAS_COMPUTE = {("float32", False): 68, ("float32", True): 77, ("float64", False): 70}  # cublasComputeType_t:
-# 32F, 32F_FAST_TF32, 64F (CuPy's wrapper takes values >= 64 as compute types)
+CUBLAS_COMPUTE = {("float32", False): 68, ("float32", True): 77, ("float64", False): 70,
+                  ("float16", False): 68, ("bfloat16", False): 68}  # cublasComputeType_t: 32F,
+# 32F_FAST_TF32, 64F; half types accumulate in float32 (CuPy's wrapper takes values >= 64 as compute types)
+CUDA_TYPES = {"float32": 0, "float64": 1, "float16": 2, "bfloat16": 14}  # cudaDataType_t
 CUBLAS_GEMM_DEFAULT = -1
 INT_MAX = 2**31 - 1
 
@@ -491,8 +493,9 @@ def batched_matmul(cupy: ModuleType, a: Any, b: Any) -> Any | None:
     (CuPy's own call), empty products, shapes that do not match, or views cuBLAS cannot read as
     they are."""
     dtype = a.dtype
-    if (b.dtype != dtype or dtype.name not in ("float32", "float64") or a.ndim < 2 or b.ndim < 2
-            or max(a.ndim, b.ndim) < 3 or a.size == 0 or b.size == 0):
+    half = dtype.name in ("float16", "bfloat16")  # 2-D products too: CuPy's own call upcasts them
+    if (b.dtype != dtype or dtype.name not in CUDA_TYPES or a.ndim < 2 or b.ndim < 2
+            or (max(a.ndim, b.ndim) < 3 and not half) or a.size == 0 or b.size == 0):
         return None
     (m, k), (k2, n) = a.shape[-2:], b.shape[-2:]
     try:
@@ -507,8 +510,9 @@ def batched_matmul(cupy: ModuleType, a: Any, b: Any) -> Any | None:
     from cupy.cuda import cublas, device
 
     out = cupy.empty(batch + (m, n), dtype)
-    one, zero = np.ones((), dtype), np.zeros((), dtype)
-    cuda_type = 0 if dtype == np.float32 else 1  # cudaDataType_t: CUDA_R_32F, CUDA_R_64F
+    scalar = np.float32 if half else dtype  # alpha and beta in the compute type
+    one, zero = np.ones((), scalar), np.zeros((), scalar)
+    cuda_type = CUDA_TYPES[dtype.name]
     compute = CUBLAS_COMPUTE[(dtype.name, dtype == np.float32 and tf32_requested())]
     handle = device.get_cublas_handle()
     for c in calls:

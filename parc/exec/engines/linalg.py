@@ -13,7 +13,7 @@ def make_matmul(n: NodeInfo) -> Kernel:
     strided = n.on_gpu and gpu.kernels_enabled()  # stacks of matrices as one strided-batched call
 
     def matmul(a, b):
-        if strided and (a.ndim > 2 and b.ndim > 2 or a.ndim == 2 and b.ndim > 2):
+        if strided and (a.ndim > 2 and b.ndim > 2 or a.ndim == 2 and b.ndim > 2 or a.dtype.itemsize == 2):
             y = gpu.batched_matmul(xp, a, b)
             if y is not None:
                 return (y,)
@@ -31,8 +31,14 @@ def make_gemm(n: NodeInfo) -> Kernel:
     alpha, beta = n.attr("alpha", 1.0), n.attr("beta", 1.0)
     trans_a, trans_b = n.attr("transA", 0), n.attr("transB", 0)
 
+    strided = n.on_gpu and gpu.kernels_enabled()
+
     def gemm(a, b, c=None):
-        y = xp.matmul(a.T if trans_a else a, b.T if trans_b else b)
+        y = None
+        if strided and a.dtype.itemsize == 2:  # float16 / bfloat16: cuBLAS, accumulating in float32
+            y = gpu.batched_matmul(xp, a.T if trans_a else a, b.T if trans_b else b)
+        if y is None:
+            y = xp.matmul(a.T if trans_a else a, b.T if trans_b else b)
         if alpha != 1:
             y = y * alpha
         if c is not None:
