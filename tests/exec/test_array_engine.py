@@ -213,11 +213,16 @@ def test_unsupported_semantics_are_refused_when_built():
     with pytest.raises(EngineError) as e:
         ArrayEngine(dropout)
     _one_line(e, "node 'drop'", "random masks")
-    bf16 = make_model([n("Relu", ["x"], ["y"])], [inp("x", [2], TensorProto.BFLOAT16)],
-                      [inp("y", None)])
+    fp8 = make_model([n("Relu", ["x"], ["y"])], [inp("x", [2], TensorProto.FLOAT8E4M3FN)],
+                     [inp("y", None)])
     with pytest.raises(EngineError) as e:
-        ArrayEngine(bf16)
-    _one_line(e, "input 'x'", "BFLOAT16")
+        ArrayEngine(fp8)
+    _one_line(e, "input 'x'", "FLOAT8E4M3FN")
+    # bfloat16 computes (mixed-precision steps hold it), and stays bfloat16
+    bf16 = make_model([n("Relu", ["x"], ["y"])], [inp("x", [2], TensorProto.BFLOAT16)], [inp("y", None)])
+    x = np.array([-1.5, 2.25], np.float32).astype(helper.tensor_dtype_to_np_dtype(TensorProto.BFLOAT16))
+    y = ArrayEngine(bf16).run({"x": x})["y"]
+    assert y.dtype == x.dtype and y.astype(np.float32).tolist() == [0.0, 2.25]
 
 
 def test_runtime_failure_names_node_and_op():
