@@ -160,11 +160,16 @@ def pick_engine(engine: str) -> tuple[str, str]:
 ORT_CPU_LACKS = ("bfloat16",)  # element types onnxruntime's CPU provider has no MatMul, Add, ... for
 
 
+def ort_cpu_lacks(plan: dict) -> list[str]:
+    """The element types of a plan's tensors that onnxruntime's CPU provider cannot compute with."""
+    return sorted({t.get("dtype") for t in plan.get("tensors", {}).values()} & set(ORT_CPU_LACKS))
+
+
 def plan_engine(engine: str, plan: dict) -> str:
     """The --engine a plan runs with. A plan holding values onnxruntime's CPU provider cannot
     compute with (a bf16 step: `parc grad --precision bf16`) takes the array engine under `auto`
     (cupy on a GPU, numpy on the CPU) and is refused under `ort`, one line."""
-    held = sorted({t.get("dtype") for t in plan.get("tensors", {}).values()} & set(ORT_CPU_LACKS))
+    held = ort_cpu_lacks(plan)
     if not held:
         return engine
     if engine == "ort":

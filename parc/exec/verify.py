@@ -22,7 +22,7 @@ from onnx import numpy_helper
 from parc.errors import UsageError
 from parc.exec.data import NpzData, step_inputs, synthetic
 from parc.exec.engines.array import ArrayEngine
-from parc.exec.runner import plan_engine
+from parc.exec.runner import ort_cpu_lacks
 from parc.ir.state import StepState, step_state
 from parc.plandir import load_program
 
@@ -71,7 +71,7 @@ def reference_run(plan_dir: str, plan: dict, ranks: int, steps: int, seed: int, 
                                                 r["init"]["mean"], r["init"]["std"],
                                                 helper.tensor_dtype_to_np_dtype(r["dtype"]))
     names = [o.name for o in model.graph.output]
-    if plan_engine("auto", plan) == "ort":
+    if not ort_cpu_lacks(plan):
         opts = ort.SessionOptions()
         opts.log_severity_level = 3
         sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])

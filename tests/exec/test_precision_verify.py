@@ -47,3 +47,14 @@ def test_bf16_plan_runs_on_the_array_engine_and_refuses_onnxruntime(plans):
     assert res.stdout.count('"loss"') == 2
     assert_one_line_error(parc("run", str(plans["bf16"]), "--engine", "ort", "--steps", "1"),
                           "--engine ort", "bfloat16", "--engine numpy")
+
+
+def test_only_plans_holding_bfloat16_leave_onnxruntime():
+    """verify's reference and `--engine auto` stay on onnxruntime for every other plan (a float32
+    plan's reference on the array engine made t5's pipeline miss verify's tolerance)."""
+    from parc.exec.runner import ort_cpu_lacks, plan_engine
+
+    fp32 = {"tensors": {"w": {"dtype": "float"}, "h": {"dtype": "float16"}}}
+    bf16 = {"tensors": {"w": {"dtype": "float"}, "w.bf16": {"dtype": "bfloat16"}}}
+    assert ort_cpu_lacks(fp32) == [] and plan_engine("auto", fp32) == "auto" and plan_engine("ort", fp32) == "ort"
+    assert ort_cpu_lacks(bf16) == ["bfloat16"] and plan_engine("auto", bf16) in ("numpy", "cupy")
