@@ -58,10 +58,6 @@ def setup(work: Path, model: str, sets: list[str], lr: float, devices: str) -> d
     t2 = time.perf_counter()
     parc_cli("plan", str(work / "train.onnx"), "--devices", devices, "-o", str(work / "plan"))
     t3 = time.perf_counter()
-    # the bf16 mixed-precision step (parc grad --precision bf16) of the same model and weights
-    parc_cli("grad", str(work / "model.onnx"), "--optimizer", "adamw", "--lr", str(lr), "--precision", "bf16",
-             "-o", str(work / "train_bf16.onnx"))
-    parc_cli("plan", str(work / "train_bf16.onnx"), "--devices", devices, "-o", str(work / "plan_bf16"))
     info = {k: v for k, v in json.loads(parc_cli("inspect", str(work / "train.onnx"), "--json").stdout).items()
             if not isinstance(v, list | dict) or k == "phases"}
     plan = json.loads((work / "plan" / "plan.json").read_text())
@@ -70,6 +66,17 @@ def setup(work: Path, model: str, sets: list[str], lr: float, devices: str) -> d
             "build_s": t1 - t0, "grad_s": t2 - t1, "plan_s": t3 - t2, "inspect": info,
             "predicted_step_s": plan["predicted"]["step_time_s"],
             "predicted_memory_bytes": max(plan["predicted"]["memory_bytes_per_device"])}
+
+
+def setup_bf16(work: Path) -> None:
+    """The bf16 mixed-precision step (`parc grad --precision bf16`) of the same model and weights,
+    planned as the float32 one (made only when a bf16 part runs: it costs the GPU's time)."""
+    if (work / "plan_bf16").exists():
+        return
+    info = json.loads((work / "setup.json").read_text())
+    parc_cli("grad", str(work / "model.onnx"), "--optimizer", "adamw", "--lr", str(info["lr"]), "--precision",
+             "bf16", "-o", str(work / "train_bf16.onnx"))
+    parc_cli("plan", str(work / "train_bf16.onnx"), "--devices", info["devices"], "-o", str(work / "plan_bf16"))
 
 
 def fill_weights(path: Path, seed: int = 0) -> None:
@@ -435,6 +442,8 @@ def main() -> None:
     elif a.kind == "ceilings":
         print(json.dumps(ceilings()))
     elif a.kind == "parc":
+        if a.bf16:
+            setup_bf16(a.work)
         print(json.dumps(run_parc(a.work, a.steps, a.tf32, not a.no_kernels, "plan_bf16" if a.bf16 else "plan")))
     elif a.kind == "torch":
         print(json.dumps(run_torch(a.work, a.steps, a.tf32, a.device, bf16=a.bf16)))
@@ -473,6 +482,7 @@ def main() -> None:
             if f"torch_{prec}" not in a.skip:
                 save(f"torch_{prec}", child("torch", a.work, "--steps", str(a.steps), *flag, *dev))
         if "parc_bf16" not in a.skip:
+            setup_bf16(a.work)
             save("parc_bf16", child("parc", a.work, "--steps", str(a.steps), "--bf16"))
         if "torch_bf16" not in a.skip:
             save("torch_bf16", child("torch", a.work, "--steps", str(a.steps), "--bf16", *dev))

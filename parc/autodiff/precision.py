@@ -37,6 +37,17 @@ def low_type(precision: str) -> int | None:
     return PRECISIONS[precision]
 
 
+def unit_roundoff(precision: str | None) -> float | None:
+    """Half the machine epsilon of the type products compute in (2^-8 bf16, 2^-11 fp16): the
+    relative error of one rounding to it; None for float32 throughout."""
+    low = low_type(precision) if precision else None
+    if low is None:
+        return None
+    import ml_dtypes  # onnx's own dependency; its finfo knows bfloat16 and NumPy's types
+
+    return float(ml_dtypes.finfo(onnx.helper.tensor_dtype_to_np_dtype(low)).eps) / 2
+
+
 def autocast(graph: Graph, precision: str) -> int:
     """Cast the float32 inputs of every matrix product to the low type and its output back, in
     place; returns how many products now compute in it. A product whose op (at the graph's

@@ -19,6 +19,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from parc.autodiff.precision import unit_roundoff
 from parc.errors import UsageError
 from parc.exec.data import NpzData, step_inputs, synthetic
 from parc.exec.engines.array import ArrayEngine
@@ -90,7 +91,7 @@ def reference_run(plan_dir: str, plan: dict, ranks: int, steps: int, seed: int, 
         for out, inp in binds.items():
             state[inp] = got[out]
     record = step_state({p.key: p.value for p in model.metadata_props})
-    eps = LOW_EPS.get((record.precision or {}).get("compute")) if record is not None else None
+    eps = unit_roundoff((record.precision or {}).get("compute")) if record is not None else None
     adam = _adam_bounds(record, state, steps, eps) if record is not None else {}
     return {"outputs": outputs, "state": {k: state[k] for k in binds.values()}, "bounds": adam, "low_eps": eps}
 
@@ -105,8 +106,8 @@ ROUNDOFF_GRADIENT = 1e-4
 # tolerances scale with it: rtol at least LOW_RTOL_PER_EPS epsilons, each tensor's atol widened
 # by LOW_ATOL_PER_EPS epsilons of its largest magnitude, the first step's loss held to one
 # epsilon, and Adam's round-off gradients (above) are those under ROUNDOFF_PER_EPS epsilons of
-# the largest. A missing gradient reduction or a wrong shard is off by far more (tested).
-LOW_EPS = {"bf16": 2.0**-8, "fp16": 2.0**-11}
+# the largest (the epsilon: `precision.unit_roundoff`). A missing gradient reduction or a wrong
+# shard is off by far more (tested).
 LOW_RTOL_PER_EPS, LOW_ATOL_PER_EPS, ROUNDOFF_PER_EPS = 8, 8, 64
 
 

@@ -229,24 +229,25 @@ def flat_layout(shapes: Sequence[tuple[int, ...]], contiguous: Sequence[bool]) -
     n = math.prod(shape)
     if not 0 < n < FLAT_MAX:
         return None
-    modes, extents = [], []
+    reads = []  # (mode, extent) per leaf
     for s, c in zip(shapes, contiguous, strict=True):
         size = math.prod(s)
         pad = (1,) * (len(shape) - len(s)) + tuple(s)
         lead = next((k for k, d in enumerate(pad) if d != 1), len(pad))
         trail = next((k for k in range(len(pad), 0, -1) if pad[k - 1] != 1), 0)
         if size == 1:
-            modes.append("one"), extents.append(1)
+            reads.append(("one", 1))
         elif not c:
             return None
         elif size == n:
-            modes.append("full"), extents.append(n)
+            reads.append(("full", n))
         elif pad[lead:] == shape[lead:]:
-            modes.append("tail"), extents.append(size)
+            reads.append(("tail", size))
         elif pad[:trail] == shape[:trail]:
-            modes.append("head"), extents.append(n // size)
+            reads.append(("head", n // size))
         else:
             return None
+    modes, extents = zip(*reads, strict=True)
     return shape, tuple(modes), tuple(extents)
 
 

@@ -448,14 +448,22 @@ class GemmCall:
     count: int
 
 
+@functools.lru_cache(maxsize=4096)
 def gemm_calls(a_shape: tuple[int, ...], a_strides: tuple[int, ...], b_shape: tuple[int, ...],
-               b_strides: tuple[int, ...], itemsize: int) -> list[GemmCall] | None:
+               b_strides: tuple[int, ...], itemsize: int) -> tuple[GemmCall, ...] | None:
     """The strided-batched calls computing a @ b into a contiguous result, each operand read in
     place: one call where the batch dims of each step by one stride, else one per index of the
     fewest leading batch dims that leave the rest so (attention's [B, H, S, D] views of a
-    [B, S, H*D] tensor: B calls of H matrices). None where that takes over MAX_GEMM_CALLS."""
-    batch = tuple(np.broadcast_shapes(a_shape[:-2], b_shape[:-2]))
-    m, n = a_shape[-2], b_shape[-1]
+    [B, S, H*D] tensor: B calls of H matrices). None where the shapes do not multiply, a size
+    exceeds cuBLAS's int, or it takes over MAX_GEMM_CALLS. Cached: a step multiplies the same
+    shapes every time."""
+    try:
+        batch = tuple(np.broadcast_shapes(a_shape[:-2], b_shape[:-2]))
+    except ValueError:
+        return None
+    (m, k), (k2, n) = a_shape[-2:], b_shape[-2:]
+    if k != k2 or max(m, n, k, math.prod(batch)) > INT_MAX:
+        return None
     for cut in range(len(batch) + 1):
         outer, inner = batch[:cut], batch[cut:]
         if math.prod(outer) > MAX_GEMM_CALLS:
@@ -464,11 +472,13 @@ def gemm_calls(a_shape: tuple[int, ...], a_strides: tuple[int, ...], b_shape: tu
         ob = gemm_operand(*_inner(b_shape, b_strides, len(inner)), itemsize, inner)
         if oa is None or ob is None:
             continue
+        if max(oa.ld, ob.ld) > INT_MAX:
+            return None
         count = math.prod(inner)
         steps_a, steps_b = _outer_strides(a_shape, a_strides, batch, cut), _outer_strides(b_shape, b_strides, batch, cut)
-        return [GemmCall(sum(i * st for i, st in zip(idx, steps_a)), sum(i * st for i, st in zip(idx, steps_b)),
-                         k * count * m * n * itemsize, oa, ob, count)
-                for k, idx in enumerate(np.ndindex(*outer))]
+        return tuple(GemmCall(sum(i * st for i, st in zip(idx, steps_a)), sum(i * st for i, st in zip(idx, steps_b)),
+                              j * count * m * n * itemsize, oa, ob, count)
+                     for j, idx in enumerate(np.ndindex(*outer)))
     return None
 
 
@@ -497,19 +507,13 @@ def batched_matmul(cupy: ModuleType, a: Any, b: Any) -> Any | None:
     if (b.dtype != dtype or dtype.name not in CUDA_TYPES or a.ndim < 2 or b.ndim < 2
             or (max(a.ndim, b.ndim) < 3 and not half) or a.size == 0 or b.size == 0):
         return None
-    (m, k), (k2, n) = a.shape[-2:], b.shape[-2:]
-    try:
-        batch = tuple(np.broadcast_shapes(a.shape[:-2], b.shape[:-2]))
-    except ValueError:
-        return None
-    if k != k2 or max(m, n, k, math.prod(batch)) > INT_MAX:
-        return None
     calls = gemm_calls(a.shape, a.strides, b.shape, b.strides, dtype.itemsize)
-    if calls is None or max(max(c.a.ld, c.b.ld) for c in calls) > INT_MAX:
+    if calls is None:
         return None
     from cupy.cuda import cublas, device
 
-    out = cupy.empty(batch + (m, n), dtype)
+    (m, k), n = a.shape[-2:], b.shape[-1]
+    out = cupy.empty(tuple(np.broadcast_shapes(a.shape[:-2], b.shape[:-2])) + (m, n), dtype)
     scalar = np.float32 if half else dtype  # alpha and beta in the compute type
     one, zero = np.ones((), scalar), np.zeros((), scalar)
     cuda_type = CUDA_TYPES[dtype.name]

@@ -13,7 +13,7 @@ def make_matmul(n: NodeInfo) -> Kernel:
     strided = n.on_gpu and gpu.kernels_enabled()  # stacks of matrices as one strided-batched call
 
     def matmul(a, b):
-        if strided and (a.ndim > 2 and b.ndim > 2 or a.ndim == 2 and b.ndim > 2 or a.dtype.itemsize == 2):
+        if strided and (b.ndim > 2 or a.dtype.itemsize == 2):  # a stack of weights, or half types
             y = gpu.batched_matmul(xp, a, b)
             if y is not None:
                 return (y,)
