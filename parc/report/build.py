@@ -136,12 +136,12 @@ def _summary(plan: Mapping[str, Any]) -> Summary:
     tried = [MeshTried([int(n) for n in m.get("shape", [])], bool(m.get("feasible", False)),
                        m.get("step_time_s"), m.get("gap"),
                        bool(m.get("chosen", [int(n) for n in m.get("shape", [])] == shape)),
-                       m.get("skipped"), m.get("stage"))
+                       m.get("skipped"), m.get("stage"), m.get("lower_bound_s"))
              for m in solver.get("meshes") or []]
     devices = sum(types.values()) or len(mesh.get("devices") or []) or math.prod(shape)
     return Summary(devices, len(nodes), dict(sorted(types.items())), _cluster_words(cluster, devices),
                    shape, axes, tried, solver.get("level"), solver.get("time_s"), solver.get("gap"),
-                   solver.get("status"), solver.get("nodes"))
+                   solver.get("status"), solver.get("nodes"), solver.get("gap_over_meshes"))
 
 
 def _cluster_words(cluster: Mapping[str, Any], devices: int) -> str:

@@ -36,6 +36,7 @@ class MeshTried:
     chosen: bool
     skipped: str | None = None  # why the hints rule the mesh out (not tried)
     stage: int | None = None  # a pipelined plan: the stage whose group it is a mesh of
+    lower_bound_s: float | None = None  # proven: no plan on this mesh is faster
 
 
 @dataclass(frozen=True)
@@ -54,6 +55,7 @@ class Summary:
     solver_gap: float | None
     solver_status: str | None
     solver_nodes: int | None  # problem nodes (sources and ops)
+    solver_gap_over_meshes: float | None = None  # how much faster any mesh's plan can be
 
 
 @dataclass(frozen=True)

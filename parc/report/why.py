@@ -201,6 +201,8 @@ def _meshes(s: facts.Summary) -> list[str]:
             out.append(f"mesh {fmt_shape(m.shape)} does not fit the memory budget")
         elif chosen is not None and chosen.step_time_s and m.step_time_s is not None:
             gap = f" (solver gap {fmt_gap(m.gap)})" if m.gap else ""
+            if m.gap and m.lower_bound_s is not None and m.lower_bound_s >= chosen.step_time_s:
+                gap = f"; no plan on it is faster than {fmt_time(m.lower_bound_s)} (proven), so it cannot win"
             out.append(f"mesh {fmt_shape(m.shape)} was predicted {fmt_time(m.step_time_s)}, "
                        f"{fmt_pct(m.step_time_s / chosen.step_time_s - 1)} slower than {fmt_shape(chosen.shape)}{gap}")
     return out
@@ -209,6 +211,11 @@ def _meshes(s: facts.Summary) -> list[str]:
 def _solver(s: facts.Summary) -> list[str]:
     if s.solver_status is None:
         return []
+    if s.solver_gap_over_meshes is not None and sum(m.feasible for m in s.meshes) > 1:
+        return [f"the solver ({s.solver_level}) proves that no plan on any mesh tried is more than "
+                f"{fmt_gap(s.solver_gap_over_meshes)} faster than this one in the cost model"
+                + (f" (on its own mesh: {fmt_gap(s.solver_gap or 0.0)})"
+                   if s.solver_gap_over_meshes > (s.solver_gap or 0.0) * (1 + 1e-9) + 1e-12 else "")]
     if s.solver_gap:
         return [f"the solver ({s.solver_level}) reports {s.solver_status} with a relative gap of "
                 f"{fmt_gap(s.solver_gap)}: the best plan on this mesh is at most that much faster"]

@@ -60,6 +60,13 @@ def test_time_limit_keeps_the_best_plan_with_its_gap(step, tmp_path):
     doc = json.loads((tmp_path / "p" / "plan.json").read_text())
     assert [m["shape"] for m in doc["solver"]["meshes"]] == [[4], [2, 2]]
     assert all(m["gap"] >= 0 for m in doc["solver"]["meshes"])
+    # every mesh's bound is below its plan; the plan's gap over the meshes is their least bound's
+    meshes = doc["solver"]["meshes"]
+    assert all(m["lower_bound_s"] <= m["step_time_s"] * (1 + 1e-9) for m in meshes)
+    cost = doc["predicted"]["step_time_s"]
+    least = min(cost, *(m["lower_bound_s"] for m in meshes))
+    assert doc["solver"]["gap_over_meshes"] == pytest.approx((cost - least) / cost, abs=1e-12)
+    assert doc["solver"]["gap_over_meshes"] >= doc["solver"]["gap"] - 1e-12
     megatron = doc["baselines"]["megatron-tp2"]  # Megatron TP=2 x DP=2 on the 2x2 mesh
     assert megatron["mesh"] == [2, 2] and megatron["step_time_s"] > 0
     assert parc("plan", str(step), "--devices", "2xa100-80g", "--time-limit", "0", "-o",

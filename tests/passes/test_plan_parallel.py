@@ -139,3 +139,20 @@ def test_the_shared_minimum_reaches_across_forked_workers():
     # and job 2 may run before job 1 offers
     assert best.value == 3.0 and seen[1] == 3.0
     assert seen[0] in (3.0, 5.0) and seen[2] in (3.0, 4.0)
+
+
+def test_gap_over_meshes():
+    """The plan's gap over every mesh tried: the least proven bound counts; meshes the hints skip
+    or whose least-memory choice does not fit do not; a mesh without a bound makes it unknown."""
+    from parc.passes.spmd.search import gap_over_meshes
+
+    chosen = {"shape": [8], "feasible": True, "step_time_s": 1.0, "lower_bound_s": 0.99}
+    beaten = {"shape": [2, 4], "feasible": True, "step_time_s": 1.5, "lower_bound_s": 1.2}
+    assert gap_over_meshes(1.0, [chosen, beaten]) == pytest.approx(0.01)
+    close = {"shape": [4, 2], "feasible": True, "step_time_s": 1.3, "lower_bound_s": 0.9}
+    assert gap_over_meshes(1.0, [chosen, beaten, close]) == pytest.approx(0.1)
+    ruled_out = [{"shape": [2, 4], "feasible": False, "skipped": "hint"},
+                 {"shape": [4, 2], "feasible": False, "proven": True}]
+    assert gap_over_meshes(1.0, [chosen, *ruled_out]) == pytest.approx(0.01)
+    assert gap_over_meshes(1.0, [chosen, {"shape": [4, 2], "feasible": False, "proven": False}]) is None
+    assert gap_over_meshes(1.0, [chosen, {**beaten, "lower_bound_s": None}]) is None

@@ -90,6 +90,26 @@ def test_why_names_infeasible_baselines_and_slower_meshes():
     assert "e.g. h.0.ln.weight: S(0)R -> RR" in why
 
 
+def test_why_says_how_far_any_mesh_can_beat_the_plan():
+    """A mesh whose proven bound is above the plan cannot win, however far its own plan is from
+    its optimum; the solver's sentence gives the gap over every mesh tried, and the chosen mesh's
+    own when that differs."""
+    plan = tiny_plan()
+    plan["solver"].update(gap=0.004, gap_over_meshes=0.01, status="heuristic", level="O2",
+                          meshes=[{"shape": [4], "feasible": True, "step_time_s": 0.014, "gap": 0.25,
+                                   "lower_bound_s": 0.0105},
+                                  {"shape": [2, 2], "feasible": True, "step_time_s": 0.010, "gap": 0.004,
+                                   "lower_bound_s": 0.00996},
+                                  {"shape": [1, 4], "feasible": True, "step_time_s": 0.012, "gap": 0.2,
+                                   "lower_bound_s": 0.0099}])
+    why = "\n".join(explain(plan).why)
+    assert ("mesh (4,) was predicted 14.000 ms, 40.0% slower than (2, 2); no plan on it is faster than "
+            "10.500 ms (proven), so it cannot win") in why
+    assert "mesh (1, 4) was predicted 12.000 ms, 20.0% slower than (2, 2) (solver gap 20%)" in why
+    assert ("the solver (O2) proves that no plan on any mesh tried is more than 1% faster than this one "
+            "in the cost model (on its own mesh: 0.4%)") in why
+
+
 def test_optional_keys_may_be_absent():
     plan = tiny_plan()
     for key in ("communication", "baselines", "solver", "cluster", "model"):

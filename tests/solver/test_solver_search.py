@@ -119,6 +119,43 @@ def test_priced_memory_fits_with_a_valid_bound(seed):
         assert o2.method.endswith("+price")
 
 
+def _identical_layers(n: int) -> Problem:
+    """n identical layers in a chain, each fast and large (strategy 0: 1 s, 10 bytes) or slow and
+    small (strategy 1: 3 s, 1 byte), free to mix (no resharding cost): the budget fits half."""
+    comp = tuple(np.array([1.0, 3.0]) for _ in range(n))
+    mem = tuple(np.array([10.0, 1.0]) for _ in range(n))
+    edges = np.array([(i, i + 1) for i in range(n - 1)], dtype=np.int64).reshape(-1, 2)
+    comm = tuple(np.zeros((2, 2)) for _ in range(n - 1))
+    return Problem(comp, edges, comm, mem, budget=n // 2 * 10.0 + (n - n // 2) * 1.0)
+
+
+def test_priced_plans_jump_over_identical_layers_and_the_mix_lands_between():
+    """Identical layers change layout at one price, so every priced plan either keeps all of them
+    fast (over the budget) or makes all of them small: the price search alone returns the slow
+    plan. Its mix (an exact ILP over the two plans, memory row included) makes half of them small,
+    the optimum; the Lagrangian bound stays a bound."""
+    p = _identical_layers(8)
+    alone = solve(p, "O2", SearchOptions(ilp=EXACT))
+    assert alone.cost == pytest.approx(24.0) and alone.method.endswith("+price")
+    mixed = solve(p, "O2", SearchOptions(ilp=EXACT, mix=EXACT))
+    assert p.fits(mixed.choice) and mixed.cost == pytest.approx(16.0) and mixed.method.endswith("+price+mix")
+    assert mixed.lower_bound <= 16.0 + 1e-9 and alone.lower_bound <= 16.0 + 1e-9
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_the_mix_never_loses_to_the_price_search(seed):
+    kind = ["tree", "dag", "transformer"][seed % 3]
+    p = random_problem(seed, kind, 8 if kind != "transformer" else 14, (1, 4) if kind != "transformer" else (1, 3),
+                       costs="spec", budget=[0.2, 0.4, 0.6][seed % 3])
+    try:
+        alone = solve(p, "O2", SearchOptions(ilp=EXACT))
+    except InfeasiblePlanError:
+        return
+    mixed = solve(p, "O2", SearchOptions(ilp=EXACT, mix=EXACT))
+    assert p.fits(mixed.choice) and mixed.cost <= alone.cost + 1e-12
+    assert mixed.cost == pytest.approx(p.cost(mixed.choice))
+
+
 def test_memory_search_finds_the_smallest_k():
     p = random_problem(5, "transformer", 58, (4, 6), costs="spec")
     free = solve(p, "O2")

@@ -37,8 +37,8 @@ from parc.sharding import R, S, ShardSpec
 from parc.solver import IlpOptions, Problem, SearchOptions, Solution, solve
 from parc.solver.bound import dual_bound
 from parc.solver.follow import Grouping, lp_columns, refine, solve_follow
-from parc.solver.problem import relative_gap
-from parc.solver.search import search_price
+from parc.solver.problem import MemoryBudgetError, relative_gap
+from parc.solver.search import mixer, search_price
 
 log = logging.getLogger("parc.plan")
 
@@ -121,11 +121,28 @@ class Plan:
             "specs": specs,
             "strategies": strategies,
             "solver": {"level": self.level, "time_s": self.time_s, "gap": self.best.solution.gap,
+                       "gap_over_meshes": gap_over_meshes(self.best.solution.cost, self.tried),
                        "status": self.best.solution.status, "nodes": m.problem.n,
                        "meshes": self.tried},
             "baselines": self.baselines,
             "hints": self.hints.to_json() if self.hints is not None else None,
         }
+
+
+def gap_over_meshes(cost: float, tried: list[dict]) -> float | None:
+    """How much faster than `cost` any plan on any mesh tried can be, relative: (cost - the
+    least lower bound over the meshes) / cost. A mesh whose bound is above the plan adds
+    nothing, however far its own plan is from its optimum, and neither does one skipped by the
+    hints or whose least-memory choice does not fit. None when a mesh has no bound (a search
+    that found no plan without proving that none fits, or a plan without a proven bound)."""
+    lower = cost
+    for t in tried:
+        if t.get("skipped") or (not t.get("feasible") and t.get("proven")):
+            continue
+        if t.get("lower_bound_s") is None:
+            return None
+        lower = min(lower, t["lower_bound_s"])
+    return relative_gap(cost, lower)
 
 
 def _device_part(spec: ShardSpec, cut: int) -> str:
@@ -258,8 +275,17 @@ def _pinned_layouts(hints: Hints | None, mesh_shape: tuple[int, ...]) -> dict[st
     return out
 
 
-def _run(search: _Search, graph: Graph, job: _Job) -> _Built | Solution | str | dict:
-    """One job: a _Built, a plan's Solution (or why none fits, a str), or a baseline's record."""
+@dataclass(frozen=True)
+class _NoPlan:
+    """Why a mesh's search found no plan under the budget; `proven` when no choice can fit (its
+    least-memory choice exceeds the budget), so the mesh holds no better plan."""
+
+    message: str
+    proven: bool
+
+
+def _run(search: _Search, graph: Graph, job: _Job) -> _Built | Solution | _NoPlan | dict:
+    """One job: a _Built, a plan's Solution (or why none fits), or a baseline's record."""
     t0 = time.perf_counter()
     try:
         return _job(search, graph, job)
@@ -267,7 +293,7 @@ def _run(search: _Search, graph: Graph, job: _Job) -> _Built | Solution | str | 
         log.info("mesh %s: %s took %.1f s", job.mesh.shape, job.what, time.perf_counter() - t0)
 
 
-def _job(search: _Search, graph: Graph, job: _Job) -> _Built | Solution | str | dict:
+def _job(search: _Search, graph: Graph, job: _Job) -> _Built | Solution | _NoPlan | dict:
     mesh, model = job.mesh, job.model
     if job.what == "build":
         try:
@@ -290,7 +316,7 @@ def _job(search: _Search, graph: Graph, job: _Job) -> _Built | Solution | str | 
             sol = search_plan(model, problem.with_budget(search.budget), search.level, search.options,
                               incumbent=search.best)
         except InfeasiblePlanError as e:
-            return f"mesh {mesh.shape}: {e}"
+            return _NoPlan(f"mesh {mesh.shape}: {e}", proven=isinstance(e, MemoryBudgetError))
         search.best.offer(sol.cost)
         return sol
     if job.what.startswith("megatron"):
@@ -428,6 +454,9 @@ def _follow(problem: Problem, grouping: Grouping, options: SearchOptions) -> Sol
     fit a budget (its members take their best responses, not their least memory), memory is
     priced on the whole problem instead, each priced problem solved by follow and its polish,
     which frees the members. Raises InfeasiblePlanError when neither fits."""
+    mix = replace(_exact_ilp(options), mip_gap=max(options.ilp.mip_gap, O2_EXACT_GAP))
+    options = replace(options, mix=mix)  # the price searches end in an exact mix
+
     def free(q: Problem) -> Solution:
         return solve_follow(q, grouping, lambda r: solve(r, "O2", options), rounds=POLISH_ROUNDS)
 
@@ -436,14 +465,20 @@ def _follow(problem: Problem, grouping: Grouping, options: SearchOptions) -> Sol
     except InfeasiblePlanError:
         if problem.budget is None:
             raise
-    return search_price(problem, free)
+    return search_price(problem, free, mix=mixer(options))
+
+
+def _exact_ilp(options: SearchOptions) -> IlpOptions:
+    """The ILP of a bounded exact step (a large-neighbourhood step, a price search's mix):
+    pruned, capped at O2_EXACT_TIME_S."""
+    return replace(options.ilp, prune=True, time_limit=min(options.ilp.time_limit, O2_EXACT_TIME_S))
 
 
 def _refined(problem: Problem, sol: Solution, options: SearchOptions, refine_steps: int) -> Solution:
     """sol after up to `refine_steps` large-neighbourhood steps (`refine`), each ILP capped at
     O2_EXACT_TIME_S."""
-    lns = _pruned(replace(options, ilp=replace(options.ilp, time_limit=min(options.ilp.time_limit, O2_EXACT_TIME_S))))
     t0 = time.perf_counter()
+    lns = replace(options, ilp=_exact_ilp(options))
     x, cost = refine(problem, sol.choice, lambda q, start: solve(q, "O3", lns, start=start), rounds=refine_steps)
     lower = min(sol.lower_bound, cost)
     return Solution(x, cost, lower, relative_gap(cost, lower), "heuristic", sol.time_s + time.perf_counter() - t0,
@@ -539,12 +574,13 @@ def plan_graph(graph: Graph, cluster: Cluster, *, level: str = "O3", memory_budg
             continue
         warn_once(built.warnings, warned)
         sol = _no_worse_than_baselines(sol, built.pins, {name: outcome.get((name, mesh)) for name in names(mesh)})
-        if isinstance(sol, str):
-            failures.append(sol)
-            tried.append({"shape": list(mesh.shape), "feasible": False})
+        if isinstance(sol, _NoPlan):
+            failures.append(sol.message)
+            tried.append({"shape": list(mesh.shape), "feasible": False, "proven": sol.proven})
             continue
         results.append(MeshResult(mesh, built.model, sol))
-        tried.append({"shape": list(mesh.shape), "feasible": True, "step_time_s": sol.cost, "gap": sol.gap})
+        tried.append({"shape": list(mesh.shape), "feasible": True, "step_time_s": sol.cost, "gap": sol.gap,
+                      "lower_bound_s": sol.lower_bound if math.isfinite(sol.lower_bound) else None})
         log.info("mesh %s: %.6g s (%s)", mesh.shape, sol.cost, sol.status)
     if not results:
         if skipped and not failures:
@@ -588,8 +624,8 @@ def even_split(graph: Graph, cluster: Cluster, best: MeshResult, budget: float) 
     return record, MeshResult(best.mesh, even, sol)
 
 
-def _no_worse_than_baselines(sol: Solution | str | None, pins: dict[int, tuple[int, ...]],
-                             records: dict[str, dict | None]) -> Solution | str | None:
+def _no_worse_than_baselines(sol: Solution | _NoPlan | None, pins: dict[int, tuple[int, ...]],
+                             records: dict[str, dict | None]) -> Solution | _NoPlan | None:
     """A mesh's plan, or the cheapest baseline solved on the same mesh when that is cheaper.
 
     A baseline is a pinned instance of the mesh's problem, so a feasible one (within the budget,
