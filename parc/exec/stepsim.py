@@ -271,12 +271,38 @@ def held_peak(graph: TaskGraph, rank: int, program) -> int:
         size.append(int(nbytes))
         return len(size) - 1
 
-    shared = {r["name"]: made(resident_bytes(r)) for r in program.residents if r["kind"] not in ("data", "recv")}
+    live: dict[int, int] = {}  # array id -> how many places hold it (an array counts once)
+    total = 0  # bytes of the arrays held
+
+    def hold(i: int | None) -> None:
+        nonlocal total
+        if i is not None:
+            live[i] = live.get(i, 0) + 1
+            total += size[i] if live[i] == 1 else 0
+
+    def release(i: int | None) -> None:
+        nonlocal total
+        if i is not None:
+            live[i] -= 1
+            if not live[i]:
+                del live[i]
+                total -= size[i]
+
+    def put(holder: dict, key: str, i: int) -> None:
+        hold(i)
+        old = holder.get(key)
+        holder[key] = i
+        for j in old if isinstance(old, list) else [old]:
+            release(j)
+
+    shared: dict[str, int] = {}
+    for r in program.residents:
+        if r["kind"] not in ("data", "recv"):
+            put(shared, r["name"], made(resident_bytes(r)))
     envs: dict[Any, dict[str, int]] = {}
     sums: dict[str, Any] = {}  # name -> array id, or a list of ids (concat)
     latest: dict[str, int] = {}
     outputs: dict[str, int] = {}
-    pending: list[int] = []
     folded = peak = 0
 
     def lookup(env: dict, name: str) -> int | None:
@@ -291,44 +317,42 @@ def held_peak(graph: TaskGraph, rank: int, program) -> int:
         kind = t["kind"]
         if kind == "compute":
             for name, nbytes in zip(t["outputs"], t.get("out_bytes", [0] * len(t["outputs"]))):
-                env[name] = made(nbytes)
+                put(env, name, made(nbytes))
         elif kind in ("collective", "source"):
-            env[t["dst"] if kind == "collective" else t["tensor"]] = made(t.get("out_bytes", [0])[0])
+            put(env, t["dst"] if kind == "collective" else t["tensor"], made(t.get("out_bytes", [0])[0]))
         elif kind == "recv":
-            env[t["local"]] = made(t.get("bytes", 0))
-        elif kind == "send":
+            put(env, t["local"], made(t.get("bytes", 0)))
+        elif kind == "send":  # held until the end of the step
             held = lookup(env, t["local"])
-            pending.append(made(t.get("bytes", 0)) if "slice" in t or held is None else held)
+            hold(made(t.get("bytes", 0)) if "slice" in t or held is None else held)
         elif kind == "sink":
             held = lookup(env, t["local"])
             if held is not None:
-                outputs[t["tensor"]] = held
-        ids = {*shared.values(), *latest.values(), *outputs.values(), *pending}
-        for e in envs.values():
-            ids.update(e.values())
-        for x in sums.values():
-            ids.update(x if isinstance(x, list) else [x])
-        peak = max(peak, sum(size[i] for i in ids))
+                put(outputs, t["tensor"], held)
+        peak = max(peak, total)
         for name in free_after[pos]:
-            env.pop(name, None)
+            release(env.pop(name, None))
         if mb is not None and last_of_mb.get(mb) == pos:
             for name, (src, how, *_dim) in program.accumulate.items():
                 x = env.get(src)
                 if x is None:
                     continue
                 if how == "sum":
-                    sums[name] = made(size[x])
+                    put(sums, name, made(size[x]))
                 elif how == "last":
-                    sums[name] = x
+                    put(sums, name, x)
                 else:
+                    hold(x)
                     sums.setdefault(name, []).append(x)
             folded += 1
+            for i in latest.values():
+                release(i)
             latest = envs.pop(mb)
             if folded == micro:
                 for name, (_src, how, *_dim) in program.accumulate.items():
                     if name in sums:
                         x = sums[name]
-                        shared[name] = made(sum(size[i] for i in x)) if how == "concat" else x
+                        put(shared, name, made(sum(size[i] for i in x)) if how == "concat" else x)
     return peak
 
 
