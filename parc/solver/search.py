@@ -110,7 +110,7 @@ def mixer(options: SearchOptions) -> Callable[[Problem, np.ndarray], Solution] |
     """search_price's `mix` under `options`: O3 from a start with `options.mix`, or None."""
     if options.mix is None:
         return None
-    exact = replace(options, ilp=options.mix)
+    exact = replace(options, ilp=options.mix, memory="row", mix=None)  # the budget as a row: no price again
     return lambda q, start: solve(q, "O3", exact, start=start)
 
 

@@ -140,6 +140,9 @@ def test_priced_plans_jump_over_identical_layers_and_the_mix_lands_between():
     mixed = solve(p, "O2", SearchOptions(ilp=EXACT, mix=EXACT))
     assert p.fits(mixed.choice) and mixed.cost == pytest.approx(16.0) and mixed.method.endswith("+price+mix")
     assert mixed.lower_bound <= 16.0 + 1e-9 and alone.lower_bound <= 16.0 + 1e-9
+    # O3 pricing memory mixes with the row, not with another price search
+    o3 = solve(p, "O3", SearchOptions(ilp=EXACT, memory="price", mix=EXACT))
+    assert o3.cost == pytest.approx(16.0) and o3.method.endswith("+price+mix")
 
 
 @pytest.mark.parametrize("seed", range(12))
