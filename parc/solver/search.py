@@ -168,17 +168,14 @@ def search_price(p: Problem, solve_free: Callable[[Problem], Solution], steps: i
     assert best is not None
     cost, x = best
     method = f"{base.method}+price"
-    if mix is not None:
-        differ = np.flatnonzero(over != x)
-        if differ.size:
-            between = p.restricted({i: (int(x[i]),) if over[i] == x[i] else tuple(sorted((int(x[i]), int(over[i]))))
-                                    for i in range(p.n)})
-            try:
-                sol = mix(between, x)
-            except InfeasiblePlanError:
-                sol = None
-            if sol is not None and p.fits(sol.choice) and sol.cost < cost * (1 - 1e-9):
-                cost, x, method = p.cost(sol.choice), sol.choice, f"{method}+mix"
+    if mix is not None and (over != x).any():
+        between = p.restricted({i: sorted({int(a), int(b)}) for i, (a, b) in enumerate(zip(x, over))})
+        try:
+            sol = mix(between, x)
+        except InfeasiblePlanError:
+            sol = None
+        if sol is not None and p.fits(sol.choice) and sol.cost < cost * (1 - 1e-9):
+            cost, x, method = p.cost(sol.choice), sol.choice, f"{method}+mix"
     lower = min(lower, cost)
     gap = relative_gap(cost, lower)
     return Solution(x, cost, lower, gap, "optimal" if gap <= 1e-9 else "heuristic", time.perf_counter() - t0,
