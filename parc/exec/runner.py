@@ -46,16 +46,43 @@ class RunError(ParcError):
     """A plan failed while running (names the rank and task)."""
 
 
-def ort_session(model: str | bytes, threads: int):
+def ort_session(model: str | bytes | onnx.ModelProto, threads: int | None):
     """An onnxruntime CPU session as the executor runs a module (`parc profile` measures with the
-    same): `threads` intra-op threads, no inter-op parallelism. `model`: a path or the bytes."""
+    same; `parc verify`'s reference too): `threads` intra-op threads (None: onnxruntime's
+    default), no inter-op parallelism. `model`: a path, the bytes or the proto.
+
+    A model with a reducing ScatterND (an embedding's gradient) runs on one intra-op thread:
+    onnxruntime's CPU ScatterND adds duplicate indices from several threads without atomics
+    (onnxruntime issues #18048, #23396; gpt-tiny's embedding gradient came out wrong by 4e-3
+    with 2 threads on 1.32), so the result would depend on thread timing."""
     import onnxruntime as ort
 
+    proto = model if isinstance(model, onnx.ModelProto) else onnx.load_model_from_string(model) \
+        if isinstance(model, bytes) else onnx.load(model, load_external_data=False)
     opts = ort.SessionOptions()
-    opts.intra_op_num_threads = threads
+    if racy_scatter(proto.graph):
+        threads = 1
+    if threads is not None:
+        opts.intra_op_num_threads = threads
     opts.inter_op_num_threads = 1
     opts.log_severity_level = 3
-    return ort.InferenceSession(model, opts, providers=["CPUExecutionProvider"])
+    data = model if isinstance(model, str) else model if isinstance(model, bytes) else model.SerializeToString()
+    return ort.InferenceSession(data, opts, providers=["CPUExecutionProvider"])
+
+
+def racy_scatter(graph: onnx.GraphProto) -> bool:
+    """Whether a graph (or a subgraph of it) holds a ScatterND with a reduction: onnxruntime's CPU
+    kernel races on duplicate indices when it runs on more than one thread (`ort_session`)."""
+    for node in graph.node:
+        if node.op_type == "ScatterND" and node.domain in ("", "ai.onnx"):
+            reduction = next((a.s for a in node.attribute if a.name == "reduction"), b"none")
+            if reduction != b"none":
+                return True
+        for a in node.attribute:
+            subs = [a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)
+            if any(racy_scatter(g) for g in subs):
+                return True
+    return False
 
 
 class _Ort:

@@ -23,7 +23,7 @@ from parc.autodiff.precision import unit_roundoff
 from parc.errors import UsageError
 from parc.exec.data import NpzData, step_inputs, synthetic
 from parc.exec.engines.array import ArrayEngine
-from parc.exec.runner import ort_cpu_lacks
+from parc.exec.runner import ort_cpu_lacks, ort_session
 from parc.ir.state import StepState, step_state
 from parc.plandir import load_program
 
@@ -49,7 +49,6 @@ def source_precision(plan_dir: str, plan: dict) -> str | None:
 def reference_run(plan_dir: str, plan: dict, ranks: int, steps: int, seed: int, init: str = "source",
                   data_file: str | None = None) -> dict:
     """{"outputs": [per step {name: array}], "state": {name: array}} of the source model."""
-    import onnxruntime as ort
 
     path = _source(plan_dir, plan)
     programs = [load_program(plan_dir, r) for r in range(ranks)]
@@ -73,9 +72,7 @@ def reference_run(plan_dir: str, plan: dict, ranks: int, steps: int, seed: int, 
                                                 helper.tensor_dtype_to_np_dtype(r["dtype"]))
     names = [o.name for o in model.graph.output]
     if not ort_cpu_lacks(plan):
-        opts = ort.SessionOptions()
-        opts.log_severity_level = 3
-        sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+        sess = ort_session(model, None)
         run = functools.partial(sess.run, names)
     else:  # values onnxruntime's CPU provider cannot compute with (bf16): the array engine, on the CPU
         engine = ArrayEngine(model, device="cpu")
