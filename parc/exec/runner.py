@@ -51,38 +51,88 @@ def ort_session(model: str | bytes | onnx.ModelProto, threads: int | None):
     same; `parc verify`'s reference too): `threads` intra-op threads (None: onnxruntime's
     default), no inter-op parallelism. `model`: a path, the bytes or the proto.
 
-    A model with a reducing ScatterND (an embedding's gradient) runs on one intra-op thread:
-    onnxruntime's CPU ScatterND adds duplicate indices from several threads without atomics
-    (onnxruntime issues #18048, #23396; gpt-tiny's embedding gradient came out wrong by 4e-3
-    with 2 threads on 1.32), so the result would depend on thread timing."""
+    onnxruntime's CPU ScatterND with a reduction adds duplicate indices from several threads
+    without atomics (onnxruntime issues #18048, #23396; gpt-tiny's embedding gradient came out
+    wrong by 4e-3 on 2 threads with 1.32), so the session runs a model holding one with each such
+    node as the ScatterElements it equals (`scatter_as_elements`: that kernel is exact on any
+    thread count), or, where a node indexes more than one dim, on one intra-op thread."""
     import onnxruntime as ort
 
     proto = model if isinstance(model, onnx.ModelProto) else onnx.load_model_from_string(model) \
         if isinstance(model, bytes) else onnx.load(model, load_external_data=False)
     opts = ort.SessionOptions()
     if racy_scatter(proto.graph):
-        threads = 1
+        proto = scatter_as_elements(proto)
+        model = proto.SerializeToString()
+        if racy_scatter(proto.graph):
+            threads = 1
     if threads is not None:
         opts.intra_op_num_threads = threads
     opts.inter_op_num_threads = 1
     opts.log_severity_level = 3
-    data = model if isinstance(model, str) else model if isinstance(model, bytes) else model.SerializeToString()
+    data = model if isinstance(model, (str, bytes)) else model.SerializeToString()
     return ort.InferenceSession(data, opts, providers=["CPUExecutionProvider"])
+
+
+def _reducing_scatter(node: onnx.NodeProto) -> bool:
+    return node.op_type == "ScatterND" and node.domain in ("", "ai.onnx") and \
+        next((a.s for a in node.attribute if a.name == "reduction"), b"none") != b"none"
 
 
 def racy_scatter(graph: onnx.GraphProto) -> bool:
     """Whether a graph (or a subgraph of it) holds a ScatterND with a reduction: onnxruntime's CPU
     kernel races on duplicate indices when it runs on more than one thread (`ort_session`)."""
     for node in graph.node:
-        if node.op_type == "ScatterND" and node.domain in ("", "ai.onnx"):
-            reduction = next((a.s for a in node.attribute if a.name == "reduction"), b"none")
-            if reduction != b"none":
-                return True
+        if _reducing_scatter(node):
+            return True
         for a in node.attribute:
             subs = [a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)
             if any(racy_scatter(g) for g in subs):
                 return True
     return False
+
+
+def scatter_as_elements(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of `model` whose top-level reducing ScatterNDs that index one leading dim (indices
+    [..., 1]: an embedding's gradient) are ScatterElements along dim 0 of the flattened tensors:
+
+        data [V, T...] -> [V, prod T]; indices [L..., 1] -> [prod L, 1], expanded to the updates'
+        [prod L, prod T]; the result reshaped to data's shape.
+
+    The same sum (the same reduction of the same elements); the index copy is int64. Nodes whose
+    indices' last dim is not a known 1 are left as they are."""
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    graph = out.graph
+    if any(_reducing_scatter(n) for n in graph.node):
+        try:  # the indices' shapes (a module lists only its inputs' and outputs')
+            graph = onnx.shape_inference.infer_shapes(out).graph
+        except Exception:  # noqa: BLE001 (a model onnx cannot infer: the nodes stay, on one thread)
+            pass
+    known = {v.name: v for v in (*graph.value_info, *graph.input, *graph.output)}
+    nodes = []
+    for k, node in enumerate(out.graph.node):
+        idx = known.get(node.input[1]) if _reducing_scatter(node) else None
+        dims = idx.type.tensor_type.shape.dim if idx is not None else []
+        if not dims or not dims[-1].HasField("dim_value") or dims[-1].dim_value != 1:
+            nodes.append(node)
+            continue
+        q = len(dims)
+        data, ind, upd = node.input[:3]
+        reduction = next(a.s for a in node.attribute if a.name == "reduction").decode()
+        t = f"{node.name or 'scatter'}.as_elements{k}"
+        nodes += [helper.make_node("Flatten", [data], [f"{t}.data"], axis=1),
+                  helper.make_node("Flatten", [upd], [f"{t}.upd"], axis=q - 1),
+                  helper.make_node("Flatten", [ind], [f"{t}.idx1"], axis=q - 1),
+                  helper.make_node("Shape", [f"{t}.upd"], [f"{t}.shape"]),
+                  helper.make_node("Expand", [f"{t}.idx1", f"{t}.shape"], [f"{t}.idx"]),
+                  helper.make_node("ScatterElements", [f"{t}.data", f"{t}.idx", f"{t}.upd"], [f"{t}.out"],
+                                   axis=0, reduction=reduction),
+                  helper.make_node("Shape", [data], [f"{t}.data_shape"]),
+                  helper.make_node("Reshape", [f"{t}.out", f"{t}.data_shape"], [node.output[0]], name=node.name)]
+    del out.graph.node[:]
+    out.graph.node.extend(nodes)
+    return out
 
 
 class _Ort:

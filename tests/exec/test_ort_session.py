@@ -46,3 +46,33 @@ def test_only_reducing_scatters_are_racy():
     loop = helper.make_node("If", ["c"], ["y"], then_branch=onnx.load_model_from_string(_scatter_add(4, 2, 3)).graph,
                             else_branch=g)
     assert racy_scatter(helper.make_graph([loop], "outer", [], []))
+
+
+def test_scatter_as_elements_keeps_the_threads_and_the_sum():
+    """An embedding's gradient as parc grad writes it (indices unsqueezed inside the module, no
+    shape listed for them) becomes a ScatterElements, equal to the ScatterND on any data."""
+    import onnx
+    import onnxruntime as ort
+
+    from parc.exec.runner import scatter_as_elements
+
+    nodes = [helper.make_node("Unsqueeze", ["ids", "axes"], ["idx"]),
+             helper.make_node("ScatterND", ["data", "idx", "upd"], ["out"], reduction="add", name="grad")]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("data", TensorProto.FLOAT, [30, 4, 3]),
+                                       helper.make_tensor_value_info("ids", TensorProto.INT64, [5, 7]),
+                                       helper.make_tensor_value_info("upd", TensorProto.FLOAT, [5, 7, 4, 3])],
+                          [helper.make_tensor_value_info("out", TensorProto.FLOAT, [30, 4, 3])],
+                          initializer=[helper.make_tensor("axes", TensorProto.INT64, [1], [2])])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
+    rewritten = scatter_as_elements(model)
+    assert not racy_scatter(rewritten.graph) and "ScatterElements" in {n.op_type for n in rewritten.graph.node}
+    onnx.checker.check_model(rewritten, full_check=True)
+    rng = np.random.default_rng(1)
+    feeds = {"data": rng.standard_normal((30, 4, 3)).astype(np.float32),
+             "ids": rng.integers(-30, 30, (5, 7)).astype(np.int64),
+             "upd": rng.standard_normal((5, 7, 4, 3)).astype(np.float32)}
+    one = ort.SessionOptions()
+    one.intra_op_num_threads = 1
+    want = ort.InferenceSession(model.SerializeToString(), one, providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    got = ort_session(model.SerializeToString(), 2).run(None, feeds)[0]
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
