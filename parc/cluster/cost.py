@@ -15,7 +15,7 @@ and time = steps * alpha + volume / beta. A group of one device costs nothing.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from parc.cluster.devices import DeviceSpec
 from parc.cluster.links import LinkSpec
@@ -29,6 +29,39 @@ STEPS: dict[str, Callable[[int], int]] = {
 _VOLUME: dict[str, Callable[[int], float]] = {
     "all_reduce": lambda n: 2 * (n - 1) / n, "all_gather": lambda n: (n - 1) / n,
     "reduce_scatter": lambda n: (n - 1) / n, "all_to_all": lambda n: (n - 1) / n**2, "send_recv": lambda n: 1.0}
+
+
+# Gradient buckets: along a mesh axis where they pay (`bucket_axes`), the lowering
+# (`parc.passes.lower.fuse_gradients`) concatenates the all-reduces of gradients that send at most
+# BUCKET_MEMBER_BYTES per device (the ring volume, `Collective.bytes_per_device`) and run at the
+# same place of a program into buckets of up to GRAD_BUCKET_BYTES (PyTorch DDP's default
+# bucket_cap_mb), each run as one collective; the SPMD cost model charges each such gradient its
+# share of a bucket's latency (`bucket_share`). Larger gradients run alone: from about 1 MiB a ring
+# all-reduce's bandwidth term is the larger one on most links of the catalogue (25 GbE between 4
+# nodes from 0.26 MiB, NVLink2 between 8 devices from about 4 MiB), and a bucket holds a copy of
+# its members while it is in flight.
+GRAD_BUCKET_BYTES = 25 * 2**20
+BUCKET_MEMBER_BYTES = 2**20
+
+
+def bucket_axes(shape: Sequence[int], links: Sequence[LinkSpec], device: DeviceSpec) -> tuple[bool, ...]:
+    """Per mesh axis, whether gradient buckets pay along it: the latency a member's own all-reduce
+    would pay (its ring steps' alpha and the link's handoff) against the two nodes the bucket adds
+    for it (its flattening before the Concat, its reshape after the Split), one kernel launch
+    each. With the catalogue's figures: CPU ranks over shared memory no on 2 ranks (2 us against
+    4 us), yes on 4; GPUs over NVLink no on 2 (6.8 us against 10 us), yes from 4; nodes over a
+    network and CPU ranks with a measured handoff, yes."""
+    return tuple(n > 1 and STEPS["all_reduce"](n) * link.latency + link.handoff > 2 * device.launch_floor
+                 for n, link in zip(shape, links))
+
+
+def bucket_share(kind: str, bytes_per_device: float) -> float:
+    """The share of a collective's latency a gradient's synchronisation pays along an axis where
+    buckets pay: its bytes over a bucket's when the lowering fuses it (an all-reduce of at most
+    BUCKET_MEMBER_BYTES), else 1."""
+    if kind == "all_reduce" and bytes_per_device <= BUCKET_MEMBER_BYTES:
+        return bytes_per_device / GRAD_BUCKET_BYTES
+    return 1.0
 
 
 def ring_time(kind: str, link: LinkSpec, n: int, bytes_per_device: float, latency_share: float = 1.0) -> float:

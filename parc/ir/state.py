@@ -24,6 +24,12 @@ def phase(node) -> str:
     return node.meta.get(PHASE, FORWARD)
 
 
+def is_gradient_sync(v, consumer) -> bool:
+    """Whether value v read by node `consumer` is a gradient handed to the optimizer (a backward
+    value an optimizer node reads): its synchronisation may be fused into a gradient bucket."""
+    return phase(consumer) == OPTIMIZER and v.producer is not None and phase(v.producer) == BACKWARD
+
+
 @dataclass(frozen=True)
 class StepState:
     """The record of a training step (see the module docstring)."""

@@ -26,6 +26,7 @@ import onnx
 from onnx import helper
 
 from parc import plandir
+from parc.cluster.cost import bucket_axes
 from parc.cluster.devices import DEVICES, DeviceSpec
 from parc.cluster.links import LINKS, LinkSpec
 from parc.exec.taskgraph import FORMAT, TaskGraph, check_taskgraph
@@ -234,8 +235,11 @@ def write_programs_for(graph: Graph, mesh: tuple[int, ...], strategies: list, sp
     rules = rules_of(graph)
     stats = _param_stats(graph)
 
+    slowest = min(devices, key=lambda d: d.peak("float32"))  # as the cost model prices buckets
+    buckets = (False,) * (len(mesh) - len(device_mesh)) + bucket_axes(device_mesh, links, slowest)
+
     def write_rank(g: Graph, r: int) -> tuple[RankProgram, list[dict]]:
-        p = lower_rank(g, mesh, r, strategies, specs, micro, rules)
+        p = lower_rank(g, mesh, r, strategies, specs, micro, rules, buckets=buckets)
         mod_tasks = write_rank_files(p, g, plandir.rank_dir(out, r), devices[r])
         plandir.write_program(out, plandir.Program(
             rank=r, coords=p.coords, mesh=mesh, micro_batches=micro, residents=residents_json(p, stats),

@@ -29,17 +29,19 @@ time are accumulated; the optimizer nodes run once.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from parc.cluster.cost import BUCKET_MEMBER_BYTES, GRAD_BUCKET_BYTES
 from parc.errors import ParcError
 from parc.exec.taskgraph import MB_END, MB_FIRST, MB_START, WHOLE
 from parc.ir.graph import Graph, Node, Value
 from parc.ir.state import bindings as state_bindings
-from parc.ir.state import phase, step_state
+from parc.ir.state import is_gradient_sync, phase, step_state
 from parc.ops import sharding_rule
 from parc.sharding import ShardSpec
 from parc.sharding.layout import local_shape, positions, shard_index, split
@@ -68,6 +70,7 @@ class Comm:
     depth: int
     part: str = MICRO
     phase: str = ""  # pipelined programs: F, B or A (the pass the collective belongs to)
+    gradient: bool = False  # a gradient handed to the optimizer (`fuse_gradients` may bucket it)
 
 
 @dataclass
@@ -170,6 +173,7 @@ class _Lowerer:
         self.received = received
         self.pipelined = pipelined
         self.phase = ""  # the pass being lowered (pipelined programs)
+        self.reader: Node | None = None  # the node whose inputs are being resharded
 
     def append(self, depth: int, part: str, proto: onnx.NodeProto) -> None:
         self.p.nodes.append((depth, part, proto))
@@ -278,7 +282,8 @@ class _Lowerer:
                 self._local_step(step, name, out, shape, dtype, part)
             else:
                 depth = self.p.depth[name]
-                self.p.comms.append(Comm(step, v.name, shape, dtype, name, out, depth, part, self.phase))
+                gradient = self.reader is not None and is_gradient_sync(v, self.reader)
+                self.p.comms.append(Comm(step, v.name, shape, dtype, name, out, depth, part, self.phase, gradient))
                 self.define(out, dtype, self.local(shape, step.after), depth + 1, part)
             name, spec = out, step.after
         held.append((want, name))
@@ -391,6 +396,7 @@ class _Lowerer:
         rule = self.rules[pos]
         shape_args = dict(rule.shape_args) if rule is not None else {}
         size_args = dict(rule.size_args) if rule is not None else {}
+        self.reader = n
         ins: list[str] = []
         for i, v in enumerate(n.inputs):
             if v is None:
@@ -404,6 +410,7 @@ class _Lowerer:
                 ins.append(self._shape_input(n, v, i, tuple(sizes)))
             else:
                 ins.append(self.get(v, s.inputs[i], part))
+        self.reader = None
         scales = self._mean_scales(n, s, rule)
         outs = []
         for j, v in enumerate(n.outputs):
@@ -470,7 +477,7 @@ def lower_rank(graph: Graph, mesh: tuple[int, ...], rank: int, strategies: list,
                source_specs: dict[str, ShardSpec], micro: int = 1, rules: list | None = None,
                sends: dict[str, tuple[str, list[ShardSpec | None]]] | None = None,
                received: frozenset[str] = frozenset(),
-               not_outputs: frozenset[str] = frozenset()) -> RankProgram:
+               not_outputs: frozenset[str] = frozenset(), buckets: tuple[bool, ...] = ()) -> RankProgram:
     """Rank `rank`'s local program. `mesh` is the model's mesh (time axis first when `micro` > 1,
     where the rank's coordinates are taken at time 0); `strategies[pos]` is node pos's chosen
     Strategy and `source_specs` each source's layout.
@@ -479,7 +486,8 @@ def lower_rank(graph: Graph, mesh: tuple[int, ...], rank: int, strategies: list,
     layouts it is sent in, None for whole)) tags every node and collective with its pass (F, B,
     A) and ends each sent value in each of those layouts on the stage's devices (split along
     time as computed: one microbatch's piece); `received` graph inputs come from other stages;
-    `not_outputs` are graph outputs that only exist to be sent."""
+    `not_outputs` are graph outputs that only exist to be sent. `buckets`: per axis of `mesh`,
+    whether gradient all-reduces along it run in buckets (`fuse_gradients`)."""
     device_mesh = mesh[1:] if micro > 1 else mesh
     coords = tuple(int(c) for c in np.unravel_index(rank, device_mesh))
     if micro > 1:
@@ -515,4 +523,124 @@ def lower_rank(graph: Graph, mesh: tuple[int, ...], rank: int, strategies: list,
         target = binds.get(o.name)
         want = source_specs.get(target, rep) if target is not None else rep
         low.p.outputs[o.name] = low.get(o, want, APPLY if micro > 1 else MICRO)
+    fuse_gradients(low, buckets)
     return low.p
+
+
+def fuse_gradients(low: _Lowerer, buckets: tuple[bool, ...]) -> None:
+    """Gradient buckets: along the mesh axes where `buckets` says they pay
+    (`parc.cluster.cost.bucket_axes`), the all-reduces of gradients that run at the same place
+    (part, pass, depth), along the same axis, in the same type and reduction, and send at most
+    BUCKET_MEMBER_BYTES per device each, are run as one collective per bucket of up to
+    GRAD_BUCKET_BYTES, in program order (PyTorch DDP's buckets; the cost model charges each
+    member its share of the bucket's latency, `parc.cluster.cost.bucket_share`).
+
+    A bucket's members are flattened and concatenated (`Reshape`, `Concat`) in the module that
+    computes them; the bucket is all-reduced once; the module after it splits it into the
+    members under their own names (`Split`, `Reshape`), so their readers are unchanged. The group of an
+    axis holds every member at the same local shape (a P(sum) value is not split along the axis
+    it is reduced over), so the pieces line up on every rank. Every rank buckets the same
+    collectives in the same order: the collectives still match by name."""
+    p = low.p
+    if not any(buckets):
+        return
+    open_: dict[tuple, list[int]] = {}
+    filled: dict[tuple, float] = {}
+    runs: list[list[int]] = []  # the buckets, as indexes into p.comms
+    for j, c in enumerate(p.comms):
+        step = c.step
+        if not c.gradient or step.kind != "all_reduce" or not buckets[step.axis] or step.n < 2 \
+                or step.bytes_per_device > BUCKET_MEMBER_BYTES or not math.prod(p.info[c.src][1]):
+            continue
+        key = (c.part, c.phase, c.depth, step.axis, c.dtype, step.op)
+        if key not in open_ or filled[key] + step.bytes_per_device > GRAD_BUCKET_BYTES:
+            open_[key] = []
+            filled[key] = 0.0
+            runs.append(open_[key])
+        open_[key].append(j)
+        filled[key] += step.bytes_per_device
+    runs = [b for b in runs if len(b) > 1]
+    if not runs:
+        return
+    made_at = {o: k for k, (_, _, node) in enumerate(p.nodes) for o in node.output if o}
+    read_at: dict[str, int] = {}
+    for k, (_, _, node) in enumerate(p.nodes):
+        for name in node.input:
+            read_at.setdefault(name, k)
+    end = len(p.nodes)
+    inserts: list[tuple[float, int, tuple]] = []  # (position: after k is k + 0.5, before k is k - 0.5, seq, node)
+    fused: dict[int, Comm | None] = {}
+    for b in runs:
+        members = [p.comms[j] for j in b]
+        head = members[0]
+        here, there = (head.depth, head.part, head.phase), (head.depth + 1, head.part, head.phase)
+        at = max(made_at.get(c.src, -1) for c in members) + 0.5  # after every member is made
+        flats, sizes = [], []
+        for c in members:
+            flat = low.fresh(f"{c.value}.flat")
+            size = math.prod(p.info[c.src][1])
+            shape = low.const("bucket_flat", np.array([-1], np.int64))
+            inserts.append((at, len(inserts), (*here, helper.make_node("Reshape", [c.src, shape], [flat],
+                                                                         name=low.aux("bucket_flat")))))
+            low.define(flat, c.dtype, (size,), head.depth, head.part)
+            flats.append(flat)
+            sizes.append(size)
+        total = int(sum(sizes))
+        src, dst = low.fresh("grad_bucket"), low.fresh("grad_bucket.reduced")
+        inserts.append((at, len(inserts), (*here, helper.make_node("Concat", flats, [src], axis=0,
+                                                                     name=low.aux("bucket_concat")))))
+        low.define(src, head.dtype, (total,), head.depth, head.part)
+        low.define(dst, head.dtype, (total,), head.depth + 1, head.part)
+        axis = head.step.axis
+        reduced = ShardSpec(tuple(head.step.src if k == axis else Replicated() for k in range(len(p.mesh))))
+        whole = ShardSpec(tuple(Replicated() for _ in p.mesh))
+        volume = float(sum(c.step.bytes_per_device for c in members))
+        tensor = "grad bucket: " + ", ".join(c.value for c in members)
+        fused[b[0]] = Comm(Collective("all_reduce", axis, volume, head.step.n, reduced, whole), tensor, (total,),
+                           head.dtype, src, dst, head.depth, head.part, head.phase, True)
+        fused.update((j, None) for j in b[1:])
+        at = min(read_at.get(c.dst, end) for c in members) - 0.5  # before any member is read
+        pieces = [low.fresh(f"{c.value}.piece") for c in members]
+        if p.opset.get("", 13) >= 13:
+            split = helper.make_node("Split", [dst, low.const("bucket_sizes", np.array(sizes, np.int64))], pieces,
+                                     axis=0, name=low.aux("bucket_split"))
+        else:
+            split = helper.make_node("Split", [dst], pieces, axis=0, split=sizes, name=low.aux("bucket_split"))
+        inserts.append((at, len(inserts), (*there, split)))
+        for c, piece, size in zip(members, pieces, sizes):
+            shape = low.const("bucket_shape", np.array(p.info[c.dst][1], np.int64))
+            inserts.append((at, len(inserts), (*there, helper.make_node("Reshape", [piece, shape], [c.dst],
+                                                                          name=low.aux("bucket_unflat")))))
+            low.define(piece, c.dtype, (size,), head.depth + 1, head.part)
+    p.comms = [fused.get(j, c) for j, c in enumerate(p.comms) if fused.get(j, c) is not None]
+    placed = [(float(k), -1, (depth, part, ph, node)) for k, ((depth, part, node), ph)
+              in enumerate(zip(p.nodes, p.phases, strict=True))]
+    merged = _topological([e[2] for e in sorted(placed + inserts, key=lambda e: e[:2])])
+    p.nodes = [(depth, part, node) for depth, part, _, node in merged]
+    p.phases = [ph for _, _, ph, node in merged]
+
+
+def _topological(entries: list[tuple]) -> list[tuple]:
+    """entries (..., node) in an order where every node comes after the nodes making its inputs,
+    keeping the given order wherever it already is one (a bucket's pieces can feed the next
+    bucket of the same gradients, along another mesh axis)."""
+    maker = {o: k for k, e in enumerate(entries) for o in e[-1].output if o}
+    done: set[int] = set()
+    out: list[tuple] = []
+
+    def visit(k: int) -> None:
+        stack = [(k, False)]
+        while stack:
+            j, expanded = stack.pop()
+            if j in done:
+                continue
+            if expanded:
+                done.add(j)
+                out.append(entries[j])
+                continue
+            stack.append((j, True))
+            stack.extend((maker[i], False) for i in reversed(entries[j][-1].input) if i in maker and maker[i] not in done)
+
+    for k in range(len(entries)):
+        visit(k)
+    return out

@@ -19,11 +19,11 @@ from functools import cached_property, lru_cache
 import numpy as np
 
 from parc.cluster import Cluster, Mesh, compute_time
-from parc.cluster.cost import ring_time
+from parc.cluster.cost import bucket_axes, bucket_share, ring_time
 from parc.cluster.links import LinkSpec
 from parc.errors import UsageError
 from parc.ir.graph import Graph, Node, Value
-from parc.ir.state import FORWARD, OPTIMIZER, bindings, phase
+from parc.ir.state import FORWARD, OPTIMIZER, bindings, is_gradient_sync, phase
 from parc.ops import node_work, op_class
 from parc.passes.spmd.hetero import Balance, device_times, mesh_balance
 from parc.passes.spmd.strategies import (
@@ -61,6 +61,7 @@ class CostModel:
     micro: Micro | None = None  # microbatching: mesh axis 0 is then the microbatch (time) axis
     balance: Balance | None = None  # mixed devices on this mesh: the axes' shares (hetero.py)
     forbidden: float = FORBIDDEN  # what a forbidden time-axis move costs in this model (_Pricer)
+    buckets: tuple[bool, ...] = ()  # per mesh axis, whether gradient buckets pay (`reshard_time`)
 
     pool_blob = True  # sent to several jobs: pickled once (parc/passes/spmd/pool.py)
 
@@ -76,9 +77,6 @@ class CostModel:
         from parc.passes.spmd.follow import training_grouping
 
         return training_grouping(self)
-
-
-GRAD_BUCKET_BYTES = 25 * 2**20  # gradient fusion bucket (PyTorch DDP's default bucket_cap_mb)
 
 
 @dataclass(frozen=True)
@@ -132,31 +130,27 @@ def time_axis(mesh: Mesh | None, count: int, device) -> Mesh:
                 (False, *(mesh.spans_nodes if mesh is not None else ())))
 
 
-def _is_gradient_sync(v: Value, consumer: Node) -> bool:
-    """A backward value read by the optimizer: a gradient, synchronised in fused buckets."""
-    return phase(consumer) == OPTIMIZER and v.producer is not None and phase(v.producer) == "backward"
-
-
 def reshard_time(src: ShardSpec, dst: ShardSpec, shape: tuple[int, ...], itemsize: int, mesh: Mesh,
-                 bucketed: bool = False) -> float:
+                 buckets: tuple[bool, ...] = ()) -> float:
     """Seconds to turn layout src into dst (alpha-beta per collective on its mesh axis).
 
-    `bucketed`: the tensor is a gradient synchronised before the optimizer, fused with others
-    into buckets of GRAD_BUCKET_BYTES as data-parallel frameworks do, so it pays its share of a
-    bucket's latency instead of a whole collective's."""
-    return _reshard_time(src, dst, shape, itemsize, mesh, bucketed)
+    `buckets`: the tensor is a gradient synchronised before the optimizer, and per mesh axis
+    whether gradient buckets pay along it (`parc.cluster.cost.bucket_axes`): there a collective
+    the lowering fuses into a bucket pays its share of the bucket's latency
+    (`parc.cluster.cost.bucket_share`) instead of a whole collective's."""
+    return _reshard_time(src, dst, shape, itemsize, mesh, buckets)
 
 
 @lru_cache(maxsize=1 << 16)
 def _reshard_time(src: ShardSpec, dst: ShardSpec, shape: tuple[int, ...], itemsize: int, mesh: Mesh,
-                  bucketed: bool = False) -> float:
+                  buckets: tuple[bool, ...] = ()) -> float:
     if src == dst:
         return 0.0
-    share = min(1.0, math.prod(shape) * itemsize / GRAD_BUCKET_BYTES) if bucketed else 1.0
     total = 0.0
     for c in reshard(src, dst, shape, itemsize, mesh.shape):
         if c.is_local:
             continue
+        share = bucket_share(c.kind, c.bytes_per_device) if buckets and buckets[c.axis] else 1.0
         total += ring_time(c.kind, mesh.links[c.axis], c.n, c.bytes_per_device, share)
     return total
 
@@ -292,7 +286,10 @@ def build(graph: Graph, mesh: Mesh | None, cluster: Cluster, micro: Micro | None
 
     # only a microbatch model forbids anything (_Pricer's rules 1 and 2): priced as inf first,
     # then as FORBIDDEN_SCALE times the most any choice without them can cost (`_forbid`)
-    pricer = _Pricer(mesh, math.inf if micro is not None else FORBIDDEN)
+    buckets = bucket_axes(mesh.shape, mesh.links, slowest)
+    if micro is not None:  # the time axis: accumulating microbatches' gradients is priced by its bytes
+        buckets = (True, *buckets[1:])
+    pricer = _Pricer(mesh, math.inf if micro is not None else FORBIDDEN, buckets)
     pair_cost: dict[tuple[int, int], np.ndarray] = {}
     for pos, (n, strats) in enumerate(zip(graph.nodes, strategies)):
         vi = len(sources) + pos
@@ -307,7 +304,7 @@ def build(graph: Graph, mesh: Mesh | None, cluster: Cluster, micro: Micro | None
                 u_list, k_out = source_specs[ui], None
             rule = 0 if micro is None else 2 if phase(n) == OPTIMIZER else 1
             m = pricer.matrix(u_list, k_out, strats, i, v.shape, v.dtype.itemsize,  # type: ignore[union-attr]
-                              rule, _is_gradient_sync(v, n))
+                              rule, is_gradient_sync(v, n))
             if rule == 1:
                 m = m * micro.count  # type: ignore[union-attr]
             key = (ui, vi)
@@ -319,7 +316,7 @@ def build(graph: Graph, mesh: Mesh | None, cluster: Cluster, micro: Micro | None
     problem = Problem(tuple(comp), edges, tuple(pair_cost[tuple(e)] for e in edges.tolist()),
                       tuple(mem), None, (),
                       tuple([f"source:{v.name}" for v in sources] + [n.name for n in graph.nodes]))
-    return CostModel(graph, mesh, sources, source_specs, strategies, problem, micro, balance, forbidden)
+    return CostModel(graph, mesh, sources, source_specs, strategies, problem, micro, balance, forbidden, buckets)
 
 
 def graph_balance(graph: Graph, mesh: Mesh, cluster: Cluster, live: set[int]) -> Balance | None:
@@ -462,7 +459,7 @@ def renamed(model: CostModel, graph: Graph, micro: Micro | None = None) -> CostM
     sources = sources_of(graph)
     names = tuple([f"source:{v.name}" for v in sources] + [n.name for n in graph.nodes])
     return CostModel(graph, model.mesh, sources, model.source_specs, model.strategies,
-                     replace(model.problem, names=names), micro, model.balance, model.forbidden)
+                     replace(model.problem, names=names), micro, model.balance, model.forbidden, model.buckets)
 
 
 def _fits(spec: ShardSpec, v: Value, mesh_shape: tuple[int, ...]) -> bool:
@@ -574,9 +571,10 @@ class _Pricer:
     and, inside a matrix, once per distinct (source spec, target spec) object pair. Keys are the
     ids of strategy and spec lists the cost model holds for the whole build."""
 
-    def __init__(self, mesh: Mesh, forbidden: float = FORBIDDEN) -> None:
+    def __init__(self, mesh: Mesh, forbidden: float = FORBIDDEN, buckets: tuple[bool, ...] = ()) -> None:
         self.mesh = mesh
         self.forbidden = forbidden
+        self.buckets = buckets  # per mesh axis, whether gradient buckets pay (`reshard_time`)
         self.matrices: dict[tuple, np.ndarray] = {}
         self.pairs: dict[tuple, float] = {}
 
@@ -598,7 +596,7 @@ class _Pricer:
                     pk = (id(a), id(b), shape, itemsize, rule, bucketed)
                     t = self.pairs.get(pk)
                     if t is None:
-                        t = reshard_time(a, b, shape, itemsize, self.mesh, bucketed)
+                        t = reshard_time(a, b, shape, itemsize, self.mesh, self.buckets if bucketed else ())
                         if rule and a != b and _moves_in_time(a, b, shape, itemsize, self.mesh, rule):
                             t = self.forbidden
                         self.pairs[pk] = t

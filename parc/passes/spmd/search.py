@@ -197,7 +197,8 @@ def _entry(model: CostModel, v, value: str, consumer: str, a: ShardSpec, b: Shar
 
     With microbatches, mesh axis 0 is time: its all-reduce is the local accumulation of the
     microbatches' gradients ("accumulate", axis "microbatch"); the device axes count from 0."""
-    from parc.passes.spmd.costs import _is_gradient_sync, reshard_time
+    from parc.ir.state import is_gradient_sync
+    from parc.passes.spmd.costs import reshard_time
     from parc.sharding import reshard
 
     if a == b:
@@ -207,13 +208,13 @@ def _entry(model: CostModel, v, value: str, consumer: str, a: ShardSpec, b: Shar
         return None
     cut = 1 if model.micro is not None else 0
     runs = model.micro.count if cut and node is not None and phase(node) != OPTIMIZER else 1
-    bucketed = node is not None and _is_gradient_sync(v, node)
+    buckets = model.buckets if node is not None and is_gradient_sync(v, node) else ()
     return {"value": value, "consumer": consumer, "from": _device_part(a, cut), "to": _device_part(b, cut),
             "collectives": [{"kind": "accumulate" if cut and c.axis == 0 else c.kind,
                              "axis": "microbatch" if cut and c.axis == 0 else c.axis - cut,
                              "bytes_per_device": c.bytes_per_device} for c in steps],
             "runs": runs,
-            "time_s": runs * reshard_time(a, b, v.shape, v.dtype.itemsize, model.mesh, bucketed)}
+            "time_s": runs * reshard_time(a, b, v.shape, v.dtype.itemsize, model.mesh, buckets)}
 
 
 def _tensors(model: CostModel) -> dict[str, dict]:
