@@ -8,7 +8,8 @@ so that the step simulator (`parc.exec.stepsim`) needs nothing but the plan dire
   executor spends per task: calibrated by `parc profile`). Modules of the same content (the
   ranks of an even mesh) are priced once.
 - a collective: the ring formula of its step (`ring_time`) on its mesh axis's link, with a whole
-  collective's latency: the executor runs collectives one by one, not in fused buckets;
+  collective's latency (a gradient bucket is one collective of its members' bytes:
+  `parc.passes.lower.fuse_gradients`);
 - a send and its recv: one message of the received shard's bytes on the link between the two
   ranks (the pipeline planner's `p2p_link`);
 - a collective or recv on a link with a `handoff` carries it as `handoff_s`: what the first
