@@ -46,12 +46,14 @@ BUCKET_MEMBER_BYTES = 2**20
 
 def bucket_axes(shape: Sequence[int], links: Sequence[LinkSpec], device: DeviceSpec) -> tuple[bool, ...]:
     """Per mesh axis, whether gradient buckets pay along it: the latency a member's own all-reduce
-    would pay (its ring steps' alpha and the link's handoff) against the two nodes the bucket adds
-    for it (its flattening before the Concat, its reshape after the Split), one kernel launch
-    each. With the catalogue's figures: CPU ranks over shared memory no on 2 ranks (2 us against
-    4 us), yes on 4; GPUs over NVLink no on 2 (6.8 us against 10 us), yes from 4; nodes over a
-    network and CPU ranks with a measured handoff, yes."""
-    return tuple(n > 1 and STEPS["all_reduce"](n) * link.latency + link.handoff > 2 * device.launch_floor
+    would pay (its ring steps' alpha and the link's handoff) against what the bucket adds for a
+    member of the largest size, BUCKET_MEMBER_BYTES: a copy into the bucket and one out of it at
+    the device's memory bandwidth (its reshapes are views; the Concat and the Split are one
+    launch each per bucket). With the catalogue's figures: CPU ranks over shared memory no (6 us
+    on 4 ranks against 21 us), with a measured handoff yes; GPUs over NVLink or PCIe and nodes
+    over a network, yes."""
+    copy = 2 * BUCKET_MEMBER_BYTES / (device.memory_bandwidth * device.memory_efficiency)
+    return tuple(n > 1 and STEPS["all_reduce"](n) * link.latency + link.handoff > copy
                  for n, link in zip(shape, links))
 
 

@@ -4,6 +4,7 @@ bf16 gradient exchange moved by MPI; verify's widened tolerances still catch a w
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
@@ -33,7 +34,12 @@ def test_mixed_precision_plan_verifies_and_catches_a_wrong_gradient(plans, preci
     res = parc("verify", str(plans[precision]), timeout=300)
     assert res.returncode == 0, res.stdout + res.stderr
     assert "over 1 step on 2 ranks (widened for" in res.stdout
-    os.environ["PARC_TEST_FAULT"] = "scale:h.0.mlp.fc.bias.grad:2"
+    # a factor 2 on the exchange of a gradient's values: the first reduction of the plan whose
+    # tensor is in h.0.mlp.fc's backward (the bias gradient's sum, all-reduced or reduce-scattered)
+    tasks = json.loads((plans[precision] / "taskgraph.json").read_text())["tasks"]
+    target = next(t["tensor"] for t in tasks if t["kind"] == "collective" and t["op"] in ("all_reduce", "reduce_scatter")
+                  and "h.0.mlp.fc" in t["tensor"] and ".grad" in t["tensor"])
+    os.environ["PARC_TEST_FAULT"] = f"scale:{target}:2"
     try:
         bad = parc("verify", str(plans[precision]), timeout=300)
     finally:

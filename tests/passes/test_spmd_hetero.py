@@ -92,7 +92,7 @@ def test_a_flattened_batch_is_cut_where_the_batch_is():
 def gpt(tmp_path_factory):
     path = tmp_path_factory.mktemp("hetero") / "gpt.onnx"
     # batch 64: at 32 the step is so small that the devices all computing it whole beats data
-    # parallel over a network, once gradients above a bucket member's size pay a whole latency
+    # parallel over a network, where gradients above a bucket member's size pay a whole latency
     assert parc("models", "build", "gpt-tiny", "--set", "batch=64", "--train", "adamw", "-o", str(path)).returncode == 0
     return importer.load(str(path), {})
 
