@@ -78,6 +78,8 @@ CASES = [
     ("fig. 17 (fp16)", "resnet50-100k", ("batch=128",), "8xv100-32g+8xp100-16g", ("fp16", "dp")),
     ("fig. 18", "bert-large", ("batch=32",), "4xv100-32g+4xp100-16g", ("--pipeline", "4")),
     ("fig. 18", "t5-large", ("batch=32",), "4xv100-32g+4xp100-16g", ("--pipeline", "4")),
+    ("fig. 18 (fp16)", "bert-large", ("batch=32",), "4xv100-32g+4xp100-16g", ("fp16", "--pipeline", "4")),
+    ("fig. 18 (fp16)", "t5-large", ("batch=32",), "4xv100-32g+4xp100-16g", ("fp16", "--pipeline", "4")),
     ("A100 + H100", "gpt-medium", ("batch=32",), "8xa100-80g+8xh100-80g", ()),
 ]
 

@@ -535,9 +535,13 @@ def fuse_gradients(low: _Lowerer, buckets: tuple[bool, ...]) -> None:
     GRAD_BUCKET_BYTES, in program order (PyTorch DDP's buckets; the cost model charges each
     member its share of the bucket's latency, `parc.cluster.cost.bucket_share`).
 
-    A bucket's members are flattened and concatenated (`Reshape`, `Concat`) in the module that
-    computes them; the bucket is all-reduced once; the module after it splits it into the
-    members under their own names (`Split`, `Reshape`), so their readers are unchanged. The group of an
+    A bucket's members are flattened and concatenated (`Reshape`, `Concat`) in the module of
+    the place they are synchronised at (the backward's, or the optimizer part's in microbatched
+    and pipelined programs); the bucket is all-reduced once; the module after it splits it into
+    the members under their own names (`Split`, `Reshape`), so their readers are unchanged.
+    Which collectives join depends only on the program's order and the global shapes, never on
+    a rank's local ones (an uneven layout may leave a rank an empty piece), so every rank makes
+    the same buckets and names. The group of an
     axis holds every member at the same local shape (a P(sum) value is not split along the axis
     it is reduced over), so the pieces line up on every rank. Every rank buckets the same
     collectives in the same order: the collectives still match by name."""
@@ -550,7 +554,7 @@ def fuse_gradients(low: _Lowerer, buckets: tuple[bool, ...]) -> None:
     for j, c in enumerate(p.comms):
         step = c.step
         if not c.gradient or step.kind != "all_reduce" or not buckets[step.axis] or step.n < 2 \
-                or step.bytes_per_device > BUCKET_MEMBER_BYTES or not math.prod(p.info[c.src][1]):
+                or step.bytes_per_device > BUCKET_MEMBER_BYTES or not math.prod(c.shape):
             continue
         key = (c.part, c.phase, c.depth, step.axis, c.dtype, step.op)
         if key not in open_ or filled[key] + step.bytes_per_device > GRAD_BUCKET_BYTES:
