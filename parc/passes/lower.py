@@ -541,10 +541,9 @@ def fuse_gradients(low: _Lowerer, buckets: tuple[bool, ...]) -> None:
     the members under their own names (`Split`, `Reshape`), so their readers are unchanged.
     Which collectives join depends only on the program's order and the global shapes, never on
     a rank's local ones (an uneven layout may leave a rank an empty piece), so every rank makes
-    the same buckets and names. The group of an
-    axis holds every member at the same local shape (a P(sum) value is not split along the axis
-    it is reduced over), so the pieces line up on every rank. Every rank buckets the same
-    collectives in the same order: the collectives still match by name."""
+    the same buckets and names, and the collectives still match by name. Within the group of an
+    axis every member has the same local shape on every rank (a P(sum) value is not split along
+    the axis it is reduced over), so the pieces line up."""
     p = low.p
     if not any(buckets):
         return
@@ -621,7 +620,7 @@ def fuse_gradients(low: _Lowerer, buckets: tuple[bool, ...]) -> None:
               in enumerate(zip(p.nodes, p.phases, strict=True))]
     merged = _topological([e[2] for e in sorted(placed + inserts, key=lambda e: e[:2])])
     p.nodes = [(depth, part, node) for depth, part, _, node in merged]
-    p.phases = [ph for _, _, ph, node in merged]
+    p.phases = [ph for _, _, ph, _ in merged]
 
 
 def _topological(entries: list[tuple]) -> list[tuple]:
