@@ -57,13 +57,16 @@ def bucket_axes(shape: Sequence[int], links: Sequence[LinkSpec], device: DeviceS
                  for n, link in zip(shape, links))
 
 
+def bucket_member(kind: str, bytes_per_device: float) -> bool:
+    """Whether a gradient's collective along an axis where buckets pay joins a bucket: an
+    all-reduce of at most BUCKET_MEMBER_BYTES (the lowering fuses exactly these)."""
+    return kind == "all_reduce" and bytes_per_device <= BUCKET_MEMBER_BYTES
+
+
 def bucket_share(kind: str, bytes_per_device: float) -> float:
     """The share of a collective's latency a gradient's synchronisation pays along an axis where
-    buckets pay: its bytes over a bucket's when the lowering fuses it (an all-reduce of at most
-    BUCKET_MEMBER_BYTES), else 1."""
-    if kind == "all_reduce" and bytes_per_device <= BUCKET_MEMBER_BYTES:
-        return bytes_per_device / GRAD_BUCKET_BYTES
-    return 1.0
+    buckets pay: its bytes over a bucket's when it joins one (`bucket_member`), else 1."""
+    return bytes_per_device / GRAD_BUCKET_BYTES if bucket_member(kind, bytes_per_device) else 1.0
 
 
 def ring_time(kind: str, link: LinkSpec, n: int, bytes_per_device: float, latency_share: float = 1.0) -> float:

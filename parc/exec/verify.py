@@ -49,7 +49,6 @@ def source_precision(plan_dir: str, plan: dict) -> str | None:
 def reference_run(plan_dir: str, plan: dict, ranks: int, steps: int, seed: int, init: str = "source",
                   data_file: str | None = None) -> dict:
     """{"outputs": [per step {name: array}], "state": {name: array}} of the source model."""
-
     path = _source(plan_dir, plan)
     programs = [load_program(plan_dir, r) for r in range(ranks)]
     model = onnx.load(str(path))

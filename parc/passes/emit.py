@@ -26,7 +26,6 @@ import onnx
 from onnx import helper
 
 from parc import plandir
-from parc.cluster.cost import bucket_axes
 from parc.cluster.devices import DEVICES, DeviceSpec
 from parc.cluster.links import LINKS, LinkSpec
 from parc.exec.taskgraph import FORMAT, TaskGraph, check_taskgraph
@@ -214,15 +213,17 @@ def write_programs(plan, out: Path) -> TaskGraph:
     (returned)."""
     mesh = plan.best.mesh
     return write_programs_for(*plan_inputs(plan), out, devices=[plan.cluster.devices[d] for d in mesh.devices],
-                              links=mesh.links)
+                              links=mesh.links, buckets=plan.best.model.buckets)
 
 
 def write_programs_for(graph: Graph, mesh: tuple[int, ...], strategies: list, specs: dict[str, ShardSpec],
                        micro: int, out: Path, devices: Sequence[DeviceSpec] | None = None,
-                       links: Sequence[LinkSpec] | None = None) -> TaskGraph:
+                       links: Sequence[LinkSpec] | None = None, buckets: tuple[bool, ...] = ()) -> TaskGraph:
     """`write_programs` from its parts: the graph, the model's mesh, a Strategy per node, each
     source's layout and the microbatch count; `devices` (per rank) and `links` (per device mesh
-    axis) price the tasks (default: CPU ranks over shared memory)."""
+    axis) price the tasks (default: CPU ranks over shared memory); `buckets`: per axis of the
+    model's mesh, whether gradient all-reduces run in buckets (`CostModel.buckets`; default
+    none)."""
     device_mesh = mesh[1:] if micro > 1 else mesh
     ranks = int(np.prod(device_mesh))
     devices = list(devices) if devices is not None else [DEVICES["cpu"]] * ranks
@@ -234,9 +235,6 @@ def write_programs_for(graph: Graph, mesh: tuple[int, ...], strategies: list, sp
     collectives: dict[str, dict] = {}
     rules = rules_of(graph)
     stats = _param_stats(graph)
-
-    slowest = min(devices, key=lambda d: d.peak("float32"))  # as the cost model prices buckets
-    buckets = (False,) * (len(mesh) - len(device_mesh)) + bucket_axes(device_mesh, links, slowest)
 
     def write_rank(g: Graph, r: int) -> tuple[RankProgram, list[dict]]:
         p = lower_rank(g, mesh, r, strategies, specs, micro, rules, buckets=buckets)

@@ -36,7 +36,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from parc.cluster.cost import BUCKET_MEMBER_BYTES, GRAD_BUCKET_BYTES
+from parc.cluster.cost import GRAD_BUCKET_BYTES, bucket_member
 from parc.errors import ParcError
 from parc.exec.taskgraph import MB_END, MB_FIRST, MB_START, WHOLE
 from parc.ir.graph import Graph, Node, Value
@@ -552,8 +552,8 @@ def fuse_gradients(low: _Lowerer, buckets: tuple[bool, ...]) -> None:
     runs: list[list[int]] = []  # the buckets, as indexes into p.comms
     for j, c in enumerate(p.comms):
         step = c.step
-        if not c.gradient or step.kind != "all_reduce" or not buckets[step.axis] or step.n < 2 \
-                or step.bytes_per_device > BUCKET_MEMBER_BYTES or not math.prod(c.shape):
+        if not (c.gradient and buckets[step.axis] and bucket_member(step.kind, step.bytes_per_device)) \
+                or step.n < 2 or not math.prod(c.shape):
             continue
         key = (c.part, c.phase, c.depth, step.axis, c.dtype, step.op)
         if key not in open_ or filled[key] + step.bytes_per_device > GRAD_BUCKET_BYTES:
@@ -565,33 +565,24 @@ def fuse_gradients(low: _Lowerer, buckets: tuple[bool, ...]) -> None:
     runs = [b for b in runs if len(b) > 1]
     if not runs:
         return
-    made_at = {o: k for k, (_, _, node) in enumerate(p.nodes) for o in node.output if o}
-    read_at: dict[str, int] = {}
-    for k, (_, _, node) in enumerate(p.nodes):
-        for name in node.input:
-            read_at.setdefault(name, k)
-    end = len(p.nodes)
-    inserts: list[tuple[float, int, tuple]] = []  # (position: after k is k + 0.5, before k is k - 0.5, seq, node)
+    added: list[tuple] = []  # (depth, part, pass, node), placed by `_topological`
     fused: dict[int, Comm | None] = {}
     for b in runs:
         members = [p.comms[j] for j in b]
         head = members[0]
         here, there = (head.depth, head.part, head.phase), (head.depth + 1, head.part, head.phase)
-        at = max(made_at.get(c.src, -1) for c in members) + 0.5  # after every member is made
         flats, sizes = [], []
         for c in members:
             flat = low.fresh(f"{c.value}.flat")
             size = math.prod(p.info[c.src][1])
             shape = low.const("bucket_flat", np.array([-1], np.int64))
-            inserts.append((at, len(inserts), (*here, helper.make_node("Reshape", [c.src, shape], [flat],
-                                                                         name=low.aux("bucket_flat")))))
+            added.append((*here, helper.make_node("Reshape", [c.src, shape], [flat], name=low.aux("bucket_flat"))))
             low.define(flat, c.dtype, (size,), head.depth, head.part)
             flats.append(flat)
             sizes.append(size)
         total = int(sum(sizes))
         src, dst = low.fresh("grad_bucket"), low.fresh("grad_bucket.reduced")
-        inserts.append((at, len(inserts), (*here, helper.make_node("Concat", flats, [src], axis=0,
-                                                                     name=low.aux("bucket_concat")))))
+        added.append((*here, helper.make_node("Concat", flats, [src], axis=0, name=low.aux("bucket_concat"))))
         low.define(src, head.dtype, (total,), head.depth, head.part)
         low.define(dst, head.dtype, (total,), head.depth + 1, head.part)
         axis = head.step.axis
@@ -602,31 +593,30 @@ def fuse_gradients(low: _Lowerer, buckets: tuple[bool, ...]) -> None:
         fused[b[0]] = Comm(Collective("all_reduce", axis, volume, head.step.n, reduced, whole), tensor, (total,),
                            head.dtype, src, dst, head.depth, head.part, head.phase, True)
         fused.update((j, None) for j in b[1:])
-        at = min(read_at.get(c.dst, end) for c in members) - 0.5  # before any member is read
         pieces = [low.fresh(f"{c.value}.piece") for c in members]
         if p.opset.get("", 13) >= 13:
             split = helper.make_node("Split", [dst, low.const("bucket_sizes", np.array(sizes, np.int64))], pieces,
                                      axis=0, name=low.aux("bucket_split"))
         else:
             split = helper.make_node("Split", [dst], pieces, axis=0, split=sizes, name=low.aux("bucket_split"))
-        inserts.append((at, len(inserts), (*there, split)))
+        added.append((*there, split))
         for c, piece, size in zip(members, pieces, sizes):
             shape = low.const("bucket_shape", np.array(p.info[c.dst][1], np.int64))
-            inserts.append((at, len(inserts), (*there, helper.make_node("Reshape", [piece, shape], [c.dst],
-                                                                          name=low.aux("bucket_unflat")))))
+            added.append((*there, helper.make_node("Reshape", [piece, shape], [c.dst], name=low.aux("bucket_unflat"))))
             low.define(piece, c.dtype, (size,), head.depth + 1, head.part)
     p.comms = [fused.get(j, c) for j, c in enumerate(p.comms) if fused.get(j, c) is not None]
-    placed = [(float(k), -1, (depth, part, ph, node)) for k, ((depth, part, node), ph)
-              in enumerate(zip(p.nodes, p.phases, strict=True))]
-    merged = _topological([e[2] for e in sorted(placed + inserts, key=lambda e: e[:2])])
+    merged = _topological([(depth, part, ph, node) for (depth, part, node), ph in zip(p.nodes, p.phases, strict=True)]
+                          + added)
     p.nodes = [(depth, part, node) for depth, part, _, node in merged]
     p.phases = [ph for _, _, ph, _ in merged]
 
 
 def _topological(entries: list[tuple]) -> list[tuple]:
     """entries (..., node) in an order where every node comes after the nodes making its inputs,
-    keeping the given order wherever it already is one (a bucket's pieces can feed the next
-    bucket of the same gradients, along another mesh axis)."""
+    keeping the given order wherever it already is one: nodes appended at the end move to just
+    before their first reader (a bucket's pieces before the optimizer reads them, or before the
+    next bucket of the same gradients along another mesh axis) and the rest stay at the end
+    (modules are cut by depth, so only the order inside a module matters)."""
     maker = {o: k for k, e in enumerate(entries) for o in e[-1].output if o}
     done: set[int] = set()
     out: list[tuple] = []

@@ -24,7 +24,6 @@ from __future__ import annotations
 from pathlib import Path
 
 from parc import plandir
-from parc.cluster.cost import bucket_axes
 from parc.exec.taskgraph import FORMAT, TaskGraph, one_f_one_b
 from parc.ir.state import phase
 from parc.passes.emit import (
@@ -61,13 +60,9 @@ def write_pipeline_programs(pp: PipelinePlan, out: Path) -> TaskGraph:
         received = frozenset(b.name for b in pp.crossing if st.index in b.dst and b.name not in binds)
         not_outputs = frozenset(o.name for o in graph.outputs) - owned[st.index]
         rules = rules_of(graph)
-        links = st.plan.best.model.mesh.links  # per axis of `mesh`: the time axis first when microbatched
-        cut = 1 if micro > 1 else 0
-        slowest = min((pp.cluster.devices[r] for r in st.ranks), key=lambda d: d.peak("float32"))
-        buckets = (False,) * cut + bucket_axes(mesh[cut:], links[cut:], slowest)
         for local, rank in enumerate(st.ranks):
             p = lower_rank(graph, mesh, local, strategies, specs, micro, rules, sends, received, not_outputs,
-                           buckets)
+                           st.plan.best.model.buckets)
             progs[rank] = (st, p, write_rank_files(p, graph, plandir.rank_dir(out, rank), pp.cluster.devices[rank]))
     tasks: list[dict] = []
     edges: list[list[str]] = []

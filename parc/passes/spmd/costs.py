@@ -61,7 +61,7 @@ class CostModel:
     micro: Micro | None = None  # microbatching: mesh axis 0 is then the microbatch (time) axis
     balance: Balance | None = None  # mixed devices on this mesh: the axes' shares (hetero.py)
     forbidden: float = FORBIDDEN  # what a forbidden time-axis move costs in this model (_Pricer)
-    buckets: tuple[bool, ...] = ()  # per mesh axis, whether gradient buckets pay (`reshard_time`)
+    buckets: tuple[bool, ...] = ()  # per mesh axis, whether gradient buckets pay (the lowering's too)
 
     pool_blob = True  # sent to several jobs: pickled once (parc/passes/spmd/pool.py)
 
@@ -286,8 +286,11 @@ def build(graph: Graph, mesh: Mesh | None, cluster: Cluster, micro: Micro | None
 
     # only a microbatch model forbids anything (_Pricer's rules 1 and 2): priced as inf first,
     # then as FORBIDDEN_SCALE times the most any choice without them can cost (`_forbid`)
+    # per axis, whether gradient buckets pay: the lowering reads the same (`CostModel.buckets`).
+    # The time axis keeps the share: accumulating microbatches' gradients is priced by its bytes
+    # (its all-reduce is no collective, so the lowering has nothing to fuse there)
     buckets = bucket_axes(mesh.shape, mesh.links, slowest)
-    if micro is not None:  # the time axis: accumulating microbatches' gradients is priced by its bytes
+    if micro is not None:
         buckets = (True, *buckets[1:])
     pricer = _Pricer(mesh, math.inf if micro is not None else FORBIDDEN, buckets)
     pair_cost: dict[tuple[int, int], np.ndarray] = {}
