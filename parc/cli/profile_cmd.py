@@ -22,9 +22,12 @@ from parc.errors import UsageError
                    "cupy (one GPU: its matmul, memory and launch figures; CUPY_TF32=1 measures TF32 matmuls).")
 @click.option("--device", "device", metavar="TYPE",
               help="The device type the file calibrates (default: cpu, or the catalogue's name of the GPU).")
+@click.option("--model", "models", multiple=True, type=click.Path(dir_okay=False), metavar="FILE",
+              help="An ONNX model (a training step from `parc grad`) whose own convolutions calibrate the "
+                   "convolution classes, at each rank count's share of their batch (repeatable).")
 @click.option("--worker", hidden=True, type=click.Path(dir_okay=False))
 def profile(output: str | None, max_ranks: int | None, budget: float | None, engine: str, device: str | None,
-            worker: str | None) -> None:
+            models: tuple[str, ...], worker: str | None) -> None:
     """Measure this machine (compute per op class with parc's engine, collectives between
     ranks) and write a calibration file for `parc plan --calibration`."""
     from parc.exec import profile as prof
@@ -33,7 +36,7 @@ def profile(output: str | None, max_ranks: int | None, budget: float | None, eng
     if not budget > 0:
         raise UsageError(f"--seconds {budget}: expected a positive number of seconds")
     if worker is not None:
-        prof.worker(worker, budget, engine)
+        prof.worker(worker, budget, engine, models)
         return
     if output is None:
         raise UsageError("-o FILE is required: the calibration file to write")
@@ -44,9 +47,12 @@ def profile(output: str | None, max_ranks: int | None, budget: float | None, eng
         raise UsageError(f"-o {output}: is a directory (expected a file to write)")
     if not out.parent.is_dir() or not os.access(out.parent, os.W_OK):
         raise UsageError(f"-o {output}: cannot write into {out.parent}")
+    for m in models:
+        if not Path(m).is_file():
+            raise UsageError(f"--model {m}: no such file (expected an ONNX model)")
     if device is not None:
         from parc.cluster.devices import lookup_device
 
         device = lookup_device(device, "--device").name
-    prof.profile(out, max_ranks, budget, device, echo=lambda s: click.echo(s, err=True), engine=engine)
+    prof.profile(out, max_ranks, budget, device, echo=lambda s: click.echo(s, err=True), engine=engine, models=models)
     click.echo(f"wrote {out}")

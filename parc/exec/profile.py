@@ -10,7 +10,7 @@ inputs rotating through more memory than a cache holds; the mean is kept:
 
 - the launch floor (the slope of a chain of tiny Adds over its length) and the task overhead
   (what one `session.run` costs beyond its node);
-- memory bandwidth: seven memory-bound ops as training graphs have them (`MEMORY_OPS`), 1-16 MiB;
+- memory bandwidth: eight memory-bound ops as training graphs have them (`MEMORY_OPS`), 1-16 MiB;
 - float32 FLOP/s: matmuls of training shapes (`MATMULS`) and convolutions by class (`CONVS`);
   the fastest class's rate is the peak, the others fractions of it (`compute_efficiency`,
   `op_efficiency`). Each class's figure is the geometric mean of its sizes' rates, the value that
@@ -33,6 +33,7 @@ import os
 import platform
 import statistics
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,8 +46,10 @@ CHAIN = 16  # nodes in a chain of tiny Adds (and 1): the slope is the per-node f
 POOL_BYTES = 96 << 20  # inputs rotate through this many bytes, more than a CPU's last-level cache
 # memory-bound ops as training graphs have them, on [rows, 256] float32 tensors: plain and
 # broadcast elementwise, a transpose, reductions over the leading axis (bias gradients) and the
-# last one, softmax and layer normalisation
-MEMORY_OPS = ("Add", "MulBroadcast", "Transpose", "ReduceSumFirst", "ReduceMeanLast", "Softmax", "LayerNorm")
+# last one, softmax and layer normalisation, and a ReLU's gradient (Where of a mask, the gradient
+# and a scalar zero: onnxruntime's CPU kernel runs it at a tenth of an Add's rate)
+MEMORY_OPS = ("Add", "MulBroadcast", "Transpose", "ReduceSumFirst", "ReduceMeanLast", "Softmax", "LayerNorm",
+              "Where")
 MEMORY_ROWS = (1024, 4096, 16384)  # x 256 columns: 1, 4 and 16 MiB per tensor
 # matmuls as training graphs have them: ([batch...], m, k, n)
 MATMULS = (((), 2048, 256, 768), ((), 2048, 768, 256), ((), 256, 2048, 768), ((8, 4), 64, 64, 64),
@@ -144,6 +147,10 @@ def _memory_op(op: str, rows: int, cols: int = 256):
         b = numpy_helper.from_array(np.zeros(cols, np.float32), "b")
         return _model([helper.make_node("LayerNormalization", ["x", "w", "b"], ["y"], axis=-1)], x, "y",
                       [w, b]), 2 * n
+    if op == "Where":  # reads the mask (one byte an element) and the gradient, writes the result
+        mask = numpy_helper.from_array(np.random.default_rng(0).random((rows, cols)) > 0.5, "mask")
+        zero = numpy_helper.from_array(np.zeros((), np.float32), "zero")
+        return _model([helper.make_node("Where", ["mask", "x", "zero"], ["y"])], x, "y", [mask, zero]), 2 * n + n // 4
     raise ValueError(op)
 
 
@@ -154,18 +161,75 @@ def _matmul(batch: tuple, m: int, k: int, n: int):
 
 
 def _conv(op: str, x: tuple, w: tuple, attrs: dict):
-    """(model, FLOPs) of one convolution (ConvWeightGrad is a Conv)."""
+    """(model, FLOPs) of one convolution (ConvWeightGrad is a Conv), the FLOPs as the cost model
+    counts them (`parc.ops.base.node_work` on the inferred output shape)."""
+    import onnx
     from onnx import helper
 
-    node = helper.make_node("ConvTranspose" if op == "ConvTranspose" else "Conv", ["x", "w"], ["y"], **attrs)
-    model = _model([node], {"x": x, "w": w}, "y")
-    if op == "ConvTranspose":  # every input element meets the whole kernel of its output channels
-        flops = 2 * math.prod(x) * w[1] * math.prod(w[2:])
-    else:
-        pad = attrs.get("pads", [0] * 4)
-        out = [(x[2 + i] + pad[i] + pad[i + 2] - w[2 + i]) // attrs.get("strides", [1, 1])[i] + 1 for i in range(2)]
-        flops = 2 * x[0] * w[0] * math.prod(out) * w[1] * math.prod(w[2:])
-    return model, flops
+    from parc.ir.dtypes import DType
+    from parc.ir.graph import Node, Value
+    from parc.ops.base import node_work
+
+    kind = "ConvTranspose" if op == "ConvTranspose" else "Conv"
+    proto = helper.make_node(kind, ["x", "w"], ["y"], **attrs)
+    model = _model([proto], {"x": x, "w": w}, "y")
+    out = onnx.shape_inference.infer_shapes(model, strict_mode=True).graph.output[0]
+    y = tuple(d.dim_value for d in out.type.tensor_type.shape.dim)
+    f32 = DType.from_numpy(np.float32)
+    node = Node(kind, [Value("x", f32, tuple(x)), Value("w", f32, tuple(w))], [Value("y", f32, y)],
+                {a.name: a for a in proto.attribute})
+    return model, node_work(node)[0]
+
+
+# a convolution's attributes that shape its work (what `model_convs` tells cases apart by)
+CONV_ATTRS = ("auto_pad", "dilations", "group", "kernel_shape", "output_padding", "output_shape", "pads", "strides")
+
+
+def model_convs(paths: Sequence[str | Path]) -> dict[str, list[tuple]]:
+    """The float32 convolutions of the ONNX models at `paths` (a training step from `parc grad`
+    has its weight gradients' and input gradients' too), by class (`parc.ops.op_class`): one
+    case (input shape, weight shape, attributes, how many nodes have it) per distinct shape. A
+    convolution's speed depends on its shape far more than a matmul's (onnxruntime on a CPU:
+    3x3 input gradients and weight gradients run at 0.05-0.5 of a forward one's rate), so the
+    calibration of a model's classes is best measured on that model's own shapes."""
+    from parc.ir.dtypes import DType
+    from parc.ir.importer import load
+    from parc.ops.base import op_class
+
+    f32 = DType.from_numpy(np.float32)
+    found: dict[tuple, list] = {}
+    for path in paths:
+        for n in load(path).nodes:
+            if n.op_type not in ("Conv", "ConvTranspose") or len(n.inputs) < 2:
+                continue
+            x, w = n.inputs[0], n.inputs[1]
+            if x is None or w is None or x.shape is None or w.shape is None or x.dtype != f32 or w.dtype != f32:
+                continue
+            attrs = {a: n.attr(a) for a in CONV_ATTRS if a in n.attrs}
+            key = (op_class(n), tuple(x.shape), tuple(w.shape), repr(sorted(attrs.items())))
+            found.setdefault(key, [key[0], key[1], key[2], attrs, 0])[4] += 1
+    out: dict[str, list[tuple]] = {}
+    for cls, x, w, attrs, count in found.values():
+        out.setdefault(cls, []).append((x, w, attrs, count))
+    return out
+
+
+def rank_convs(convs: Mapping[str, list[tuple]], k: int) -> dict[str, list[tuple]]:
+    """`convs` (`model_convs`) as each of `k` ranks runs them when the plan splits the batch: a
+    forward or input-gradient convolution's input rows (dim 0), a weight gradient's contracted
+    batch (dim 1 of both operands; not for grouped ones, whose channels the batch is folded into)."""
+    def part(n: int) -> int:
+        return max(1, -(-n // k))
+
+    out: dict[str, list[tuple]] = {}
+    for cls, cases in convs.items():
+        for x, w, attrs, count in cases:
+            if cls == "ConvWeightGrad" and attrs.get("group", 1) == 1 and len(x) > 2:
+                x, w = (x[0], part(x[1]), *x[2:]), (w[0], part(w[1]), *w[2:])
+            elif cls != "ConvWeightGrad":
+                x = (part(x[0]), *x[1:])
+            out.setdefault(cls, []).append((x, w, attrs, count))
+    return out
 
 
 class _OrtBench:
@@ -243,9 +307,12 @@ def _geomean(values: list[float]) -> float:
     return math.exp(sum(math.log(v) for v in values) / len(values))
 
 
-def measure_rank(comm, threads: int, budget: float = BUDGET, engine: tuple[str, str] = ("ort", "cpu")) -> dict:
+def measure_rank(comm, threads: int, budget: float = BUDGET, engine: tuple[str, str] = ("ort", "cpu"),
+                 convs: Mapping[str, list[tuple]] | None = None) -> dict:
     """This rank's figures (every rank of the job runs it at the same time), each benchmark run
-    for about `budget` seconds on `engine` (`runner.pick_engine`'s (kind, device))."""
+    for about `budget` seconds on `engine` (`runner.pick_engine`'s (kind, device)). `convs`: a
+    model's convolutions (`model_convs`), measured at this job's share of their batch instead of
+    the built-in cases of the classes they have."""
     barrier = comm.barrier if comm.size > 1 else (lambda: None)
     sizes = GPU_SIZES if engine[1] == "gpu" else CPU_SIZES
 
@@ -272,12 +339,18 @@ def measure_rank(comm, threads: int, budget: float = BUDGET, engine: tuple[str, 
         flops = 2 * int(np.prod(batch, dtype=np.int64)) * m * k * n
         rows["matmul"].append({"shape": [*batch, m, k, n], "s": t, "flops_per_s": flops / max(t - floor, 1e-9)})
     rows["conv"] = []
-    for cls, cases in sizes.convs.items():
-        for x, w, attrs in cases:
-            model, flops = _conv(cls, x, w, attrs)
-            t = timed(model) - overhead
-            rows["conv"].append({"class": cls, "input": list(x), "weight": list(w), "s": t,
-                                 "flops_per_s": flops / max(t - floor, 1e-9)})
+    own = rank_convs(convs or {}, comm.size)
+    cases = [(cls, x, w, attrs, None) for cls, items in sizes.convs.items() if cls not in own
+             for x, w, attrs in items]
+    cases += [(cls, x, w, attrs, count) for cls, items in own.items() for x, w, attrs, count in items]
+    for cls, x, w, attrs, count in cases:
+        model, flops = _conv(cls, x, w, attrs)
+        t = timed(model) - overhead
+        row = {"class": cls, "input": list(x), "weight": list(w), "s": t, "flops": flops,
+               "flops_per_s": flops / max(t - floor, 1e-9)}
+        if count is not None:  # a model's own: its nodes of this shape
+            row["count"] = count
+        rows["conv"].append(row)
     if comm.size > 1:
         rows["all_reduce"] = _all_reduces(comm, threads, engine)
     return rows
@@ -325,7 +398,8 @@ def _all_reduces(comm, threads: int, engine: tuple[str, str] = ("ort", "cpu")) -
 # a memory benchmark's op -> the class it calibrates (`parc.ops.op_class`); None: the default
 # (every elementwise op, and a fused tree of them)
 MEMORY_CLASSES = {"Add": None, "MulBroadcast": None, "Transpose": "Transpose", "ReduceSumFirst": "ReduceSum",
-                  "ReduceMeanLast": "ReduceMean", "Softmax": "Softmax", "LayerNorm": "LayerNormalization"}
+                  "ReduceMeanLast": "ReduceMean", "Softmax": "Softmax", "LayerNorm": "LayerNormalization",
+                  "Where": "Where"}
 
 
 def fit(rows: dict, k: int) -> dict:
@@ -341,7 +415,17 @@ def fit(rows: dict, k: int) -> dict:
 
     rates = by_class(("BatchMatMul" if len(r["shape"]) > 3 and math.prod(r["shape"][:-3]) > 1 else "MatMul",
                       r["flops_per_s"]) for r in rows["matmul"])
-    rates.update(by_class((r["class"], r["flops_per_s"]) for r in rows.get("conv", [])))
+    convs = rows.get("conv", [])
+    rates.update(by_class((r["class"], r["flops_per_s"]) for r in convs if "count" not in r))
+    # a model's own convolutions: its total FLOPs over its total time, each shape as often as the
+    # model has it (what a step of it costs, not a typical size's rate)
+    own: dict[str, list[float]] = {}
+    for r in convs:
+        if "count" in r:
+            acc = own.setdefault(r["class"], [0.0, 0.0])
+            acc[0] += r["count"] * r["flops"]
+            acc[1] += r["count"] * r["flops"] / r["flops_per_s"]
+    rates.update({cls: flops / seconds for cls, (flops, seconds) in own.items()})
     peak = max(rates.values())  # efficiencies are fractions of the fastest class's rate
     main = rates.get("MatMul", peak)
     streams = by_class((MEMORY_CLASSES.get(r["op"]), r["bytes_per_s"]) for r in rows["memory"])
@@ -365,13 +449,13 @@ def fit(rows: dict, k: int) -> dict:
     return out
 
 
-def worker(out: str, budget: float, engine: str = "ort") -> None:
+def worker(out: str, budget: float, engine: str = "ort", models: Sequence[str] = ()) -> None:
     """One rank of a profiling job (run under mpiexec by `profile`): rank 0 writes the rows."""
     from parc.exec.comm import MpiComm
     from parc.exec.runner import pick_engine, rank_threads
 
     comm = MpiComm(timeout=600.0)
-    rows = measure_rank(comm, rank_threads(comm.size), budget, pick_engine(engine))
+    rows = measure_rank(comm, rank_threads(comm.size), budget, pick_engine(engine), model_convs(models))
     if comm.rank == 0:
         Path(out).write_text(json.dumps(rows))
 
@@ -400,10 +484,11 @@ def _gpu_card(cupy=None) -> tuple[str, int]:
 
 
 def profile(output: Path, max_ranks: int | None, budget: float = BUDGET, device: str | None = None, link: str = "shm",
-            echo=print, engine: str = "ort") -> dict[int, dict]:
+            echo=print, engine: str = "ort", models: Sequence[str] = ()) -> dict[int, dict]:
     """Measure with 1, 2, 4, ... ranks (up to `max_ranks`; None: 1 on a GPU, else 4) on `engine`
     (`parc run --engine`'s names) and write the calibration file for device type `device` (by default `cpu`, or the
-    catalogue's name of the GPU that `--engine cupy` measures)."""
+    catalogue's name of the GPU that `--engine cupy` measures). `models`: ONNX files whose own
+    convolutions calibrate the convolution classes they have (`model_convs`)."""
     import tempfile
 
     from parc.exec.launch import launch
@@ -422,6 +507,7 @@ def profile(output: Path, max_ranks: int | None, budget: float = BUDGET, device:
         counts.append(counts[-1] * 2)
     if max_ranks not in counts:
         counts.append(max_ranks)
+    convs = model_convs(models)
     measured: dict[int, dict] = {}
     with tempfile.TemporaryDirectory(prefix="parc-profile-") as tmp:
         for k in counts:
@@ -430,14 +516,17 @@ def profile(output: Path, max_ranks: int | None, budget: float = BUDGET, device:
                 f"({rank_threads(k)} thread{'s' if rank_threads(k) > 1 else ''} each)")
             echo(f"measuring {k} rank{'s' if k > 1 else ''} {where} ...")
             if k == 1:
-                measured[k] = measure_rank(_Solo(), rank_threads(1), budget, kind)
+                measured[k] = measure_rank(_Solo(), rank_threads(1), budget, kind, convs)
             else:
-                rc = launch(k, ["profile", "--worker", str(path), "--seconds", str(budget), "--engine", engine])
+                rc = launch(k, ["profile", "--worker", str(path), "--seconds", str(budget), "--engine", engine,
+                                *(a for m in models for a in ("--model", str(Path(m).resolve())))])
                 if rc:
                     raise RunError(f"the profiling job of {k} ranks failed (exit {rc})")
                 measured[k] = json.loads(path.read_text())
+    own = "; ".join(f"{cls}: {sum(c for *_, c in cases)} nodes, {len(cases)} shapes" for cls, cases in convs.items())
     write_calibration(output, {k: fit(rows, k) for k, rows in measured.items()}, measured, device, link,
-                      _engine_text(kind))
+                      _engine_text(kind), f"{', '.join(map(str, models))} ({own or 'no float32 convolutions'})"
+                      if models else "")
     return measured
 
 
@@ -482,7 +571,7 @@ def _link_yaml(f: dict) -> dict:
 
 
 def write_calibration(output: Path, fitted: dict[int, dict], measured: dict[int, dict], device: str,
-                      link: str, engine: str = "") -> None:
+                      link: str, engine: str = "", models: str = "") -> None:
     """The calibration YAML (`parc.cluster.clusterfile` reads it), atomically."""
     import yaml
 
@@ -500,6 +589,7 @@ def write_calibration(output: Path, fitted: dict[int, dict], measured: dict[int,
     head = [f"# parc profile: {platform.node()}, {os.cpu_count()} CPUs ({platform.processor() or platform.machine()}), "
             f"{engine or 'onnxruntime'}, {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}",
             "# one rank alone (devices), two ranks' links (links), and per rank when k share this host (sharing)",
+            *([f"# convolution classes from the models' own shapes: {models}"] if models else []),
             "# measured (seconds per node; all-reduce seconds per call):"]
     for k, rows in sorted(measured.items()):
         mem = ", ".join(f"{r['op']} {r['bytes'] >> 20} MiB: {r['s']:.3g}" for r in rows["memory"])

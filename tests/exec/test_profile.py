@@ -78,6 +78,8 @@ def test_bad_profile_flags_are_one_line_errors(tmp_path):
     assert_one_line_error(parc("profile", "-o", str(tmp_path)), "is a directory")
     assert_one_line_error(parc("profile", "-o", str(tmp_path / "c.yaml"), "--seconds", "0"), "--seconds")
     assert_one_line_error(parc("profile", "-o", str(tmp_path / "c.yaml"), "--ranks", "0"), "--ranks")
+    assert_one_line_error(parc("profile", "-o", str(tmp_path / "c.yaml"), "--model", str(tmp_path / "none.onnx")),
+                          "--model", "no such file")
 
 
 def test_batched_products_and_memory_classes_are_fractions_of_the_fastest_rate(tmp_path):
@@ -106,6 +108,47 @@ def test_convolution_classes_are_fractions_of_the_fastest_rate():
     assert f["peak_float32"] == pytest.approx(1e11)  # MatMul 1e11; Conv's geometric mean is 1e11 too
     assert f["op_efficiency"] == pytest.approx({"Conv": 1.0, "ConvWeightGrad": 0.1})
     assert f["compute_efficiency"] == pytest.approx(1.0)
+
+
+def test_a_models_own_convolutions_calibrate_the_classes_it_has(tmp_path):
+    import onnx
+
+    from tests.helpers import tiny_training_step
+
+    model, _ = tiny_training_step("unet-tiny", tmp_path)
+    path = tmp_path / "step.onnx"
+    onnx.save(model, path)
+    convs = prof.model_convs([path])
+    nodes = sum(n.op_type in ("Conv", "ConvTranspose") for n in model.graph.node)
+    # every convolution of the step is a case of its class: forward, input and weight gradients
+    assert set(convs) == {"Conv", "ConvTranspose", "ConvWeightGrad"}
+    assert sum(count for cases in convs.values() for *_, count in cases) == nodes
+    # two ranks splitting the batch: a forward convolution's rows, a weight gradient's contracted batch
+    halves = prof.rank_convs(convs, 2)
+    (x, w, _, _), (hx, hw, _, _) = convs["ConvWeightGrad"][0], halves["ConvWeightGrad"][0]
+    assert (hx[1], hw[1], hx[0], hw[0]) == (x[1] // 2, w[1] // 2, x[0], w[0])
+    assert halves["Conv"][0][0][0] == convs["Conv"][0][0][0] // 2
+    rows = prof.measure_rank(prof._Solo(), 1, budget=0.002, convs=convs)
+    assert all("count" in r for r in rows["conv"])  # the built-in cases of these classes are not run
+    assert sum(r["count"] for r in rows["conv"]) == nodes and all(r["flops_per_s"] > 0 for r in rows["conv"])
+
+
+def test_a_models_convolutions_weigh_as_often_as_it_has_them():
+    # the class's rate is the model's FLOPs over its time: 3 x 1 GFLOP at 1 GFLOP/s and 1 x 1 GFLOP
+    # at 4 GFLOP/s take 3.25 s for 4 GFLOP (the built-in cases' geometric mean would say 2 GFLOP/s)
+    rows = _rows(20e-6, 3e9, 0.0, 1)
+    rows["matmul"] = [{"shape": [64, 64, 64], "flops_per_s": 8e9}]
+    rows["conv"] = [{"class": "ConvWeightGrad", "flops": 1e9, "flops_per_s": 1e9, "count": 3},
+                    {"class": "ConvWeightGrad", "flops": 1e9, "flops_per_s": 4e9, "count": 1},
+                    {"class": "Conv", "flops": 1e9, "flops_per_s": 2e9}, {"class": "Conv", "flops": 1e9, "flops_per_s": 8e9}]
+    f = prof.fit(rows, 1)
+    assert f["op_efficiency"] == pytest.approx({"ConvWeightGrad": 4 / 3.25 / 8, "Conv": 0.5})
+
+
+def test_a_relus_gradient_is_measured_as_its_own_class():
+    rows = prof.measure_rank(prof._Solo(), 1, budget=0.002)
+    where = [r for r in rows["memory"] if r["op"] == "Where"]
+    assert len(where) == len(prof.MEMORY_ROWS) and prof.fit(rows, 1)["memory_op_efficiency"]["Where"] > 0
 
 
 def test_the_array_engine_pays_for_a_transpose_it_returns_as_a_view():
