@@ -1,7 +1,11 @@
-"""Predicted against measured, on this machine: `parc profile`, then for each model and layout
+"""Predicted against measured, on this machine: `parc profile` (with the models' own convolutions,
+`--model`), then for each model and layout
 `parc plan --calibration`, `parc simulate` (predicted step and peak memory per rank) and
 `parc run` (measured median step over the steps after the first five, and the peak of tensors
 each rank held). Prints one Markdown table (docs/benchmarks.md, "Predicted against measured").
+Its `host` column is how fast this host ran a fixed product just before the run against just
+after the profile (1.00: as calibrated; 0.70: the run had 70% of the speed the calibration saw):
+a shared VM's speed moves by tens of percent over minutes, and this says when a miss is the host's.
 
     python benchmarks/predict.py [--calibration FILE] [--steps 30] [--models gpt-tiny,moe-tiny,unet-tiny]
 """
@@ -31,6 +35,15 @@ def parc(*args: str) -> str:
     return res.stdout
 
 
+def probe() -> float:
+    """Seconds of a fixed onnxruntime product on two threads (the mean over about half a second):
+    the host's speed now."""
+    from parc.exec.profile import _feeds, _matmul, _seconds, _session
+
+    s = _session(_matmul((), 2048, 256, 768), 2)
+    return _seconds(s, _feeds(s), 0.5)
+
+
 def measure(plan: Path, steps: int) -> tuple[float, list[int]]:
     lines = [json.loads(line) for line in parc("run", str(plan), "--steps", str(steps), "--json").splitlines()
              if line.startswith("{")]
@@ -45,19 +58,24 @@ def main() -> None:
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="parc-predict-"))
     calib = Path(args.calibration) if args.calibration else work / "calib.yaml"
+    models = args.models.split(",")
+    steps = {}
+    for model in models:
+        steps[model] = work / f"{model}.train.onnx"
+        parc("models", "build", model, *BUILD.get(model, ()), "--train", "momentum", "-o", str(steps[model]))
     if not args.calibration:
         t0 = time.perf_counter()
-        parc("profile", "-o", str(calib))
+        parc("profile", "-o", str(calib), *(a for m in models for a in ("--model", str(steps[m]))))
         print(f"parc profile: {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+    calibrated = probe()
     print(f"Predicted against measured: {platform.node()}, {platform.processor() or platform.machine()}, "
           f"calibration from `parc profile`, {args.steps} steps, median of steps 6-{args.steps}.\n")
-    print("| model | devices | plan | predicted step ms | measured ms | error | predicted peak MiB/rank "
+    print("| model | devices | plan | predicted step ms | measured ms | error | host | predicted peak MiB/rank "
           "| measured MiB/rank | error |")
-    print("|---|---|---|---:|---:|---:|---:|---:|---:|")
+    print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|")
     worst_t, worst_m = 0.0, 0.0
-    for model in args.models.split(","):
-        step = work / f"{model}.train.onnx"
-        parc("models", "build", model, *BUILD.get(model, ()), "--train", "momentum", "-o", str(step))
+    for model in models:
+        step = steps[model]
         for devices, extra in LAYOUTS:
             plan = work / f"{model}-{devices}{''.join(extra)}"
             parc("plan", str(step), "--devices", devices, "--calibration", str(calib), *extra, "-o", str(plan))
@@ -65,13 +83,14 @@ def main() -> None:
             doc = json.loads((plan / "plan.json").read_text())
             shape = (f"{len(doc['stages'])} stages x {doc['schedule']['micro_batches']} mb"
                      if "stages" in doc and doc.get("schedule") else f"mesh {tuple(doc['mesh']['shape'])}")
+            host = calibrated / probe()
             measured, peaks = measure(plan, args.steps)
             predicted_peaks = [r["peak_bytes"] for r in sim["ranks"]]
             err_t = (sim["step_time_s"] - measured) / measured
             err_m = max(abs(p - m) / m for p, m in zip(predicted_peaks, peaks))
             worst_t, worst_m = max(worst_t, abs(err_t)), max(worst_m, err_m)
             print(f"| {model} | {devices} | {shape} | {sim['step_time_s'] * 1e3:.1f} | {measured * 1e3:.1f} | "
-                  f"{err_t:+.1%} | {max(predicted_peaks) / 2**20:.2f} | {max(peaks) / 2**20:.2f} | {err_m:.1%} |",
+                  f"{err_t:+.1%} | {host:.2f} | {max(predicted_peaks) / 2**20:.2f} | {max(peaks) / 2**20:.2f} | {err_m:.1%} |",
                   flush=True)
     print(f"\nworst step error {worst_t:.1%}, worst memory error {worst_m:.1%}")
 

@@ -10,7 +10,7 @@ inputs rotating through more memory than a cache holds; the mean is kept:
 
 - the launch floor (the slope of a chain of tiny Adds over its length) and the task overhead
   (what one `session.run` costs beyond its node);
-- memory bandwidth: eight memory-bound ops as training graphs have them (`MEMORY_OPS`), 1-16 MiB;
+- memory bandwidth: nine memory-bound ops as training graphs have them (`MEMORY_OPS`), 1-16 MiB;
 - float32 FLOP/s: matmuls of training shapes (`MATMULS`) and convolutions by class (`CONVS`);
   the fastest class's rate is the peak, the others fractions of it (`compute_efficiency`,
   `op_efficiency`). Each class's figure is the geometric mean of its sizes' rates, the value that
@@ -18,7 +18,8 @@ inputs rotating through more memory than a cache holds; the mean is kept:
 - collectives (k >= 2): all-reduces of 64 B to 4 MiB through parc's communicator, over the whole
   job and (even k > 2) over pairs while the other pairs compute, `ARRIVALS` rounds of a first
   one after compute then a burst: the burst fits the ring formula `2(n-1) alpha + 2(n-1)/n B /
-  beta` (least squares on the relative error), the first's excess is the link's handoff.
+  beta` (least squares on the relative error), the first's excess at the smallest size (64 B,
+  where no bandwidth term is mixed in) is the link's handoff.
 
 The file (docs/cluster.md, "Calibration") holds one rank's device figures and the smallest
 multi-rank count's link figures at the top, and k ranks' figures under `sharing."k"`, which
@@ -46,10 +47,11 @@ CHAIN = 16  # nodes in a chain of tiny Adds (and 1): the slope is the per-node f
 POOL_BYTES = 96 << 20  # inputs rotate through this many bytes, more than a CPU's last-level cache
 # memory-bound ops as training graphs have them, on [rows, 256] float32 tensors: plain and
 # broadcast elementwise, a transpose, reductions over the leading axis (bias gradients) and the
-# last one, softmax and layer normalisation, and a ReLU's gradient (Where of a mask, the gradient
-# and a scalar zero: onnxruntime's CPU kernel runs it at a tenth of an Add's rate)
+# last one, softmax and layer normalisation, and Where as a ReLU's gradient (a mask, the gradient,
+# a scalar zero) and as attention's mask (a mask broadcast over the scores): onnxruntime's CPU
+# kernel runs the first at a tenth of an Add's rate and the second at about a fifth
 MEMORY_OPS = ("Add", "MulBroadcast", "Transpose", "ReduceSumFirst", "ReduceMeanLast", "Softmax", "LayerNorm",
-              "Where")
+              "Where", "WhereMasked")
 MEMORY_ROWS = (1024, 4096, 16384)  # x 256 columns: 1, 4 and 16 MiB per tensor
 # matmuls as training graphs have them: ([batch...], m, k, n)
 MATMULS = (((), 2048, 256, 768), ((), 2048, 768, 256), ((), 256, 2048, 768), ((8, 4), 64, 64, 64),
@@ -147,10 +149,16 @@ def _memory_op(op: str, rows: int, cols: int = 256):
         b = numpy_helper.from_array(np.zeros(cols, np.float32), "b")
         return _model([helper.make_node("LayerNormalization", ["x", "w", "b"], ["y"], axis=-1)], x, "y",
                       [w, b]), 2 * n
-    if op == "Where":  # reads the mask (one byte an element) and the gradient, writes the result
+    if op == "Where":  # a ReLU's gradient: reads the mask (one byte an element) and the gradient
         mask = numpy_helper.from_array(np.random.default_rng(0).random((rows, cols)) > 0.5, "mask")
         zero = numpy_helper.from_array(np.zeros((), np.float32), "zero")
         return _model([helper.make_node("Where", ["mask", "x", "zero"], ["y"])], x, "y", [mask, zero]), 2 * n + n // 4
+    if op == "WhereMasked":  # attention's causal mask: one [64, 64] mask broadcast over the scores
+        shape = (rows // 64, 64, cols)
+        mask = numpy_helper.from_array(np.tri(64, cols, dtype=bool), "mask")
+        fill = numpy_helper.from_array(np.array(-1e9, np.float32), "fill")
+        return _model([helper.make_node("Where", ["mask", "x", "fill"], ["y"])], {"x": shape}, "y", [mask, fill]), \
+            2 * n + 64 * cols
     raise ValueError(op)
 
 
@@ -399,7 +407,7 @@ def _all_reduces(comm, threads: int, engine: tuple[str, str] = ("ort", "cpu")) -
 # (every elementwise op, and a fused tree of them)
 MEMORY_CLASSES = {"Add": None, "MulBroadcast": None, "Transpose": "Transpose", "ReduceSumFirst": "ReduceSum",
                   "ReduceMeanLast": "ReduceMean", "Softmax": "Softmax", "LayerNorm": "LayerNormalization",
-                  "Where": "Where"}
+                  "Where": "Where", "WhereMasked": "Where"}
 
 
 def fit(rows: dict, k: int) -> dict:
@@ -445,7 +453,13 @@ def fit(rows: dict, k: int) -> dict:
         (alpha, inv_beta), *_ = np.linalg.lstsq(np.stack([a_col, b_col], 1), np.ones(len(a_col)), rcond=None)
         out["latency"] = max(float(alpha), 1e-7)
         out["bandwidth"] = 1.0 / max(float(inv_beta), 1e-12)
-        out["handoff"] = max(0.0, statistics.fmean(r["first_s"] - r["s"] for r in measured))
+        # the handoff: the first's excess where the message is only latency (the smallest size);
+        # larger firsts also move their bytes through caches the compute evicted while other
+        # ranks contend for memory, a cost of the size the burst does not see, and averaging them
+        # in (as before) charged moe-tiny's 2-stage pipeline +118% (each of its small messages
+        # after compute paid 1.76 ms on 4 ranks, against 0.74 ms from the 64 B rows)
+        smallest = min(r["bytes"] for r in measured)
+        out["handoff"] = max(0.0, statistics.fmean(r["first_s"] - r["s"] for r in measured if r["bytes"] == smallest))
     return out
 
 

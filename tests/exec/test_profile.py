@@ -36,6 +36,18 @@ def test_fit_recovers_the_figures_of_the_formula():
     assert f["compute_efficiency"] == 1.0 and f["op_efficiency"] == {}
 
 
+def test_the_handoff_is_the_first_ones_excess_where_it_moves_no_bytes():
+    # a first all-reduce after compute that also pays 1 ns a byte more than the burst (caches the
+    # compute evicted): the handoff is the 64 B rows' excess, not an average over the sizes
+    rows = _rows(20e-6, 3e9, 5e-4, 4)
+    for r in rows["all_reduce"]:
+        r["first_s"] += r["bytes"] * 1e-9
+    assert prof.fit(rows, 4)["handoff"] == pytest.approx(5e-4 + 64e-9)
+    for r in rows["all_reduce"]:  # a first faster than the burst: no handoff
+        r["first_s"] = r["s"] / 2
+    assert prof.fit(rows, 4)["handoff"] == 0.0
+
+
 def test_the_file_written_is_the_calibration_plan_reads(tmp_path):
     measured = {1: _rows(0, 1, 0, 1), 2: _rows(20e-6, 3e9, 5e-4, 2), 4: _rows(40e-6, 1e9, 1e-3, 4)}
     del measured[1]["all_reduce"]
@@ -145,10 +157,10 @@ def test_a_models_convolutions_weigh_as_often_as_it_has_them():
     assert f["op_efficiency"] == pytest.approx({"ConvWeightGrad": 4 / 3.25 / 8, "Conv": 0.5})
 
 
-def test_a_relus_gradient_is_measured_as_its_own_class():
+def test_where_is_measured_as_its_own_class():
     rows = prof.measure_rank(prof._Solo(), 1, budget=0.002)
-    where = [r for r in rows["memory"] if r["op"] == "Where"]
-    assert len(where) == len(prof.MEMORY_ROWS) and prof.fit(rows, 1)["memory_op_efficiency"]["Where"] > 0
+    where = [r for r in rows["memory"] if r["op"] in ("Where", "WhereMasked")]
+    assert len(where) == 2 * len(prof.MEMORY_ROWS) and prof.fit(rows, 1)["memory_op_efficiency"]["Where"] > 0
 
 
 def test_the_array_engine_pays_for_a_transpose_it_returns_as_a_view():
