@@ -7,7 +7,11 @@ Its `host` column is how fast this host ran a fixed product just before the run 
 after the profile (1.00: as calibrated; 0.70: the run had 70% of the speed the calibration saw):
 a shared VM's speed moves by tens of percent over minutes, and this says when a miss is the host's.
 
-    python benchmarks/predict.py [--calibration FILE] [--steps 30] [--models gpt-tiny,moe-tiny,unet-tiny]
+    python benchmarks/predict.py [--calibration FILE] [--steps 30] [--rounds 1] [--models gpt-tiny,moe-tiny,unet-tiny]
+
+`--rounds R` runs every plan R times, the plans in turn each round (so that a slow spell of the
+host falls on different plans): the measured figure is the median of the R runs' medians, and
+the range of the R medians is printed beside it.
 """
 
 from __future__ import annotations
@@ -55,6 +59,7 @@ def main() -> None:
     ap.add_argument("--calibration", help="a calibration file (default: run parc profile first)")
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--models", default=",".join(BUILD))
+    ap.add_argument("--rounds", type=int, default=1)
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="parc-predict-"))
     calib = Path(args.calibration) if args.calibration else work / "calib.yaml"
@@ -69,28 +74,41 @@ def main() -> None:
         print(f"parc profile: {time.perf_counter() - t0:.0f} s", file=sys.stderr)
     calibrated = probe()
     print(f"Predicted against measured: {platform.node()}, {platform.processor() or platform.machine()}, "
-          f"calibration from `parc profile`, {args.steps} steps, median of steps 6-{args.steps}.\n")
+          f"calibration from `parc profile`, {args.steps} steps, median of steps 6-{args.steps}"
+          f"{f'; measured: the median of {args.rounds} runs, their range in brackets' if args.rounds > 1 else ''}.\n")
     print("| model | devices | plan | predicted step ms | measured ms | error | host | predicted peak MiB/rank "
           "| measured MiB/rank | error |")
     print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|")
     worst_t, worst_m = 0.0, 0.0
+    plans = []
     for model in models:
-        step = steps[model]
         for devices, extra in LAYOUTS:
             plan = work / f"{model}-{devices}{''.join(extra)}"
-            parc("plan", str(step), "--devices", devices, "--calibration", str(calib), *extra, "-o", str(plan))
+            parc("plan", str(steps[model]), "--devices", devices, "--calibration", str(calib), *extra, "-o", str(plan))
+            plans.append((model, devices, plan))
+    runs: dict[Path, list[tuple[float, float, list[int]]]] = {plan: [] for *_, plan in plans}
+    for r in range(args.rounds):
+        for model, devices, plan in plans:
+            host = calibrated / probe()
+            measured, peaks = measure(plan, args.steps)
+            runs[plan].append((measured, host, peaks))
+            if r < args.rounds - 1:
+                continue
             sim = json.loads(parc("simulate", str(plan), "--json"))
             doc = json.loads((plan / "plan.json").read_text())
             shape = (f"{len(doc['stages'])} stages x {doc['schedule']['micro_batches']} mb"
                      if "stages" in doc and doc.get("schedule") else f"mesh {tuple(doc['mesh']['shape'])}")
-            host = calibrated / probe()
-            measured, peaks = measure(plan, args.steps)
+            times = [t for t, _, _ in runs[plan]]
+            measured = statistics.median(times)
+            spread = f" ({min(times) * 1e3:.1f}-{max(times) * 1e3:.1f})" if len(times) > 1 else ""
+            hosts = "/".join(f"{h:.2f}" for _, h, _ in runs[plan])
+            peaks = runs[plan][-1][2]
             predicted_peaks = [r["peak_bytes"] for r in sim["ranks"]]
             err_t = (sim["step_time_s"] - measured) / measured
             err_m = max(abs(p - m) / m for p, m in zip(predicted_peaks, peaks))
             worst_t, worst_m = max(worst_t, abs(err_t)), max(worst_m, err_m)
-            print(f"| {model} | {devices} | {shape} | {sim['step_time_s'] * 1e3:.1f} | {measured * 1e3:.1f} | "
-                  f"{err_t:+.1%} | {host:.2f} | {max(predicted_peaks) / 2**20:.2f} | {max(peaks) / 2**20:.2f} | {err_m:.1%} |",
+            print(f"| {model} | {devices} | {shape} | {sim['step_time_s'] * 1e3:.1f} | {measured * 1e3:.1f}{spread} | "
+                  f"{err_t:+.1%} | {hosts} | {max(predicted_peaks) / 2**20:.2f} | {max(peaks) / 2**20:.2f} | {err_m:.1%} |",
                   flush=True)
     print(f"\nworst step error {worst_t:.1%}, worst memory error {worst_m:.1%}")
 

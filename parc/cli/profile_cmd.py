@@ -25,18 +25,21 @@ from parc.errors import UsageError
 @click.option("--model", "models", multiple=True, type=click.Path(dir_okay=False), metavar="FILE",
               help="An ONNX model (a training step from `parc grad`) whose own convolutions calibrate the "
                    "convolution classes, at each rank count's share of their batch (repeatable).")
+@click.option("--dim", "dims", multiple=True, metavar="NAME=VALUE",
+              help="Bind a symbolic dim of the --model files (as `parc plan --dim`).")
 @click.option("--worker", hidden=True, type=click.Path(dir_okay=False))
 def profile(output: str | None, max_ranks: int | None, budget: float | None, engine: str, device: str | None,
-            models: tuple[str, ...], worker: str | None) -> None:
+            models: tuple[str, ...], dims: tuple[str, ...], worker: str | None) -> None:
     """Measure this machine (compute per op class with parc's engine, collectives between
     ranks) and write a calibration file for `parc plan --calibration`."""
     from parc.exec import profile as prof
+    from parc.ir.importer import parse_dims
 
     budget = prof.BUDGET if budget is None else budget
     if not budget > 0:
         raise UsageError(f"--seconds {budget}: expected a positive number of seconds")
     if worker is not None:
-        prof.worker(worker, budget, engine, models)
+        prof.worker(worker, budget, engine, models, parse_dims(dims))
         return
     if output is None:
         raise UsageError("-o FILE is required: the calibration file to write")
@@ -54,5 +57,6 @@ def profile(output: str | None, max_ranks: int | None, budget: float | None, eng
         from parc.cluster.devices import lookup_device
 
         device = lookup_device(device, "--device").name
-    prof.profile(out, max_ranks, budget, device, echo=lambda s: click.echo(s, err=True), engine=engine, models=models)
+    prof.profile(out, max_ranks, budget, device, echo=lambda s: click.echo(s, err=True), engine=engine, models=models,
+                 dims=parse_dims(dims))
     click.echo(f"wrote {out}")

@@ -193,13 +193,15 @@ def _conv(op: str, x: tuple, w: tuple, attrs: dict):
 CONV_ATTRS = ("auto_pad", "dilations", "group", "kernel_shape", "output_padding", "output_shape", "pads", "strides")
 
 
-def model_convs(paths: Sequence[str | Path]) -> dict[str, list[tuple]]:
+def model_convs(paths: Sequence[str | Path], dims: Mapping[str, int] | None = None) -> dict[str, list[tuple]]:
     """The float32 convolutions of the ONNX models at `paths` (a training step from `parc grad`
     has its weight gradients' and input gradients' too), by class (`parc.ops.op_class`): one
     case (input shape, weight shape, attributes, how many nodes have it) per distinct shape. A
     convolution's speed depends on its shape far more than a matmul's (onnxruntime on a CPU:
     3x3 input gradients and weight gradients run at 0.05-0.5 of a forward one's rate), so the
-    calibration of a model's classes is best measured on that model's own shapes."""
+    calibration of a model's classes is best measured on that model's own shapes. `dims`: values
+    of the models' symbolic dims (`--dim`)."""
+    from parc.errors import ParcError
     from parc.ir.dtypes import DType
     from parc.ir.importer import load
     from parc.ops.base import op_class
@@ -207,7 +209,11 @@ def model_convs(paths: Sequence[str | Path]) -> dict[str, list[tuple]]:
     f32 = DType.from_numpy(np.float32)
     found: dict[tuple, list] = {}
     for path in paths:
-        for n in load(path).nodes:
+        try:
+            graph = load(path, dict(dims or {}))
+        except ParcError as e:
+            raise UsageError(f"--model: {e}") from None
+        for n in graph.nodes:
             if n.op_type not in ("Conv", "ConvTranspose") or len(n.inputs) < 2:
                 continue
             x, w = n.inputs[0], n.inputs[1]
@@ -463,13 +469,14 @@ def fit(rows: dict, k: int) -> dict:
     return out
 
 
-def worker(out: str, budget: float, engine: str = "ort", models: Sequence[str] = ()) -> None:
+def worker(out: str, budget: float, engine: str = "ort", models: Sequence[str] = (),
+           dims: Mapping[str, int] | None = None) -> None:
     """One rank of a profiling job (run under mpiexec by `profile`): rank 0 writes the rows."""
     from parc.exec.comm import MpiComm
     from parc.exec.runner import pick_engine, rank_threads
 
     comm = MpiComm(timeout=600.0)
-    rows = measure_rank(comm, rank_threads(comm.size), budget, pick_engine(engine), model_convs(models))
+    rows = measure_rank(comm, rank_threads(comm.size), budget, pick_engine(engine), model_convs(models, dims))
     if comm.rank == 0:
         Path(out).write_text(json.dumps(rows))
 
@@ -498,11 +505,13 @@ def _gpu_card(cupy=None) -> tuple[str, int]:
 
 
 def profile(output: Path, max_ranks: int | None, budget: float = BUDGET, device: str | None = None, link: str = "shm",
-            echo=print, engine: str = "ort", models: Sequence[str] = ()) -> dict[int, dict]:
+            echo=print, engine: str = "ort", models: Sequence[str] = (),
+            dims: Mapping[str, int] | None = None) -> dict[int, dict]:
     """Measure with 1, 2, 4, ... ranks (up to `max_ranks`; None: 1 on a GPU, else 4) on `engine`
     (`parc run --engine`'s names) and write the calibration file for device type `device` (by default `cpu`, or the
     catalogue's name of the GPU that `--engine cupy` measures). `models`: ONNX files whose own
-    convolutions calibrate the convolution classes they have (`model_convs`)."""
+    convolutions calibrate the convolution classes they have (`model_convs`; `dims` binds their
+    symbolic dims)."""
     import tempfile
 
     from parc.exec.launch import launch
@@ -521,7 +530,7 @@ def profile(output: Path, max_ranks: int | None, budget: float = BUDGET, device:
         counts.append(counts[-1] * 2)
     if max_ranks not in counts:
         counts.append(max_ranks)
-    convs = model_convs(models)
+    convs = model_convs(models, dims)
     measured: dict[int, dict] = {}
     with tempfile.TemporaryDirectory(prefix="parc-profile-") as tmp:
         for k in counts:
@@ -533,7 +542,8 @@ def profile(output: Path, max_ranks: int | None, budget: float = BUDGET, device:
                 measured[k] = measure_rank(_Solo(), rank_threads(1), budget, kind, convs)
             else:
                 rc = launch(k, ["profile", "--worker", str(path), "--seconds", str(budget), "--engine", engine,
-                                *(a for m in models for a in ("--model", str(Path(m).resolve())))])
+                                *(a for m in models for a in ("--model", str(Path(m).resolve()))),
+                                *(a for name, v in (dims or {}).items() for a in ("--dim", f"{name}={v}"))])
                 if rc:
                     raise RunError(f"the profiling job of {k} ranks failed (exit {rc})")
                 measured[k] = json.loads(path.read_text())

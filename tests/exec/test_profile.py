@@ -92,6 +92,10 @@ def test_bad_profile_flags_are_one_line_errors(tmp_path):
     assert_one_line_error(parc("profile", "-o", str(tmp_path / "c.yaml"), "--ranks", "0"), "--ranks")
     assert_one_line_error(parc("profile", "-o", str(tmp_path / "c.yaml"), "--model", str(tmp_path / "none.onnx")),
                           "--model", "no such file")
+    (tmp_path / "bad.onnx").write_text("not a model")
+    assert_one_line_error(parc("profile", "-o", str(tmp_path / "c.yaml"), "--model", str(tmp_path / "bad.onnx")),
+                          "--model", "bad.onnx")
+    assert not (tmp_path / "c.yaml").exists()
 
 
 def test_batched_products_and_memory_classes_are_fractions_of_the_fastest_rate(tmp_path):
@@ -143,6 +147,22 @@ def test_a_models_own_convolutions_calibrate_the_classes_it_has(tmp_path):
     rows = prof.measure_rank(prof._Solo(), 1, budget=0.002, convs=convs)
     assert all("count" in r for r in rows["conv"])  # the built-in cases of these classes are not run
     assert sum(r["count"] for r in rows["conv"]) == nodes and all(r["flops_per_s"] > 0 for r in rows["conv"])
+
+
+def test_a_models_symbolic_batch_is_bound_by_dim(tmp_path):
+    import numpy as np
+    import onnx
+    from onnx import helper, numpy_helper
+
+    conv = helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1])
+    graph = helper.make_graph([conv], "g", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["N", 3, 8, 8])],
+                              [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)],
+                              [numpy_helper.from_array(np.ones((4, 3, 3, 3), np.float32), "w")])
+    path = tmp_path / "conv.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    assert prof.model_convs([path], {"N": 6}) == {"Conv": [((6, 3, 8, 8), (4, 3, 3, 3), {"pads": [1, 1, 1, 1]}, 1)]}
+    with pytest.raises(prof.UsageError, match="--model: .*--dim"):
+        prof.model_convs([path])
 
 
 def test_a_models_convolutions_weigh_as_often_as_it_has_them():
