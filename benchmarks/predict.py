@@ -39,15 +39,6 @@ def parc(*args: str) -> str:
     return res.stdout
 
 
-def probe() -> float:
-    """Seconds of a fixed onnxruntime product on two threads (the mean over about half a second):
-    the host's speed now."""
-    from parc.exec.profile import _feeds, _matmul, _seconds, _session
-
-    s = _session(_matmul((), 2048, 256, 768), 2)
-    return _seconds(s, _feeds(s), 0.5)
-
-
 def measure(plan: Path, steps: int) -> tuple[float, list[int]]:
     lines = [json.loads(line) for line in parc("run", str(plan), "--steps", str(steps), "--json").splitlines()
              if line.startswith("{")]
@@ -72,7 +63,9 @@ def main() -> None:
         t0 = time.perf_counter()
         parc("profile", "-o", str(calib), *(a for m in models for a in ("--model", str(steps[m]))))
         print(f"parc profile: {time.perf_counter() - t0:.0f} s", file=sys.stderr)
-    calibrated = probe()
+    from parc.exec.profile import host_probe
+
+    calibrated = host_probe(2)
     print(f"Predicted against measured: {platform.node()}, {platform.processor() or platform.machine()}, "
           f"calibration from `parc profile`, {args.steps} steps, median of steps 6-{args.steps}"
           f"{f'; measured: the median of {args.rounds} runs, their range in brackets' if args.rounds > 1 else ''}.\n")
@@ -89,7 +82,7 @@ def main() -> None:
     runs: dict[Path, list[tuple[float, float, list[int]]]] = {plan: [] for *_, plan in plans}
     for r in range(args.rounds):
         for model, devices, plan in plans:
-            host = calibrated / probe()
+            host = calibrated / host_probe(2)
             measured, peaks = measure(plan, args.steps)
             runs[plan].append((measured, host, peaks))
             if r < args.rounds - 1:

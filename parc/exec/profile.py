@@ -98,6 +98,8 @@ GPU_SIZES = Sizes(
                         ((128, 32, 8, 8), (128, 32, 8, 8), {"pads": [1, 1, 1, 1]})),
      "ConvTranspose": (((32, 128, 28, 28), (128, 64, 2, 2), {"strides": [2, 2]}),)},
     512 << 20)
+PROBE = ((), 2048, 256, 768)  # the product whose time says how fast the host runs now (`host_probe`)
+STEADY = 1.15  # a profile whose probes differ by more than this factor warns that the host moved
 ARRIVALS, ARRIVAL_STEP, BURST = 12, 1e-3, 6  # rounds per size, seconds between arrivals, all-reduces per round
 
 
@@ -317,6 +319,15 @@ def _feeds(session, pool_bytes: int = POOL_BYTES) -> list[dict]:
             for _ in range(copies)]
 
 
+def host_probe(threads: int, engine: tuple[str, str] = ("ort", "cpu"), budget: float = 0.3) -> float:
+    """Seconds of one fixed product (`PROBE`) on `engine`, the mean over about `budget` seconds:
+    how fast this host runs now. `parc profile` probes before each rank count and at the end
+    (a shared host's speed moves by tens of percent over minutes, and a calibration measured in a
+    slow spell predicts every step slow); `benchmarks/predict.py` probes before each run."""
+    s = _session(_matmul(*PROBE), threads, engine)
+    return _seconds(s, _feeds(s, CPU_SIZES.pool_bytes if engine[1] == "cpu" else GPU_SIZES.pool_bytes), budget)
+
+
 def _geomean(values: list[float]) -> float:
     return math.exp(sum(math.log(v) for v in values) / len(values))
 
@@ -532,8 +543,10 @@ def profile(output: Path, max_ranks: int | None, budget: float = BUDGET, device:
         counts.append(max_ranks)
     convs = model_convs(models, dims)
     measured: dict[int, dict] = {}
+    probes: list[float] = []
     with tempfile.TemporaryDirectory(prefix="parc-profile-") as tmp:
         for k in counts:
+            probes.append(host_probe(rank_threads(1), kind))
             path = Path(tmp) / f"rows.{k}.json"
             where = "on the GPU" if kind[1] == "gpu" else (
                 f"({rank_threads(k)} thread{'s' if rank_threads(k) > 1 else ''} each)")
@@ -547,10 +560,16 @@ def profile(output: Path, max_ranks: int | None, budget: float = BUDGET, device:
                 if rc:
                     raise RunError(f"the profiling job of {k} ranks failed (exit {rc})")
                 measured[k] = json.loads(path.read_text())
+    probes.append(host_probe(rank_threads(1), kind))
+    speeds = [probes[0] / t for t in probes]  # the host's speed against the first probe's
+    if max(probes) > STEADY * min(probes):
+        echo(f"warning: this host's speed moved by {max(probes) / min(probes) - 1:.0%} while profiling (a fixed "
+             f"product ran at {', '.join(f'{v:.2f}' for v in speeds)} of its first speed): the figures are of a "
+             f"mix of its speeds; profile again when it is quieter, or with a longer --seconds")
     own = "; ".join(f"{cls}: {sum(c for *_, c in cases)} nodes, {len(cases)} shapes" for cls, cases in convs.items())
     write_calibration(output, {k: fit(rows, k) for k, rows in measured.items()}, measured, device, link,
                       _engine_text(kind), f"{', '.join(map(str, models))} ({own or 'no float32 convolutions'})"
-                      if models else "")
+                      if models else "", speeds)
     return measured
 
 
@@ -595,7 +614,7 @@ def _link_yaml(f: dict) -> dict:
 
 
 def write_calibration(output: Path, fitted: dict[int, dict], measured: dict[int, dict], device: str,
-                      link: str, engine: str = "", models: str = "") -> None:
+                      link: str, engine: str = "", models: str = "", speeds: Sequence[float] = ()) -> None:
     """The calibration YAML (`parc.cluster.clusterfile` reads it), atomically."""
     import yaml
 
@@ -614,6 +633,8 @@ def write_calibration(output: Path, fitted: dict[int, dict], measured: dict[int,
             f"{engine or 'onnxruntime'}, {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}",
             "# one rank alone (devices), two ranks' links (links), and per rank when k share this host (sharing)",
             *([f"# convolution classes from the models' own shapes: {models}"] if models else []),
+            *([f"# the host's speed before each rank count and at the end (a fixed product, the first = 1): "
+               f"{', '.join(f'{v:.2f}' for v in speeds)}"] if speeds else []),
             "# measured (seconds per node; all-reduce seconds per call):"]
     for k, rows in sorted(measured.items()):
         mem = ", ".join(f"{r['op']} {r['bytes'] >> 20} MiB: {r['s']:.3g}" for r in rows["memory"])

@@ -83,6 +83,10 @@ def test_profile_over_two_ranks_writes_a_calibration_plan_accepts(tmp_path):
     calibration = load_constants(out)
     assert [n for n, _ in calibration.sharing] == [2]
     assert calibration.apply(parse_devices("2xcpu")).nodes[0].intra_link.name == "shm"
+    # the host's speed probed before each rank count and at the end, the first = 1
+    line = next(x for x in out.read_text().splitlines() if x.startswith("# the host's speed"))
+    speeds = [float(v) for v in line.split(": ")[1].split(", ")]
+    assert len(speeds) == 3 and speeds[0] == 1.0 and all(v > 0 for v in speeds)
 
 
 def test_bad_profile_flags_are_one_line_errors(tmp_path):
