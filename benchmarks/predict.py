@@ -3,8 +3,9 @@
 `parc plan --calibration`, `parc simulate` (predicted step and peak memory per rank) and
 `parc run` (measured median step over the steps after the first five, and the peak of tensors
 each rank held). Prints one Markdown table (docs/benchmarks.md, "Predicted against measured").
-Its `host` column is how fast this host ran a fixed product just before the run against just
-after the profile (1.00: as calibrated; 0.70: the run had 70% of the speed the calibration saw):
+Its `host` column is how fast this host ran a fixed product (`parc.exec.profile.host_probe`) just
+before the run against just after the profile, or against the script's start with
+`--calibration FILE` (1.00: as calibrated; 0.70: the run had 70% of the speed the calibration saw):
 a shared VM's speed moves by tens of percent over minutes, and this says when a miss is the host's.
 
     python benchmarks/predict.py [--calibration FILE] [--steps 30] [--rounds 1] [--models gpt-tiny,moe-tiny,unet-tiny]
@@ -52,6 +53,8 @@ def main() -> None:
     ap.add_argument("--models", default=",".join(BUILD))
     ap.add_argument("--rounds", type=int, default=1)
     args = ap.parse_args()
+    if args.rounds < 1 or args.steps < 6:
+        ap.error("expected --rounds >= 1 and --steps >= 6 (the median is of the steps after the fifth)")
     work = Path(tempfile.mkdtemp(prefix="parc-predict-"))
     calib = Path(args.calibration) if args.calibration else work / "calib.yaml"
     models = args.models.split(",")
@@ -64,8 +67,10 @@ def main() -> None:
         parc("profile", "-o", str(calib), *(a for m in models for a in ("--model", str(steps[m]))))
         print(f"parc profile: {time.perf_counter() - t0:.0f} s", file=sys.stderr)
     from parc.exec.profile import host_probe
+    from parc.exec.runner import rank_threads
 
-    calibrated = host_probe(2)
+    threads = rank_threads(1)  # as `parc profile` probes
+    calibrated = host_probe(threads)
     print(f"Predicted against measured: {platform.node()}, {platform.processor() or platform.machine()}, "
           f"calibration from `parc profile`, {args.steps} steps, median of steps 6-{args.steps}"
           f"{f'; measured: the median of {args.rounds} runs, their range in brackets' if args.rounds > 1 else ''}.\n")
@@ -82,7 +87,7 @@ def main() -> None:
     runs: dict[Path, list[tuple[float, float, list[int]]]] = {plan: [] for *_, plan in plans}
     for r in range(args.rounds):
         for model, devices, plan in plans:
-            host = calibrated / host_probe(2)
+            host = calibrated / host_probe(threads)
             measured, peaks = measure(plan, args.steps)
             runs[plan].append((measured, host, peaks))
             if r < args.rounds - 1:

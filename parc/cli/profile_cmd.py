@@ -27,9 +27,10 @@ from parc.errors import UsageError
                    "convolution classes, at each rank count's share of their batch (repeatable).")
 @click.option("--dim", "dims", multiple=True, metavar="NAME=VALUE",
               help="Bind a symbolic dim of the --model files (as `parc plan --dim`).")
+@click.option("--convs", hidden=True, type=click.Path(dir_okay=False))
 @click.option("--worker", hidden=True, type=click.Path(dir_okay=False))
 def profile(output: str | None, max_ranks: int | None, budget: float | None, engine: str, device: str | None,
-            models: tuple[str, ...], dims: tuple[str, ...], worker: str | None) -> None:
+            models: tuple[str, ...], dims: tuple[str, ...], convs: str | None, worker: str | None) -> None:
     """Measure this machine (compute per op class with parc's engine, collectives between
     ranks) and write a calibration file for `parc plan --calibration`."""
     from parc.exec import profile as prof
@@ -39,7 +40,7 @@ def profile(output: str | None, max_ranks: int | None, budget: float | None, eng
     if not budget > 0:
         raise UsageError(f"--seconds {budget}: expected a positive number of seconds")
     if worker is not None:
-        prof.worker(worker, budget, engine, models, parse_dims(dims))
+        prof.worker(worker, budget, engine, convs)
         return
     if output is None:
         raise UsageError("-o FILE is required: the calibration file to write")
@@ -50,6 +51,8 @@ def profile(output: str | None, max_ranks: int | None, budget: float | None, eng
         raise UsageError(f"-o {output}: is a directory (expected a file to write)")
     if not out.parent.is_dir() or not os.access(out.parent, os.W_OK):
         raise UsageError(f"-o {output}: cannot write into {out.parent}")
+    if dims and not models:
+        raise UsageError("--dim binds the symbolic dims of --model files: give --model FILE")
     for m in models:
         if not Path(m).is_file():
             raise UsageError(f"--model {m}: no such file (expected an ONNX model)")

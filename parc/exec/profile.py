@@ -14,12 +14,18 @@ inputs rotating through more memory than a cache holds; the mean is kept:
 - float32 FLOP/s: matmuls of training shapes (`MATMULS`) and convolutions by class (`CONVS`);
   the fastest class's rate is the peak, the others fractions of it (`compute_efficiency`,
   `op_efficiency`). Each class's figure is the geometric mean of its sizes' rates, the value that
-  minimises the squared log error of the roofline over them;
+  minimises the squared log error of the roofline over them. With `--model FILE`, the model's own
+  convolutions (`model_convs`, the shapes holding 95% of each class's FLOPs) replace the built-in
+  cases of the classes it has, at each rank count's share of the batch, and such a class's figure
+  is the model's FLOPs over its time;
 - collectives (k >= 2): all-reduces of 64 B to 4 MiB through parc's communicator, over the whole
   job and (even k > 2) over pairs while the other pairs compute, `ARRIVALS` rounds of a first
   one after compute then a burst: the burst fits the ring formula `2(n-1) alpha + 2(n-1)/n B /
   beta` (least squares on the relative error), the first's excess at the smallest size (64 B,
   where no bandwidth term is mixed in) is the link's handoff.
+
+A fixed product (`host_probe`) is timed before each rank count and at the end: the file's header
+lists the host's speed at each against the first, and a spread above 15% is warned about.
 
 The file (docs/cluster.md, "Calibration") holds one rank's device figures and the smallest
 multi-rank count's link figures at the top, and k ranks' figures under `sharing."k"`, which
@@ -152,10 +158,10 @@ def _memory_op(op: str, rows: int, cols: int = 256):
         return _model([helper.make_node("LayerNormalization", ["x", "w", "b"], ["y"], axis=-1)], x, "y",
                       [w, b]), 2 * n
     if op == "Where":  # a ReLU's gradient: reads the mask (one byte an element) and the gradient
-        mask = numpy_helper.from_array(np.random.default_rng(0).random((rows, cols)) > 0.5, "mask")
+        mask = numpy_helper.from_array(np.random.default_rng(0).random((rows, cols), dtype=np.float32) > 0.5, "mask")
         zero = numpy_helper.from_array(np.zeros((), np.float32), "zero")
         return _model([helper.make_node("Where", ["mask", "x", "zero"], ["y"])], x, "y", [mask, zero]), 2 * n + n // 4
-    if op == "WhereMasked":  # attention's causal mask: one [64, 64] mask broadcast over the scores
+    if op == "WhereMasked":  # attention's causal mask: one [64, cols] mask broadcast over the scores
         shape = (rows // 64, 64, cols)
         mask = numpy_helper.from_array(np.tri(64, cols, dtype=bool), "mask")
         fill = numpy_helper.from_array(np.array(-1e9, np.float32), "fill")
@@ -185,6 +191,10 @@ def _conv(op: str, x: tuple, w: tuple, attrs: dict):
     model = _model([proto], {"x": x, "w": w}, "y")
     out = onnx.shape_inference.infer_shapes(model, strict_mode=True).graph.output[0]
     y = tuple(d.dim_value for d in out.type.tensor_type.shape.dim)
+    channels = w[0] if kind == "ConvTranspose" else attrs.get("group", 1) * w[1]
+    if not y or min(y) <= 0 or x[1] != channels:
+        raise ValueError(f"its output would be {list(y)}" if not y or min(y) <= 0 else
+                         f"its input has {x[1]} channels, the weight expects {channels}")
     f32 = DType.from_numpy(np.float32)
     node = Node(kind, [Value("x", f32, tuple(x)), Value("w", f32, tuple(w))], [Value("y", f32, y)],
                 {a.name: a for a in proto.attribute})
@@ -205,16 +215,20 @@ def model_convs(paths: Sequence[str | Path], dims: Mapping[str, int] | None = No
     of the models' symbolic dims (`--dim`)."""
     from parc.errors import ParcError
     from parc.ir.dtypes import DType
-    from parc.ir.importer import load
+    from parc.ir.importer import load, read_model, symbolic_dims
     from parc.ops.base import op_class
 
     f32 = DType.from_numpy(np.float32)
     found: dict[tuple, list] = {}
+    dims = dict(dims or {})
+    bound: set[str] = set()
     for path in paths:
         try:
-            graph = load(path, dict(dims or {}))
+            names = set(symbolic_dims(read_model(path))) & set(dims)  # each model binds the dims it has
+            graph = load(path, {name: dims[name] for name in names})
         except ParcError as e:
             raise UsageError(f"--model: {e}") from None
+        bound |= names
         for n in graph.nodes:
             if n.op_type not in ("Conv", "ConvTranspose") or len(n.inputs) < 2:
                 continue
@@ -224,24 +238,81 @@ def model_convs(paths: Sequence[str | Path], dims: Mapping[str, int] | None = No
             attrs = {a: n.attr(a) for a in CONV_ATTRS if a in n.attrs}
             key = (op_class(n), tuple(x.shape), tuple(w.shape), repr(sorted(attrs.items())))
             found.setdefault(key, [key[0], key[1], key[2], attrs, 0])[4] += 1
+    if set(dims) - bound:
+        raise UsageError(f"--dim {', '.join(sorted(set(dims) - bound))}: no --model file has a symbolic dim of "
+                         "that name")
     out: dict[str, list[tuple]] = {}
     for cls, x, w, attrs, count in found.values():
         out.setdefault(cls, []).append((x, w, attrs, count))
     return out
 
 
+COVER = 0.95  # the share of a class's FLOPs whose shapes `parc profile --model` measures
+
+
+def measurable_convs(convs: Mapping[str, list[tuple]], counts: Sequence[int]) -> tuple[dict[str, list[tuple]], str]:
+    """(the cases of `convs` (`model_convs`) that hold `COVER` of each class's FLOPs, the largest
+    first: the rest are small shapes that cost a benchmark each and little of a step; what was
+    kept, for the file's header). Every kept case is built at every rank count's share
+    (`rank_convs`) first, so that one onnxruntime cannot take is a one-line error before minutes
+    of measuring, not a failure halfway."""
+    def flops(cls: str, x: tuple, w: tuple, attrs: dict, k: int) -> float:
+        try:
+            return _conv(cls, x, w, attrs)[1]
+        except Exception as e:  # onnx's inference refuses it
+            raise UsageError(f"--model: cannot measure the {cls} of input {list(x)} and weight {list(w)} "
+                             f"({attrs}) on {k} rank(s): {str(e).strip().splitlines()[0]}") from None
+
+    kept: dict[str, list[tuple]] = {}
+    said = []
+    for cls, cases in convs.items():
+        work = [count * flops(cls, x, w, attrs, 1) for x, w, attrs, count in cases]
+        order = sorted(range(len(cases)), key=lambda i: -work[i])
+        total, running = sum(work), 0.0
+        for i in order:
+            if running >= COVER * total and kept.get(cls):
+                break
+            kept.setdefault(cls, []).append(cases[i])
+            running += work[i]
+        said.append(f"{cls}: {sum(c for *_, c in cases)} nodes, {len(cases)} shapes, the {len(kept[cls])} largest "
+                    f"measured ({running / max(total, 1e-30):.0%} of its FLOPs)")
+    for k in counts:
+        for cls, cases in rank_convs(kept, k).items():
+            for x, w, attrs, _ in cases:
+                flops(cls, x, w, attrs, k)
+    return kept, "; ".join(said)
+
+
+def write_convs(path: Path, convs: Mapping[str, list[tuple]]) -> None:
+    """`convs` for the ranks of a profiling job (`read_convs`): the parent reads the models once."""
+    path.write_text(json.dumps({cls: [[list(x), list(w), attrs, count] for x, w, attrs, count in cases]
+                                for cls, cases in convs.items()}))
+
+
+def read_convs(path: str | Path | None) -> dict[str, list[tuple]]:
+    if path is None:
+        return {}
+    return {cls: [(tuple(x), tuple(w), attrs, count) for x, w, attrs, count in cases]
+            for cls, cases in json.loads(Path(path).read_text()).items()}
+
+
 def rank_convs(convs: Mapping[str, list[tuple]], k: int) -> dict[str, list[tuple]]:
     """`convs` (`model_convs`) as each of `k` ranks runs them when the plan splits the batch: a
     forward or input-gradient convolution's input rows (dim 0), a weight gradient's contracted
-    batch (dim 1 of both operands; not for grouped ones, whose channels the batch is folded into)."""
+    batch (dim 1 of both operands: N, and g x N for the input of a grouped one, whose g groups
+    each contract the batch). The class is `op_class`'s (a kernel larger than its output): a
+    forward convolution whose kernel covers more than its output (a 4x4 kernel on a 4x4 input) is
+    split as a weight gradient, and a weight gradient of a 1x1 output as a forward one; both are
+    rare, and only this calibration's split is off for them."""
     def part(n: int) -> int:
         return max(1, -(-n // k))
 
     out: dict[str, list[tuple]] = {}
     for cls, cases in convs.items():
         for x, w, attrs, count in cases:
-            if cls == "ConvWeightGrad" and attrs.get("group", 1) == 1 and len(x) > 2:
-                x, w = (x[0], part(x[1]), *x[2:]), (w[0], part(w[1]), *w[2:])
+            group = attrs.get("group", 1)
+            if cls == "ConvWeightGrad" and len(x) > 2 and x[1] == group * w[1]:
+                x, w = (x[0], group * part(w[1]), *x[2:]), (w[0], part(w[1]), *w[2:])
             elif cls != "ConvWeightGrad":
                 x = (part(x[0]), *x[1:])
             out.setdefault(cls, []).append((x, w, attrs, count))
@@ -429,9 +500,10 @@ MEMORY_CLASSES = {"Add": None, "MulBroadcast": None, "Transpose": "Transpose", "
 
 def fit(rows: dict, k: int) -> dict:
     """Calibration fields (SI) from one rank's measured rows. Each class's rate is the geometric
-    mean of its sizes'; the fastest class's is the peak (FLOP/s, bytes/s) and the others are
-    fractions of it: matmuls are `MatMul` (a 2-D product) or `BatchMatMul`, convolutions their
-    classes; memory-bound ops the elementwise default or their own class (`MEMORY_CLASSES`)."""
+    mean of its sizes' (a model's own convolutions, rows with a `count`: its FLOPs over its time);
+    the fastest class's is the peak (FLOP/s, bytes/s) and the others are fractions of it: matmuls
+    are `MatMul` (a 2-D product) or `BatchMatMul`, convolutions their classes; memory-bound ops the
+    elementwise default or their own class (`MEMORY_CLASSES`)."""
     def by_class(items) -> dict:
         groups: dict = {}
         for cls, rate in items:
@@ -480,14 +552,14 @@ def fit(rows: dict, k: int) -> dict:
     return out
 
 
-def worker(out: str, budget: float, engine: str = "ort", models: Sequence[str] = (),
-           dims: Mapping[str, int] | None = None) -> None:
-    """One rank of a profiling job (run under mpiexec by `profile`): rank 0 writes the rows."""
+def worker(out: str, budget: float, engine: str = "ort", convs: str | None = None) -> None:
+    """One rank of a profiling job (run under mpiexec by `profile`): rank 0 writes the rows.
+    `convs`: the file of a model's convolutions the parent wrote (`write_convs`)."""
     from parc.exec.comm import MpiComm
     from parc.exec.runner import pick_engine, rank_threads
 
     comm = MpiComm(timeout=600.0)
-    rows = measure_rank(comm, rank_threads(comm.size), budget, pick_engine(engine), model_convs(models, dims))
+    rows = measure_rank(comm, rank_threads(comm.size), budget, pick_engine(engine), read_convs(convs))
     if comm.rank == 0:
         Path(out).write_text(json.dumps(rows))
 
@@ -541,10 +613,12 @@ def profile(output: Path, max_ranks: int | None, budget: float = BUDGET, device:
         counts.append(counts[-1] * 2)
     if max_ranks not in counts:
         counts.append(max_ranks)
-    convs = model_convs(models, dims)
+    convs, own = measurable_convs(model_convs(models, dims), counts)
     measured: dict[int, dict] = {}
     probes: list[float] = []
     with tempfile.TemporaryDirectory(prefix="parc-profile-") as tmp:
+        cases = Path(tmp) / "convs.json"
+        write_convs(cases, convs)
         for k in counts:
             probes.append(host_probe(rank_threads(1), kind))
             path = Path(tmp) / f"rows.{k}.json"
@@ -555,8 +629,7 @@ def profile(output: Path, max_ranks: int | None, budget: float = BUDGET, device:
                 measured[k] = measure_rank(_Solo(), rank_threads(1), budget, kind, convs)
             else:
                 rc = launch(k, ["profile", "--worker", str(path), "--seconds", str(budget), "--engine", engine,
-                                *(a for m in models for a in ("--model", str(Path(m).resolve()))),
-                                *(a for name, v in (dims or {}).items() for a in ("--dim", f"{name}={v}"))])
+                                "--convs", str(cases)])
                 if rc:
                     raise RunError(f"the profiling job of {k} ranks failed (exit {rc})")
                 measured[k] = json.loads(path.read_text())
@@ -566,7 +639,6 @@ def profile(output: Path, max_ranks: int | None, budget: float = BUDGET, device:
         echo(f"warning: this host's speed moved by {max(probes) / min(probes) - 1:.0%} while profiling (a fixed "
              f"product ran at {', '.join(f'{v:.2f}' for v in speeds)} of its first speed): the figures are of a "
              f"mix of its speeds; profile again when it is quieter, or with a longer --seconds")
-    own = "; ".join(f"{cls}: {sum(c for *_, c in cases)} nodes, {len(cases)} shapes" for cls, cases in convs.items())
     write_calibration(output, {k: fit(rows, k) for k, rows in measured.items()}, measured, device, link,
                       _engine_text(kind), f"{', '.join(map(str, models))} ({own or 'no float32 convolutions'})"
                       if models else "", speeds)

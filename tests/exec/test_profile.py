@@ -78,7 +78,9 @@ def test_a_rank_alone_measures_every_class_of_op(engine):
 @pytest.mark.skipif(MPIEXEC is None, reason="no mpiexec (install the mpich wheel)")
 def test_profile_over_two_ranks_writes_a_calibration_plan_accepts(tmp_path):
     out = tmp_path / "calib.yaml"
-    res = parc("profile", "-o", str(out), "--ranks", "2", "--seconds", "0.01", timeout=300)
+    model = _conv_model(tmp_path / "conv.onnx")
+    res = parc("profile", "-o", str(out), "--ranks", "2", "--seconds", "0.01", "--model", str(model), "--dim", "N=4",
+               timeout=300)
     assert res.returncode == 0, res.stderr
     calibration = load_constants(out)
     assert [n for n, _ in calibration.sharing] == [2]
@@ -87,6 +89,9 @@ def test_profile_over_two_ranks_writes_a_calibration_plan_accepts(tmp_path):
     line = next(x for x in out.read_text().splitlines() if x.startswith("# the host's speed"))
     speeds = [float(v) for v in line.split(": ")[1].split(", ")]
     assert len(speeds) == 3 and speeds[0] == 1.0 and all(v > 0 for v in speeds)
+    # the model's convolution, measured at the whole batch alone and at half of it on each of two ranks
+    rows = {piece.split(": ")[0].strip("# ") for line in out.read_text().splitlines() for piece in line.split(", ")}
+    assert {"Conv 4x3x8x8 * 4x3x3x3", "Conv 2x3x8x8 * 4x3x3x3"} <= rows
 
 
 def test_bad_profile_flags_are_one_line_errors(tmp_path):
@@ -100,6 +105,7 @@ def test_bad_profile_flags_are_one_line_errors(tmp_path):
     assert_one_line_error(parc("profile", "-o", str(tmp_path / "c.yaml"), "--model", str(tmp_path / "bad.onnx")),
                           "--model", "bad.onnx")
     assert not (tmp_path / "c.yaml").exists()
+    assert_one_line_error(parc("profile", "-o", str(tmp_path / "c.yaml"), "--dim", "N=4"), "--dim", "--model")
 
 
 def test_batched_products_and_memory_classes_are_fractions_of_the_fastest_rate(tmp_path):
@@ -153,7 +159,8 @@ def test_a_models_own_convolutions_calibrate_the_classes_it_has(tmp_path):
     assert sum(r["count"] for r in rows["conv"]) == nodes and all(r["flops_per_s"] > 0 for r in rows["conv"])
 
 
-def test_a_models_symbolic_batch_is_bound_by_dim(tmp_path):
+def _conv_model(path):
+    """A one-Conv model whose batch is symbolic (N): input [N, 3, 8, 8], weight [4, 3, 3, 3]."""
     import numpy as np
     import onnx
     from onnx import helper, numpy_helper
@@ -162,11 +169,47 @@ def test_a_models_symbolic_batch_is_bound_by_dim(tmp_path):
     graph = helper.make_graph([conv], "g", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["N", 3, 8, 8])],
                               [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)],
                               [numpy_helper.from_array(np.ones((4, 3, 3, 3), np.float32), "w")])
-    path = tmp_path / "conv.onnx"
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return path
+
+
+def test_a_models_symbolic_batch_is_bound_by_dim(tmp_path):
+    path = _conv_model(tmp_path / "conv.onnx")
     assert prof.model_convs([path], {"N": 6}) == {"Conv": [((6, 3, 8, 8), (4, 3, 3, 3), {"pads": [1, 1, 1, 1]}, 1)]}
     with pytest.raises(prof.UsageError, match="--model: .*--dim"):
         prof.model_convs([path])
+    with pytest.raises(prof.UsageError, match="--dim M: no --model file"):
+        prof.model_convs([path], {"N": 6, "M": 2})
+
+
+def test_a_grouped_weight_gradient_splits_its_batch_in_every_group():
+    # a grouped weight gradient: input [C, g x N, H, W], gradient [M, N, H, W], g = 2, N = 4
+    convs = {"ConvWeightGrad": [((8, 8, 5, 5), (16, 4, 5, 5), {"group": 2}, 1)],
+             "ConvTranspose": [((4, 16, 6, 6), (16, 8, 3, 3), {}, 2)]}
+    halves = prof.rank_convs(convs, 2)
+    assert halves["ConvWeightGrad"] == [((8, 4, 5, 5), (16, 2, 5, 5), {"group": 2}, 1)]
+    assert halves["ConvTranspose"] == [((2, 16, 6, 6), (16, 8, 3, 3), {}, 2)]
+    whole, half = (prof._conv("ConvWeightGrad", x, w, a)[1] for x, w, a, _ in
+                   (convs["ConvWeightGrad"][0], halves["ConvWeightGrad"][0]))
+    assert half * 2 == whole
+
+
+def test_only_the_shapes_holding_most_of_a_class_are_measured():
+    # one shape holds 96% of the class's FLOPs: the other is not measured
+    big, small = ((16, 64, 32, 32), (64, 64, 3, 3), {"pads": [1, 1, 1, 1]}), ((16, 8, 8, 8), (8, 8, 3, 3), {})
+    kept, said = prof.measurable_convs({"Conv": [(*big, 1), (*small, 3)]}, [1, 2])
+    assert kept == {"Conv": [(*big, 1)]} and "the 1 largest measured" in said
+    with pytest.raises(prof.UsageError, match="--model: cannot measure"):  # a kernel larger than its input
+        prof.measurable_convs({"Conv": [((2, 3, 4, 4), (4, 3, 9, 9), {}, 1)]}, [1])
+
+
+def test_a_host_that_moves_while_profiling_is_warned_about(tmp_path, monkeypatch):
+    probes = iter([1.0, 1.3])  # the product took 30% longer at the end
+    monkeypatch.setattr(prof, "host_probe", lambda *a, **k: next(probes))
+    said = []
+    prof.profile(tmp_path / "c.yaml", 1, budget=0.002, echo=said.append)
+    assert any(line.startswith("warning: this host's speed moved by 30%") for line in said)
+    assert "(a fixed product, the first = 1): 1.00, 0.77" in (tmp_path / "c.yaml").read_text()
 
 
 def test_a_models_convolutions_weigh_as_often_as_it_has_them():
