@@ -215,7 +215,7 @@ def model_convs(paths: Sequence[str | Path], dims: Mapping[str, int] | None = No
     of the models' symbolic dims (`--dim`)."""
     from parc.errors import ParcError
     from parc.ir.dtypes import DType
-    from parc.ir.importer import load, read_model, symbolic_dims
+    from parc.ir.importer import from_model, read_model, symbolic_dims
     from parc.ops.base import op_class
 
     f32 = DType.from_numpy(np.float32)
@@ -224,8 +224,10 @@ def model_convs(paths: Sequence[str | Path], dims: Mapping[str, int] | None = No
     bound: set[str] = set()
     for path in paths:
         try:
-            names = set(symbolic_dims(read_model(path))) & set(dims)  # each model binds the dims it has
-            graph = load(path, {name: dims[name] for name in names})
+            model = read_model(path)
+            names = set(symbolic_dims(model)) & set(dims)  # each model binds the dims it has
+            graph = from_model(model, {name: dims[name] for name in names}, base_dir=Path(path).parent,
+                               source=str(path))
         except ParcError as e:
             raise UsageError(f"--model: {e}") from None
         bound |= names

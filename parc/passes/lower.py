@@ -567,6 +567,7 @@ def fuse_gradients(low: _Lowerer, buckets: tuple[bool, ...]) -> None:
         return
     added: list[tuple] = []  # (depth, part, pass, node), placed by `_topological`
     fused: dict[int, Comm | None] = {}
+    flat_shape = low.const("bucket_flat", np.array([-1], np.int64))  # every member's Reshape reads it
     for b in runs:
         members = [p.comms[j] for j in b]
         head = members[0]
@@ -575,8 +576,7 @@ def fuse_gradients(low: _Lowerer, buckets: tuple[bool, ...]) -> None:
         for c in members:
             flat = low.fresh(f"{c.value}.flat")
             size = math.prod(p.info[c.src][1])
-            shape = low.const("bucket_flat", np.array([-1], np.int64))
-            added.append((*here, helper.make_node("Reshape", [c.src, shape], [flat], name=low.aux("bucket_flat"))))
+            added.append((*here, helper.make_node("Reshape", [c.src, flat_shape], [flat], name=low.aux("bucket_flat"))))
             low.define(flat, c.dtype, (size,), head.depth, head.part)
             flats.append(flat)
             sizes.append(size)
