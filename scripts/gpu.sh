@@ -9,7 +9,7 @@
 # Needs parc's dependencies, CuPy and PyTorch. Wheels found in .whl/ (for a machine that cannot
 # reach a package index) are installed into the running Python's environment first.
 # Each part has its own time limit (seconds: PARC_GPU_TESTS_S, PARC_GPU_BENCH_S, PARC_GPU_NODES_S;
-# PARC_GPU_TESTS_K selects gpu tests by pytest's -k);
+# PARC_GPU_TESTS_K and PARC_GPU_NODES_K select tests of parts 2 and 4 by pytest's -k);
 # a part that fails or runs out of time does not stop the next.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -32,8 +32,10 @@ timeout -k 5 "${PARC_GPU_BENCH_S:-330}" $PY benchmarks/gpu.py all --work "$WORK"
 bench=${PIPESTATUS[0]}
 nodes=0
 if [ "${PARC_GPU_NODES_S:-120}" != 0 ]; then
-  PARC_TEST_ENGINE_DEVICE=gpu timeout -k 5 "${PARC_GPU_NODES_S:-120}" $PY -m pytest -q -p no:cacheprovider -n 8 \
-    tests/exec/test_array_engine.py -k "node_case or zoo_training" 2>&1 | tee "$RESULTS/gpu-node-cases.log" | tail -40
+  workers=$($PY -c "import xdist" 2>/dev/null && echo "-n 8")
+  PARC_TEST_ENGINE_DEVICE=gpu timeout -k 5 "${PARC_GPU_NODES_S:-120}" $PY -m pytest -q -p no:cacheprovider $workers \
+    tests/exec/test_array_engine.py -k "${PARC_GPU_NODES_K:-node_case or zoo_training}" 2>&1 \
+    | tee "$RESULTS/gpu-node-cases.log" | tail -40
   nodes=${PIPESTATUS[0]}
 fi
 echo "exit codes: gpu tests $tests, benchmark $bench, engine tests on the GPU $nodes"

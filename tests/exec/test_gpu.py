@@ -63,6 +63,67 @@ def test_softmax_kernel_matches_numpy(dtype, shape):
     np.testing.assert_allclose(cupy.asnumpy(softmax_last(cupy, strided)), want, rtol=1e-5, atol=1e-7)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("shape", [(3, 1), (5, 7), (4, 33), (2, 3, 1024), (6, 3000), (3, 50257)])
+def test_logsumexp_kernel_matches_numpy(dtype, shape):
+    import cupy
+
+    from parc.exec.engines.gpu import logsumexp_last
+
+    rng = np.random.default_rng(4)
+    x = (rng.standard_normal(shape) * 8).astype(dtype)
+    flat = x.reshape(-1, shape[-1])
+    flat[-1, ::2] = -np.inf  # -inf elements add nothing
+    if shape[-1] > 1:
+        flat[0, -1] = np.nan  # a NaN makes its row NaN
+        flat[1 % len(flat), :] += np.linspace(0, 60, shape[-1])  # a row whose max comes late: rescaled sums
+    wide = x.astype(np.float64)
+    top = np.max(np.where(np.isnan(wide), -np.inf, wide), axis=-1, keepdims=True)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        want = (np.log(np.sum(np.exp(wide - top), axis=-1)) + top[..., 0]).astype(dtype)
+    want[np.isneginf(top[..., 0])] = -np.inf  # a row of -inf: log(0)
+    want[np.isnan(x).any(axis=-1)] = np.nan
+    got = cupy.asnumpy(logsumexp_last(cupy, cupy.asarray(x)))
+    assert got.shape == shape[:-1] and got.dtype == dtype
+    np.testing.assert_allclose(got, want, rtol=1e-6 if dtype == np.float32 else 1e-13, atol=1e-5)
+
+
+@pytest.mark.parametrize("classes", [7, 1000, 50257])
+@pytest.mark.parametrize(("reduction", "weighted", "ignore", "log_prob"), [
+    ("mean", False, None, False), ("mean", False, -100, False), ("sum", True, 2, True), ("none", True, -1, True),
+    ("mean", True, 0, False)])
+def test_softmax_cross_entropy_on_the_gpu_matches_onnxruntime(classes, reduction, weighted, ignore, log_prob):
+    """SoftmaxCrossEntropyLoss over [samples, classes] takes the one-pass kernel on a GPU."""
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+
+    from parc.exec.engines.array import ArrayEngine
+    from parc.exec.runner import to_host
+    from tests.helpers import inp, make_model
+
+    samples = 37
+    rng = np.random.default_rng(5)
+    scores = (rng.standard_normal((samples, classes)) * 4).astype(np.float32)
+    labels = rng.integers(0, classes, samples).astype(np.int64)
+    if ignore is not None:
+        labels[::5] = ignore
+    feeds = {"scores": scores, "labels": labels}
+    ins = [inp("scores", [samples, classes]), inp("labels", [samples], TensorProto.INT64)]
+    if weighted:
+        feeds["w"] = rng.uniform(0.5, 2, classes).astype(np.float32)
+        ins.append(inp("w", [classes]))
+    attrs = {"reduction": reduction, **({"ignore_index": ignore} if ignore is not None else {})}
+    outs = ["loss", "log_prob"] if log_prob else ["loss"]
+    node = helper.make_node("SoftmaxCrossEntropyLoss", list(feeds), outs, **attrs)
+    model = make_model([node], ins, [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in outs])
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+    got = ArrayEngine(model, device="gpu").run(feeds)
+    for name, ref in zip(outs, want):
+        a = to_host(got[name])
+        assert a.shape == ref.shape and a.dtype == ref.dtype
+        np.testing.assert_allclose(a, ref, rtol=1e-5, atol=1e-5)
+
+
 def test_tf32_sets_compute_type_and_math_mode():
     import cupy
     from cupy._core import _routines_linalg as linalg

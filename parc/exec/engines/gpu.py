@@ -3,8 +3,11 @@
 - `enable_tf32`: CuPy honours `CUPY_TF32` only where it calls `cublasGemmEx` (2-D products); its
   batched products call the legacy `cublasSgemm*Batched`, which follow the handle's math mode. So
   both are set: CuPy's float32 compute type and the cuBLAS handle's TF32 tensor-op math mode.
-- `softmax_last`: softmax over a contiguous last axis, one thread block per row, reading the row
-  from memory once (CuPy's max/exp/sum/divide read and write the whole tensor four times).
+- `softmax_last`: softmax over a contiguous last axis, one thread block per row (one warp for
+  rows of up to 1,024 elements), reading the row from memory once (CuPy's max/exp/sum/divide read
+  and write the whole tensor four times).
+- `logsumexp_last`: log(sum(exp(x))) over a contiguous last axis in one pass (a running max and
+  sum): SoftmaxCrossEntropyLoss over a vocabulary without writing its log-probabilities.
 - `sum_leading`: ReduceSum/ReduceMean over leading axes, a column sum in chunks of rows.
 - `batched_matmul`: MatMul of stacks of matrices as one strided-batched cuBLAS call that reads
   transposed views and broadcast batches in place (CuPy copies both to contiguous arrays first).
@@ -66,8 +69,17 @@ def enable_tf32(cupy: ModuleType) -> None:
 _SOFTMAX = r"""
 __device__ float ex(float v) { return expf(v); }
 __device__ double ex(double v) { return exp(v); }
+__device__ float lg(float v) { return logf(v); }
+__device__ double lg(double v) { return log(v); }
+template <typename T> __device__ T neg_inf();
+template <> __device__ float neg_inf<float>() { return __int_as_float(0xff800000); }
+template <> __device__ double neg_inf<double>() { return __longlong_as_double(0xfff0000000000000ULL); }
+
+// A block of blockDim.y rows: a warp per row where blockDim.x is 32, else one row (blockDim.y 1).
+#define ROW const long long r = (long long)blockIdx.x * blockDim.y + threadIdx.y; if (r >= rows) return;
 
 // `pad` stands in for the lanes past the last warp: any element of the row for a max, 0 for a sum.
+// A row of one warp (blockDim.x 32) needs only the shuffles: every lane ends with the whole.
 template <typename T>
 __device__ T block_reduce(T v, T* shared, bool is_max, T pad) {
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = (blockDim.x + 31) / 32;
@@ -75,6 +87,7 @@ __device__ T block_reduce(T v, T* shared, bool is_max, T pad) {
         T other = __shfl_xor_sync(0xffffffff, v, o);
         v = is_max ? (other > v ? other : v) : v + other;
     }
+    if (blockDim.x <= 32) return v;
     if (lane == 0) shared[warp] = v;
     __syncthreads();
     if (warp == 0) {
@@ -92,10 +105,11 @@ __device__ T block_reduce(T v, T* shared, bool is_max, T pad) {
 }
 
 template <typename T>
-__global__ void softmax_rows(const T* x, T* y, long long cols) {
+__global__ void softmax_rows(const T* x, T* y, long long rows, long long cols) {
     __shared__ T shared[32];
-    const T* row = x + (long long)blockIdx.x * cols;
-    T* out = y + (long long)blockIdx.x * cols;
+    ROW
+    const T* row = x + r * cols;
+    T* out = y + r * cols;
     T m = row[0];  // a lower bound of the row's max (NaNs never compare greater: as NumPy, a NaN
                    // in the row makes the sum, and so every output, NaN)
     for (long long j = threadIdx.x; j < cols; j += blockDim.x) m = row[j] > m ? row[j] : m;
@@ -105,6 +119,25 @@ __global__ void softmax_rows(const T* x, T* y, long long cols) {
     s = block_reduce<T>(s, shared, false, (T)0);
     for (long long j = threadIdx.x; j < cols; j += blockDim.x) out[j] = ex(row[j] - m) / s;
 }
+
+// log(sum(exp(row))) in one pass: each thread keeps a running max m and sum s of exp(v - m),
+// rescaling s when m grows; the threads' pairs are then brought to the row's max and summed.
+// A NaN makes the row's result NaN; -inf elements add nothing.
+template <typename T>
+__global__ void logsumexp_rows(const T* x, T* out, long long rows, long long cols) {
+    __shared__ T shared[32];
+    ROW
+    const T* row = x + r * cols;
+    T m = neg_inf<T>(), s = 0;
+    for (long long j = threadIdx.x; j < cols; j += blockDim.x) {
+        const T v = row[j];
+        if (v > m) { s = s * ex(m - v) + (T)1; m = v; }
+        else if (!(v == m && m == neg_inf<T>())) s += ex(v - m);
+    }
+    const T top = block_reduce<T>(m, shared, true, neg_inf<T>());
+    s = block_reduce<T>(m == top ? s : s * ex(m - top), shared, false, (T)0);
+    if (threadIdx.x == 0) out[r] = top + lg(s);
+}
 """
 
 
@@ -113,9 +146,10 @@ CTYPES = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}  # the 
 _ROWS = _SOFTMAX + r"""
 // d loss / d x of y = softmax(x) over a row, from dy and y: y * (dy - sum(dy * y)).
 template <typename T>
-__global__ void softmax_grad_rows(const T* dy, const T* y, T* dx, long long cols) {
+__global__ void softmax_grad_rows(const T* dy, const T* y, T* dx, long long rows, long long cols) {
     __shared__ T shared[32];
-    const long long at = (long long)blockIdx.x * cols;
+    ROW
+    const long long at = r * cols;
     T s = 0;
     for (long long j = threadIdx.x; j < cols; j += blockDim.x) s += dy[at + j] * y[at + j];
     s = block_reduce<T>(s, shared, false, (T)0);
@@ -125,9 +159,10 @@ __global__ void softmax_grad_rows(const T* dy, const T* y, T* dx, long long cols
 // LayerNormalization over a row: its mean, 1 / sqrt(variance + eps), and (x - mean) * inv * scale + bias.
 template <typename T>
 __global__ void layer_norm_rows(const T* x, const T* scale, const T* bias, int has_bias, T* y, T* mean_out,
-                                T* inv_out, long long cols, T eps) {
+                                T* inv_out, long long rows, long long cols, T eps) {
     __shared__ T shared[32];
-    const long long at = (long long)blockIdx.x * cols;
+    ROW
+    const long long at = r * cols;
     T s = 0;
     for (long long j = threadIdx.x; j < cols; j += blockDim.x) s += x[at + j];
     const T mean = block_reduce<T>(s, shared, false, (T)0) / (T)cols;
@@ -139,7 +174,7 @@ __global__ void layer_norm_rows(const T* x, const T* scale, const T* bias, int h
         o = o * scale[j];
         y[at + j] = has_bias ? o + bias[j] : o;
     }
-    if (threadIdx.x == 0) { mean_out[blockIdx.x] = mean; inv_out[blockIdx.x] = inv; }
+    if (threadIdx.x == 0) { mean_out[r] = mean; inv_out[r] = inv; }
 }
 """
 
@@ -151,10 +186,11 @@ _HELD = r"""
 #define J (threadIdx.x + (long long)k * blockDim.x)
 
 template <typename T, int PER>
-__global__ void softmax_rows_held(const T* x, T* y, long long cols) {
+__global__ void softmax_rows_held(const T* x, T* y, long long rows, long long cols) {
     __shared__ T shared[32];
-    const T* row = x + (long long)blockIdx.x * cols;
-    T* out = y + (long long)blockIdx.x * cols;
+    ROW
+    const T* row = x + r * cols;
+    T* out = y + r * cols;
     T v[PER];
     T m = row[0];
     #pragma unroll
@@ -169,9 +205,10 @@ __global__ void softmax_rows_held(const T* x, T* y, long long cols) {
 }
 
 template <typename T, int PER>
-__global__ void softmax_grad_rows_held(const T* dy, const T* y, T* dx, long long cols) {
+__global__ void softmax_grad_rows_held(const T* dy, const T* y, T* dx, long long rows, long long cols) {
     __shared__ T shared[32];
-    const long long at = (long long)blockIdx.x * cols;
+    ROW
+    const long long at = r * cols;
     T g[PER], v[PER];
     T s = 0;
     #pragma unroll
@@ -183,9 +220,10 @@ __global__ void softmax_grad_rows_held(const T* dy, const T* y, T* dx, long long
 
 template <typename T, int PER>
 __global__ void layer_norm_rows_held(const T* x, const T* scale, const T* bias, int has_bias, T* y, T* mean_out,
-                                     T* inv_out, long long cols, T eps) {
+                                     T* inv_out, long long rows, long long cols, T eps) {
     __shared__ T shared[32];
-    const long long at = (long long)blockIdx.x * cols;
+    ROW
+    const long long at = r * cols;
     T v[PER];
     T s = 0;
     #pragma unroll
@@ -201,30 +239,32 @@ __global__ void layer_norm_rows_held(const T* x, const T* scale, const T* bias, 
         o = o * scale[J];
         y[at + J] = has_bias ? o + bias[J] : o;
     }
-    if (threadIdx.x == 0) { mean_out[blockIdx.x] = mean; inv_out[blockIdx.x] = inv; }
+    if (threadIdx.x == 0) { mean_out[r] = mean; inv_out[r] = inv; }
 }
 """
-ROW_KERNELS = ("softmax_rows", "softmax_grad_rows", "layer_norm_rows")
+ROW_KERNELS = ("softmax_rows", "softmax_grad_rows", "layer_norm_rows")  # each has a `_held` variant
+ONE_PASS = ("logsumexp_rows",)
 HELD = (1, 2, 4, 8, 16, 32)  # elements a thread keeps in registers: the `_held` kernels' PER
+WARP_ROWS = 1024  # rows of up to this many elements take one warp each (32 a thread at most)
+BLOCK_THREADS = 128  # a block of warp rows: 4 rows
 
 
 @functools.cache
 def _row_module(cupy: ModuleType, dtype: str) -> Any:
-    names = [f"{k}<{dtype}>" for k in ROW_KERNELS] + [f"{k}_held<{dtype}, {p}>" for k in ROW_KERNELS for p in HELD]
+    names = ([f"{k}<{dtype}>" for k in ROW_KERNELS + ONE_PASS]
+             + [f"{k}_held<{dtype}, {p}>" for k in ROW_KERNELS for p in HELD])
     return cupy.RawModule(code=_ROWS + _HELD, options=("--std=c++14", "--fmad=false"), name_expressions=names)
 
 
-def _row_kernel(cupy: ModuleType, name: str, dtype: str, cols: int) -> tuple[Any, int]:
-    """The kernel for rows of `cols` elements and its threads per block: the register-held
-    variant where a row fits in the block's registers (up to 32 elements a thread)."""
-    threads = _threads(cols)
-    per = next((p for p in HELD if p * threads >= cols), None)
+def _row_launch(cupy: ModuleType, name: str, dtype: str, rows: int, cols: int, args: tuple) -> None:
+    """Run a row kernel (arguments `args`) over `rows` rows of `cols` elements: a warp a row for
+    rows of up to WARP_ROWS elements, else a block of 256 threads a row; the register-held variant
+    where the row fits (up to 32 elements a thread)."""
+    threads = 32 if cols <= WARP_ROWS else 256
+    per = next((p for p in HELD if p * threads >= cols), None) if name in ROW_KERNELS else None
     fn = f"{name}<{dtype}>" if per is None else f"{name}_held<{dtype}, {per}>"
-    return _row_module(cupy, dtype).get_function(fn), threads
-
-
-def _threads(cols: int) -> int:
-    return 32 if cols <= 32 else 128 if cols <= 1024 else 256
+    each = BLOCK_THREADS // threads if threads == 32 else 1
+    _row_module(cupy, dtype).get_function(fn)(((rows + each - 1) // each,), (threads, each), args)
 
 
 def softmax_last(cupy: ModuleType, x: Any) -> Any | None:
@@ -237,9 +277,22 @@ def softmax_last(cupy: ModuleType, x: Any) -> Any | None:
     cols = x.shape[-1]
     rows = x.size // cols
     y = cupy.empty_like(x)
-    kernel, threads = _row_kernel(cupy, "softmax_rows", ctype, cols)
-    kernel((rows,), (threads,), (x, y, np.int64(cols)))
+    _row_launch(cupy, "softmax_rows", ctype, rows, cols, (x, y, np.int64(rows), np.int64(cols)))
     return y
+
+
+def logsumexp_last(cupy: ModuleType, x: Any) -> Any | None:
+    """log(sum(exp(x))) over the last axis of a CuPy array (shape x.shape[:-1]), reading each row
+    once; None where the kernel does not apply (another dtype, an empty or zero-width tensor)."""
+    ctype = CTYPES.get(x.dtype)
+    if ctype is None or x.ndim == 0 or x.size == 0 or x.shape[-1] == 0:
+        return None
+    x = cupy.ascontiguousarray(x)
+    cols = x.shape[-1]
+    rows = x.size // cols
+    out = cupy.empty(x.shape[:-1], x.dtype)
+    _row_launch(cupy, "logsumexp_rows", ctype, rows, cols, (x, out, np.int64(rows), np.int64(cols)))
+    return out
 
 
 def softmax_grad_last(cupy: ModuleType, dy: Any, y: Any) -> Any | None:
@@ -252,8 +305,8 @@ def softmax_grad_last(cupy: ModuleType, dy: Any, y: Any) -> Any | None:
     dy, y = cupy.ascontiguousarray(dy), cupy.ascontiguousarray(y)
     cols = y.shape[-1]
     dx = cupy.empty_like(y)
-    kernel, threads = _row_kernel(cupy, "softmax_grad_rows", ctype, cols)
-    kernel((y.size // cols,), (threads,), (dy, y, dx, np.int64(cols)))
+    rows = y.size // cols
+    _row_launch(cupy, "softmax_grad_rows", ctype, rows, cols, (dy, y, dx, np.int64(rows), np.int64(cols)))
     return dx
 
 
@@ -274,10 +327,9 @@ def layer_norm_last(cupy: ModuleType, x: Any, axis: int, eps: float, scale: Any,
     y = cupy.empty_like(x)
     stats = x.shape[:axis] + (1,) * (x.ndim - axis)
     mean, inv = cupy.empty(stats, x.dtype), cupy.empty(stats, x.dtype)
-    kernel, threads = _row_kernel(cupy, "layer_norm_rows", ctype, cols)
-    kernel(
-        (rows,), (threads,), (x, scale, bias if bias is not None else scale, np.int32(bias is not None), y, mean, inv,
-                                     np.int64(cols), x.dtype.type(eps)))
+    _row_launch(cupy, "layer_norm_rows", ctype, rows, cols,
+                (x, scale, bias if bias is not None else scale, np.int32(bias is not None), y, mean, inv,
+                 np.int64(rows), np.int64(cols), x.dtype.type(eps)))
     return y, mean, inv
 
 

@@ -113,16 +113,23 @@ def _make_softmax(fn, n: NodeInfo) -> Kernel:
 
 def nll(xp, logp, target, weight, reduction: str, ignore_index: int | None):
     """-logp[n, target[n, ...], ...] weighted and reduced as NegativeLogLikelihoodLoss says."""
+    return _weighed(xp, lambda safe: -xp.take_along_axis(logp, xp.expand_dims(safe, 1), axis=1)[:, 0], logp.dtype,
+                    target, weight, reduction, ignore_index)
+
+
+def _weighed(xp, picked, dtype, target, weight, reduction: str, ignore_index: int | None):
+    """Each sample's loss, `picked(safe)` (safe: the targets, class 0 where ignored), weighted and
+    reduced as NegativeLogLikelihoodLoss says."""
     ignored = None if ignore_index is None else target == ignore_index
     safe = target if ignored is None else xp.where(ignored, 0, target)
-    loss = -xp.take_along_axis(logp, xp.expand_dims(safe, 1), axis=1)[:, 0]
+    loss = picked(safe)
     w = None
     if weight is not None:
         w = weight[safe]
         if ignored is not None:
-            w = xp.where(ignored, 0, w).astype(logp.dtype, copy=False)
+            w = xp.where(ignored, 0, w).astype(dtype, copy=False)
     elif ignored is not None:
-        w = xp.logical_not(ignored).astype(logp.dtype)
+        w = xp.logical_not(ignored).astype(dtype)
     if w is not None:
         loss = loss * w
     if reduction == "none":
@@ -142,8 +149,16 @@ def _loss_attrs(n: NodeInfo) -> tuple[str, int | None]:
 def make_softmax_cross_entropy(n: NodeInfo) -> Kernel:
     xp, want_log_prob = n.xp, n.wants_output(1)
     reduction, ignore_index = _loss_attrs(n)
+    one_pass = xp is not np and gpu.kernels_enabled()
 
     def sce(scores, labels, weights=None):
+        # [samples, classes] on a GPU: -log p[n, label] = logsumexp(scores[n]) - scores[n, label], one
+        # pass over the scores (a vocabulary's are the step's largest tensor) instead of CuPy's eight.
+        lse = gpu.logsumexp_last(xp, scores) if one_pass and scores.ndim == 2 else None
+        if lse is not None:
+            loss = _weighed(xp, lambda safe: lse - xp.take_along_axis(scores, safe[:, None], axis=1)[:, 0],
+                            scores.dtype, labels, weights, reduction, ignore_index)
+            return (loss.astype(scores.dtype, copy=False), scores - lse[:, None] if want_log_prob else None)
         logp = log_softmax(xp, scores, 1)
         loss = nll(xp, logp, labels, weights, reduction, ignore_index).astype(scores.dtype, copy=False)
         return (loss, logp if want_log_prob else None)
