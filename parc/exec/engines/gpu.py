@@ -4,7 +4,7 @@
   batched products call the legacy `cublasSgemm*Batched`, which follow the handle's math mode. So
   both are set: CuPy's float32 compute type and the cuBLAS handle's TF32 tensor-op math mode.
 - `softmax_last`: softmax over a contiguous last axis, one thread block per row (one warp for
-  rows of up to 1,024 elements), reading the row from memory once (CuPy's max/exp/sum/divide read
+  rows of up to 32 elements), reading the row from memory once (CuPy's max/exp/sum/divide read
   and write the whole tensor four times).
 - `logsumexp_last`: log(sum(exp(x))) over a contiguous last axis in one pass (a running max and
   sum): SoftmaxCrossEntropyLoss over a vocabulary without writing its log-probabilities.
@@ -245,8 +245,8 @@ __global__ void layer_norm_rows_held(const T* x, const T* scale, const T* bias, 
 ROW_KERNELS = ("softmax_rows", "softmax_grad_rows", "layer_norm_rows")  # each has a `_held` variant
 ONE_PASS = ("logsumexp_rows",)
 HELD = (1, 2, 4, 8, 16, 32)  # elements a thread keeps in registers: the `_held` kernels' PER
-WARP_ROWS = 1024  # rows of up to this many elements take one warp each (32 a thread at most)
-BLOCK_THREADS = 128  # a block of warp rows: 4 rows
+WARP_ROWS = 32  # rows of up to this many elements take one warp each, 4 rows a block
+BLOCK_THREADS = 128
 
 
 @functools.cache
@@ -258,9 +258,10 @@ def _row_module(cupy: ModuleType, dtype: str) -> Any:
 
 def _row_launch(cupy: ModuleType, name: str, dtype: str, rows: int, cols: int, args: tuple) -> None:
     """Run a row kernel (arguments `args`) over `rows` rows of `cols` elements: a warp a row for
-    rows of up to WARP_ROWS elements, else a block of 256 threads a row; the register-held variant
-    where the row fits (up to 32 elements a thread)."""
-    threads = 32 if cols <= WARP_ROWS else 256
+    rows of up to WARP_ROWS elements, else a block of 128 or 256 threads a row; the register-held
+    variant where the row fits (up to 32 elements a thread). (A warp a row for rows of 1,024, as
+    PyTorch's softmax, measured 2.9 times slower on an H200 with these kernels: docs/benchmarks.md.)"""
+    threads = 32 if cols <= WARP_ROWS else 128 if cols <= 1024 else 256
     per = next((p for p in HELD if p * threads >= cols), None) if name in ROW_KERNELS else None
     fn = f"{name}<{dtype}>" if per is None else f"{name}_held<{dtype}, {per}>"
     each = BLOCK_THREADS // threads if threads == 32 else 1
