@@ -161,7 +161,7 @@ def run_parc(work: Path, steps: int, tf32: bool, kernels: bool = True, plan: str
 WARM_STEPS = 3  # a run's steps 1-2 compile kernels and size the pool (step 2: 1.0-1.6 s on an H100)
 
 
-def profile_parc(work: Path, tf32: bool, steps: int = 2) -> dict:
+def profile_parc(work: Path, tf32: bool, steps: int = 2, plan: str = "plan") -> dict:
     """Per op type GPU time of `steps` steps after WARM_STEPS warm-up steps, in this process."""
     if tf32:
         os.environ["CUPY_TF32"] = "1"
@@ -169,7 +169,7 @@ def profile_parc(work: Path, tf32: bool, steps: int = 2) -> dict:
     from parc.exec.data import step_inputs, synthetic
     from parc.exec.runner import Rank
 
-    rank = Rank(work / "plan", 0, comm=MpiComm(timeout=120), engine="cupy")
+    rank = Rank(work / plan, 0, comm=MpiComm(timeout=120), engine="cupy")
     inputs = step_inputs(rank.program)
     for s in range(WARM_STEPS):  # kernels compiled, and the memory pool at its size (no more releases)
         rank.step(synthetic(inputs, 0, s))
@@ -448,7 +448,9 @@ def main() -> None:
     elif a.kind == "torch":
         print(json.dumps(run_torch(a.work, a.steps, a.tf32, a.device, bf16=a.bf16)))
     elif a.kind == "profile-parc":
-        print(json.dumps(profile_parc(a.work, a.tf32)))
+        if a.bf16:
+            setup_bf16(a.work)
+        print(json.dumps(profile_parc(a.work, a.tf32, plan="plan_bf16" if a.bf16 else "plan")))
     elif a.kind == "profile-torch":
         print(json.dumps(run_torch(a.work, a.steps, a.tf32, a.device, profile=True)))
     elif a.kind == "calibrate":
