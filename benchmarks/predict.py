@@ -1,5 +1,5 @@
-"""Predicted against measured, on this machine: `parc profile` (with the models' own convolutions,
-`--model`), then for each model and layout
+"""Predicted against measured, on this machine: `parc profile` (with the models' own products and
+convolutions, `--model`), then for each model and layout
 `parc plan --calibration`, `parc simulate` (predicted step and peak memory per rank) and
 `parc run` (measured median step over the steps after the first five, and the peak of tensors
 each rank held). Prints one Markdown table (docs/benchmarks.md, "Predicted against measured").

@@ -23,14 +23,14 @@ from parc.errors import UsageError
 @click.option("--device", "device", metavar="TYPE",
               help="The device type the file calibrates (default: cpu, or the catalogue's name of the GPU).")
 @click.option("--model", "models", multiple=True, type=click.Path(dir_okay=False), metavar="FILE",
-              help="An ONNX model (a training step from `parc grad`) whose own convolutions calibrate the "
-                   "convolution classes, at each rank count's share of their batch (repeatable).")
+              help="An ONNX model (a training step from `parc grad`) whose own products and convolutions "
+                   "calibrate their classes, at each rank count's share of their batch (repeatable).")
 @click.option("--dim", "dims", multiple=True, metavar="NAME=VALUE",
               help="Bind a symbolic dim of the --model files (as `parc plan --dim`).")
-@click.option("--convs", hidden=True, type=click.Path(dir_okay=False))
+@click.option("--cases", hidden=True, type=click.Path(dir_okay=False))
 @click.option("--worker", hidden=True, type=click.Path(dir_okay=False))
 def profile(output: str | None, max_ranks: int | None, budget: float | None, engine: str, device: str | None,
-            models: tuple[str, ...], dims: tuple[str, ...], convs: str | None, worker: str | None) -> None:
+            models: tuple[str, ...], dims: tuple[str, ...], cases: str | None, worker: str | None) -> None:
     """Measure this machine (compute per op class with parc's engine, collectives between
     ranks) and write a calibration file for `parc plan --calibration`."""
     from parc.exec import profile as prof
@@ -40,7 +40,7 @@ def profile(output: str | None, max_ranks: int | None, budget: float | None, eng
     if not budget > 0:
         raise UsageError(f"--seconds {budget}: expected a positive number of seconds")
     if worker is not None:
-        prof.worker(worker, budget, engine, convs)
+        prof.worker(worker, budget, engine, cases)
         return
     if output is None:
         raise UsageError("-o FILE is required: the calibration file to write")

@@ -15,9 +15,9 @@ inputs rotating through more memory than a cache holds; the mean is kept:
   the fastest class's rate is the peak, the others fractions of it (`compute_efficiency`,
   `op_efficiency`). Each class's figure is the geometric mean of its sizes' rates, the value that
   minimises the squared log error of the roofline over them. With `--model FILE`, the model's own
-  convolutions (`model_convs`, the shapes holding 95% of each class's FLOPs) replace the built-in
-  cases of the classes it has, at each rank count's share of the batch, and such a class's figure
-  is the model's FLOPs over its time;
+  products and convolutions (`model_cases`, the shapes holding 95% of each class's FLOPs) replace
+  the built-in cases of the classes it has, at each rank count's share of the batch, and such a
+  class's figure is the model's FLOPs over its time;
 - collectives (k >= 2): all-reduces of 64 B to 4 MiB through parc's communicator, over the whole
   job and (even k > 2) over pairs while the other pairs compute, `ARRIVALS` rounds of a first
   one after compute then a burst: the burst fits the ring formula `2(n-1) alpha + 2(n-1)/n B /
@@ -50,7 +50,13 @@ from parc.errors import UsageError
 
 BUDGET = 0.6  # default seconds each benchmark runs (per rank, all ranks at once)
 CHAIN = 16  # nodes in a chain of tiny Adds (and 1): the slope is the per-node floor
-POOL_BYTES = 96 << 20  # inputs rotate through this many bytes, more than a CPU's last-level cache
+# A CPU benchmark feeds the same inputs every run: they stay in the caches where they fit, as a
+# step's tensors do when the op before has just written them (a 1-4 MiB bias gradient's ReduceSum
+# ran 6 times faster so on this project's 2-core host than with inputs rotating through 96 MiB,
+# and gpt-tiny's memory-bound classes in onnxruntime's own profile of a step matched the warm
+# rates: docs/benchmarks.md); larger tensors leave the caches by themselves. A GPU's benchmarks
+# rotate through GPU_SIZES' pool (its tensors are larger than an L2).
+POOL_BYTES = 0
 # memory-bound ops as training graphs have them, on [rows, 256] float32 tensors: plain and
 # broadcast elementwise, a transpose, reductions over the leading axis (bias gradients) and the
 # last one, softmax and layer normalisation, and Where as a ReLU's gradient (a mask, the gradient,
@@ -86,7 +92,7 @@ class Sizes:
     memory_rows: tuple[int, ...]  # x 256 columns
     matmuls: tuple
     convs: dict
-    pool_bytes: int  # inputs rotate through this many bytes (more than the last-level cache)
+    pool_bytes: int  # inputs rotate through this many bytes (0: one set of inputs, run after run)
 
 
 CPU_SIZES = Sizes(MEMORY_ROWS, MATMULS, CONVS, POOL_BYTES)
@@ -176,9 +182,17 @@ def _matmul(batch: tuple, m: int, k: int, n: int):
     return _model([helper.make_node("MatMul", ["a", "b"], ["y"])], {"a": (*batch, m, k), "b": (*batch, k, n)}, "y")
 
 
-def _conv(op: str, x: tuple, w: tuple, attrs: dict):
-    """(model, FLOPs) of one convolution (ConvWeightGrad is a Conv), the FLOPs as the cost model
-    counts them (`parc.ops.base.node_work` on the inferred output shape)."""
+PRODUCTS = ("MatMul", "BatchMatMul", "Gemm")  # the product classes (`op_class`) a model's own cases may have
+GEMM_ATTRS = ("transA", "transB")  # a Gemm's attributes that shape its work (alpha and beta do not)
+# a convolution's attributes that shape its work (what `model_cases` tells cases apart by)
+CONV_ATTRS = ("auto_pad", "dilations", "group", "kernel_shape", "output_padding", "output_shape", "pads", "strides")
+SPLIT = "split"  # a product case's dims of its two operands that hold the batch (`rank_cases`): not an ONNX attribute
+
+
+def _case(cls: str, x: tuple, w: tuple, attrs: dict):
+    """(model, FLOPs) of one product or convolution of class `cls` (`op_class`: ConvWeightGrad is a
+    Conv, BatchMatMul a MatMul) on operands of shapes `x` and `w`, the FLOPs as the cost model counts
+    them (`parc.ops.base.node_work` on the inferred output shape)."""
     import onnx
     from onnx import helper
 
@@ -186,33 +200,66 @@ def _conv(op: str, x: tuple, w: tuple, attrs: dict):
     from parc.ir.graph import Node, Value
     from parc.ops.base import node_work
 
-    kind = "ConvTranspose" if op == "ConvTranspose" else "Conv"
-    proto = helper.make_node(kind, ["x", "w"], ["y"], **attrs)
+    kind = {"ConvWeightGrad": "Conv", "BatchMatMul": "MatMul"}.get(cls, cls)
+    onnx_attrs = {a: v for a, v in attrs.items() if a != SPLIT}
+    proto = helper.make_node(kind, ["x", "w"], ["y"], **onnx_attrs)
     model = _model([proto], {"x": x, "w": w}, "y")
     out = onnx.shape_inference.infer_shapes(model, strict_mode=True).graph.output[0]
     y = tuple(d.dim_value for d in out.type.tensor_type.shape.dim)
-    channels = w[0] if kind == "ConvTranspose" else attrs.get("group", 1) * w[1]
-    if not y or min(y) <= 0 or x[1] != channels:
-        raise ValueError(f"its output would be {list(y)}" if not y or min(y) <= 0 else
-                         f"its input has {x[1]} channels, the weight expects {channels}")
+    if not y or min(y) <= 0:
+        raise ValueError(f"its output would be {list(y)}")
+    if kind in ("Conv", "ConvTranspose"):
+        channels = w[0] if kind == "ConvTranspose" else attrs.get("group", 1) * w[1]
+        if x[1] != channels:
+            raise ValueError(f"its input has {x[1]} channels, the weight expects {channels}")
     f32 = DType.from_numpy(np.float32)
     node = Node(kind, [Value("x", f32, tuple(x)), Value("w", f32, tuple(w))], [Value("y", f32, y)],
                 {a.name: a for a in proto.attribute})
     return model, node_work(node)[0]
 
 
-# a convolution's attributes that shape its work (what `model_convs` tells cases apart by)
-CONV_ATTRS = ("auto_pad", "dilations", "group", "kernel_shape", "output_padding", "output_shape", "pads", "strides")
+def _batch_sizes(graph) -> set[int]:
+    """The sizes a step's batch takes in its tensors: the products of each leading run of dims of
+    the graph's integer inputs (token ids, labels: [B, S] gives B and B x S), or of its first
+    input's where it has none."""
+    ints = [v for v in graph.inputs if v.shape and v.dtype is not None and v.dtype.numpy.kind in "iu"]
+    sizes = set()
+    for v in ints or graph.inputs[:1]:
+        prod = 1
+        for d in v.shape or ():
+            prod *= d
+            sizes.add(prod)
+    return sizes
 
 
-def model_convs(paths: Sequence[str | Path], dims: Mapping[str, int] | None = None) -> dict[str, list[tuple]]:
-    """The float32 convolutions of the ONNX models at `paths` (a training step from `parc grad`
-    has its weight gradients' and input gradients' too), by class (`parc.ops.op_class`): one
-    case (input shape, weight shape, attributes, how many nodes have it) per distinct shape. A
-    convolution's speed depends on its shape far more than a matmul's (onnxruntime on a CPU:
-    3x3 input gradients and weight gradients run at 0.05-0.5 of a forward one's rate), so the
-    calibration of a model's classes is best measured on that model's own shapes. `dims`: values
-    of the models' symbolic dims (`--dim`)."""
+def _product_split(a: tuple, b: tuple, attrs: dict, batch: set[int]) -> list[list[int]] | None:
+    """The dims of a product's operands that hold the batch, [dims of a, dims of b], where the
+    batch is: a leading dim of both (attention's [B, heads, S, d]) or of `a` alone (a projection
+    of [B, S, h] by a weight), the rows of `a` ([B x S, h] by a weight), or the contracted dim (a
+    weight's gradient, [B x S, h] transposed times [B x S, o]); None where no dim is a batch size."""
+    if len(a) < 2 or len(b) < 2:
+        return None
+    if len(a) > 2 and a[0] in batch:
+        return [[0], [0] if len(b) == len(a) and b[0] == a[0] else []]
+    ta, tb = attrs.get("transA", 0), attrs.get("transB", 0)
+    rows, inner = (len(a) - 1, len(a) - 2) if ta else (len(a) - 2, len(a) - 1)
+    b_inner = len(b) - 1 if tb else len(b) - 2
+    if len(a) == 2 and a[rows] in batch:
+        return [[rows], []]
+    if a[inner] in batch and b[b_inner] == a[inner]:
+        return [[inner], [b_inner]]
+    return None
+
+
+def model_cases(paths: Sequence[str | Path], dims: Mapping[str, int] | None = None) -> dict[str, list[tuple]]:
+    """The float32 products (MatMul, Gemm) and convolutions of the ONNX models at `paths` (a
+    training step from `parc grad` has its gradients' too), by class (`parc.ops.op_class`): one
+    case (first operand's shape, second's, attributes, how many nodes have it) per distinct shape.
+    A convolution's speed depends on its shape far more than a matmul's (onnxruntime on a CPU: 3x3
+    input gradients and weight gradients run at 0.05-0.5 of a forward one's rate), and a small
+    model's products run faster than the built-in cases' larger ones, so a model's classes are
+    best measured on its own shapes. A product's case says where its batch is (`SPLIT`, for
+    `rank_cases`). `dims`: values of the models' symbolic dims (`--dim`)."""
     from parc.errors import ParcError
     from parc.ir.dtypes import DType
     from parc.ir.importer import from_model, read_model, symbolic_dims
@@ -231,13 +278,20 @@ def model_convs(paths: Sequence[str | Path], dims: Mapping[str, int] | None = No
         except ParcError as e:
             raise UsageError(f"--model: {e}") from None
         bound |= names
+        batch = _batch_sizes(graph)
         for n in graph.nodes:
-            if n.op_type not in ("Conv", "ConvTranspose") or len(n.inputs) < 2:
+            if n.op_type not in ("Conv", "ConvTranspose", "MatMul", "Gemm") or len(n.inputs) < 2:
                 continue
             x, w = n.inputs[0], n.inputs[1]
             if x is None or w is None or x.shape is None or w.shape is None or x.dtype != f32 or w.dtype != f32:
                 continue
-            attrs = {a: n.attr(a) for a in CONV_ATTRS if a in n.attrs}
+            if n.op_type in ("MatMul", "Gemm"):
+                attrs = {a: n.attr(a) for a in GEMM_ATTRS if n.attr(a)} if n.op_type == "Gemm" else {}
+                split = _product_split(tuple(x.shape), tuple(w.shape), attrs, batch)
+                if split is not None:
+                    attrs[SPLIT] = split
+            else:
+                attrs = {a: n.attr(a) for a in CONV_ATTRS if a in n.attrs}
             key = (op_class(n), tuple(x.shape), tuple(w.shape), repr(sorted(attrs.items())))
             found.setdefault(key, [key[0], key[1], key[2], attrs, 0])[4] += 1
     if set(dims) - bound:
@@ -252,68 +306,76 @@ def model_convs(paths: Sequence[str | Path], dims: Mapping[str, int] | None = No
 COVER = 0.95  # the share of a class's FLOPs whose shapes `parc profile --model` measures
 
 
-def measurable_convs(convs: Mapping[str, list[tuple]], counts: Sequence[int]) -> tuple[dict[str, list[tuple]], str]:
-    """(the cases of `convs` (`model_convs`) that hold `COVER` of each class's FLOPs, the largest
+def measurable_cases(cases: Mapping[str, list[tuple]], counts: Sequence[int]) -> tuple[dict[str, list[tuple]], str]:
+    """(the cases of `cases` (`model_cases`) that hold `COVER` of each class's FLOPs, the largest
     first: the rest are small shapes that cost a benchmark each and little of a step; what was
     kept, for the file's header). Every kept case is built at every rank count's share
-    (`rank_convs`) first, so that one onnxruntime cannot take is a one-line error before minutes
+    (`rank_cases`) first, so that one onnxruntime cannot take is a one-line error before minutes
     of measuring, not a failure halfway."""
     def flops(cls: str, x: tuple, w: tuple, attrs: dict, k: int) -> float:
         try:
-            return _conv(cls, x, w, attrs)[1]
+            return _case(cls, x, w, attrs)[1]
         except Exception as e:  # onnx's inference refuses it
-            raise UsageError(f"--model: cannot measure the {cls} of input {list(x)} and weight {list(w)} "
-                             f"({attrs}) on {k} rank(s): {str(e).strip().splitlines()[0]}") from None
+            shown = {a: v for a, v in attrs.items() if a != SPLIT}
+            raise UsageError(f"--model: cannot measure the {cls} of operands {list(x)} and {list(w)} "
+                             f"({shown}) on {k} rank(s): {str(e).strip().splitlines()[0]}") from None
 
     kept: dict[str, list[tuple]] = {}
     said = []
-    for cls, cases in convs.items():
-        work = [count * flops(cls, x, w, attrs, 1) for x, w, attrs, count in cases]
-        order = sorted(range(len(cases)), key=lambda i: -work[i])
+    for cls, items in cases.items():
+        work = [count * flops(cls, x, w, attrs, 1) for x, w, attrs, count in items]
+        order = sorted(range(len(items)), key=lambda i: -work[i])
         total, running = sum(work), 0.0
         for i in order:
             if running >= COVER * total and kept.get(cls):
                 break
-            kept.setdefault(cls, []).append(cases[i])
+            kept.setdefault(cls, []).append(items[i])
             running += work[i]
-        said.append(f"{cls}: {sum(c for *_, c in cases)} nodes, {len(cases)} shapes, the {len(kept[cls])} largest "
+        said.append(f"{cls}: {sum(c for *_, c in items)} nodes, {len(items)} shapes, the {len(kept[cls])} largest "
                     f"measured ({running / max(total, 1e-30):.0%} of its FLOPs)")
     for k in counts:
-        for cls, cases in rank_convs(kept, k).items():
-            for x, w, attrs, _ in cases:
+        for cls, items in rank_cases(kept, k).items():
+            for x, w, attrs, _ in items:
                 flops(cls, x, w, attrs, k)
     return kept, "; ".join(said)
 
 
-def write_convs(path: Path, convs: Mapping[str, list[tuple]]) -> None:
-    """`convs` for the ranks of a profiling job (`read_convs`): the parent reads the models once."""
-    path.write_text(json.dumps({cls: [[list(x), list(w), attrs, count] for x, w, attrs, count in cases]
-                                for cls, cases in convs.items()}))
+def write_cases(path: Path, cases: Mapping[str, list[tuple]]) -> None:
+    """`cases` for the ranks of a profiling job (`read_cases`): the parent reads the models once."""
+    path.write_text(json.dumps({cls: [[list(x), list(w), attrs, count] for x, w, attrs, count in items]
+                                for cls, items in cases.items()}))
 
 
-def read_convs(path: str | Path | None) -> dict[str, list[tuple]]:
+def read_cases(path: str | Path | None) -> dict[str, list[tuple]]:
     if path is None:
         return {}
-    return {cls: [(tuple(x), tuple(w), attrs, count) for x, w, attrs, count in cases]
-            for cls, cases in json.loads(Path(path).read_text()).items()}
+    return {cls: [(tuple(x), tuple(w), attrs, count) for x, w, attrs, count in items]
+            for cls, items in json.loads(Path(path).read_text()).items()}
 
 
-def rank_convs(convs: Mapping[str, list[tuple]], k: int) -> dict[str, list[tuple]]:
-    """`convs` (`model_convs`) as each of `k` ranks runs them when the plan splits the batch: a
-    forward or input-gradient convolution's input rows (dim 0), a weight gradient's contracted
-    batch (dim 1 of both operands: N, and g x N for the input of a grouped one, whose g groups
-    each contract the batch). The class is `op_class`'s (a kernel larger than its output): a
-    forward convolution whose kernel covers more than its output (a 4x4 kernel on a 4x4 input) is
-    split as a weight gradient, and a weight gradient of a 1x1 output as a forward one; both are
-    rare, and only this calibration's split is off for them."""
+def rank_cases(cases: Mapping[str, list[tuple]], k: int) -> dict[str, list[tuple]]:
+    """`cases` (`model_cases`) as each of `k` ranks runs them when the plan splits the batch: a
+    product's batch dims (`SPLIT`; one without runs whole), a forward or input-gradient
+    convolution's input rows (dim 0), a weight gradient's contracted batch (dim 1 of both operands:
+    N, and g x N for the input of a grouped one, whose g groups each contract the batch). The class
+    is `op_class`'s (a kernel larger than its output): a forward convolution whose kernel covers
+    more than its output (a 4x4 kernel on a 4x4 input) is split as a weight gradient, and a weight
+    gradient of a 1x1 output as a forward one; both are rare, and only this calibration's split is
+    off for them."""
     def part(n: int) -> int:
         return max(1, -(-n // k))
 
+    def divided(shape: tuple, at: list[int]) -> tuple:
+        return tuple(part(d) if i in at else d for i, d in enumerate(shape))
+
     out: dict[str, list[tuple]] = {}
-    for cls, cases in convs.items():
-        for x, w, attrs, count in cases:
+    for cls, items in cases.items():
+        for x, w, attrs, count in items:
             group = attrs.get("group", 1)
-            if cls == "ConvWeightGrad" and len(x) > 2 and x[1] == group * w[1]:
+            if cls in PRODUCTS:
+                at_x, at_w = attrs.get(SPLIT) or ([], [])
+                x, w = divided(x, at_x), divided(w, at_w)
+            elif cls == "ConvWeightGrad" and len(x) > 2 and x[1] == group * w[1]:
                 x, w = (x[0], group * part(w[1]), *x[2:]), (w[0], part(w[1]), *w[2:])
             elif cls != "ConvWeightGrad":
                 x = (part(x[0]), *x[1:])
@@ -406,11 +468,11 @@ def _geomean(values: list[float]) -> float:
 
 
 def measure_rank(comm, threads: int, budget: float = BUDGET, engine: tuple[str, str] = ("ort", "cpu"),
-                 convs: Mapping[str, list[tuple]] | None = None) -> dict:
+                 cases: Mapping[str, list[tuple]] | None = None) -> dict:
     """This rank's figures (every rank of the job runs it at the same time), each benchmark run
-    for about `budget` seconds on `engine` (`runner.pick_engine`'s (kind, device)). `convs`: a
-    model's convolutions (`model_convs`), measured at this job's share of their batch instead of
-    the built-in cases of the classes they have."""
+    for about `budget` seconds on `engine` (`runner.pick_engine`'s (kind, device)). `cases`: a
+    model's products and convolutions (`model_cases`), measured at this job's share of their batch
+    instead of the built-in cases of the classes they have."""
     barrier = comm.barrier if comm.size > 1 else (lambda: None)
     sizes = GPU_SIZES if engine[1] == "gpu" else CPU_SIZES
 
@@ -432,23 +494,25 @@ def measure_rank(comm, threads: int, budget: float = BUDGET, engine: tuple[str, 
             model, nbytes = _memory_op(op, r)
             t = timed(model) - overhead
             rows["memory"].append({"op": op, "bytes": nbytes, "s": t, "bytes_per_s": nbytes / max(t - floor, 1e-9)})
+    own = rank_cases(cases or {}, comm.size)
     for batch, m, k, n in sizes.matmuls:
+        if matmul_class([*batch, m, k, n]) in own:
+            continue
         t = timed(_matmul(batch, m, k, n)) - overhead
         flops = 2 * int(np.prod(batch, dtype=np.int64)) * m * k * n
         rows["matmul"].append({"shape": [*batch, m, k, n], "s": t, "flops_per_s": flops / max(t - floor, 1e-9)})
     rows["conv"] = []
-    own = rank_convs(convs or {}, comm.size)
-    cases = [(cls, x, w, attrs, None) for cls, items in sizes.convs.items() if cls not in own
-             for x, w, attrs in items]
-    cases += [(cls, x, w, attrs, count) for cls, items in own.items() for x, w, attrs, count in items]
-    for cls, x, w, attrs, count in cases:
-        model, flops = _conv(cls, x, w, attrs)
+    runs = [(cls, x, w, attrs, None) for cls, items in sizes.convs.items() if cls not in own
+            for x, w, attrs in items]
+    runs += [(cls, x, w, attrs, count) for cls, items in own.items() for x, w, attrs, count in items]
+    for cls, x, w, attrs, count in runs:
+        model, flops = _case(cls, x, w, attrs)
         t = timed(model) - overhead
         row = {"class": cls, "input": list(x), "weight": list(w), "s": t, "flops": flops,
                "flops_per_s": flops / max(t - floor, 1e-9)}
         if count is not None:  # a model's own: its nodes of this shape
             row["count"] = count
-        rows["conv"].append(row)
+        rows["matmul" if cls in PRODUCTS else "conv"].append(row)
     if comm.size > 1:
         rows["all_reduce"] = _all_reduces(comm, threads, engine)
     return rows
@@ -493,6 +557,12 @@ def _all_reduces(comm, threads: int, engine: tuple[str, str] = ("ort", "cpu")) -
     return comm.comm.bcast(rows, root=k - 1)
 
 
+def matmul_class(shape: Sequence[int]) -> str:
+    """The class (`op_class`) of a built-in product [batch..., m, k, n]: `BatchMatMul` where
+    its batch has more than one matrix, else `MatMul`."""
+    return "BatchMatMul" if len(shape) > 3 and math.prod(shape[:-3]) > 1 else "MatMul"
+
+
 # a memory benchmark's op -> the class it calibrates (`parc.ops.op_class`); None: the default
 # (every elementwise op, and a fused tree of them)
 MEMORY_CLASSES = {"Add": None, "MulBroadcast": None, "Transpose": "Transpose", "ReduceSumFirst": "ReduceSum",
@@ -502,7 +572,7 @@ MEMORY_CLASSES = {"Add": None, "MulBroadcast": None, "Transpose": "Transpose", "
 
 def fit(rows: dict, k: int) -> dict:
     """Calibration fields (SI) from one rank's measured rows. Each class's rate is the geometric
-    mean of its sizes' (a model's own convolutions, rows with a `count`: its FLOPs over its time);
+    mean of its sizes' (a model's own products and convolutions, rows with a `count`: its FLOPs over its time);
     the fastest class's is the peak (FLOP/s, bytes/s) and the others are fractions of it: matmuls
     are `MatMul` (a 2-D product) or `BatchMatMul`, convolutions their classes; memory-bound ops the
     elementwise default or their own class (`MEMORY_CLASSES`)."""
@@ -512,14 +582,13 @@ def fit(rows: dict, k: int) -> dict:
             groups.setdefault(cls, []).append(rate)
         return {cls: _geomean(rates) for cls, rates in groups.items()}
 
-    rates = by_class(("BatchMatMul" if len(r["shape"]) > 3 and math.prod(r["shape"][:-3]) > 1 else "MatMul",
-                      r["flops_per_s"]) for r in rows["matmul"])
+    rates = by_class((matmul_class(r["shape"]), r["flops_per_s"]) for r in rows["matmul"] if "count" not in r)
     convs = rows.get("conv", [])
     rates.update(by_class((r["class"], r["flops_per_s"]) for r in convs if "count" not in r))
-    # a model's own convolutions: its total FLOPs over its total time, each shape as often as the
-    # model has it (what a step of it costs, not a typical size's rate)
+    # a model's own products and convolutions: its total FLOPs over its total time, each shape as
+    # often as the model has it (what a step of it costs, not a typical size's rate)
     own: dict[str, list[float]] = {}
-    for r in convs:
+    for r in rows["matmul"] + convs:
         if "count" in r:
             acc = own.setdefault(r["class"], [0.0, 0.0])
             acc[0] += r["count"] * r["flops"]
@@ -554,14 +623,14 @@ def fit(rows: dict, k: int) -> dict:
     return out
 
 
-def worker(out: str, budget: float, engine: str = "ort", convs: str | None = None) -> None:
+def worker(out: str, budget: float, engine: str = "ort", cases: str | None = None) -> None:
     """One rank of a profiling job (run under mpiexec by `profile`): rank 0 writes the rows.
-    `convs`: the file of a model's convolutions the parent wrote (`write_convs`)."""
+    `cases`: the file of a model's products and convolutions the parent wrote (`write_cases`)."""
     from parc.exec.comm import MpiComm
     from parc.exec.runner import pick_engine, rank_threads
 
     comm = MpiComm(timeout=600.0)
-    rows = measure_rank(comm, rank_threads(comm.size), budget, pick_engine(engine), read_convs(convs))
+    rows = measure_rank(comm, rank_threads(comm.size), budget, pick_engine(engine), read_cases(cases))
     if comm.rank == 0:
         Path(out).write_text(json.dumps(rows))
 
@@ -595,7 +664,7 @@ def profile(output: Path, max_ranks: int | None, budget: float = BUDGET, device:
     """Measure with 1, 2, 4, ... ranks (up to `max_ranks`; None: 1 on a GPU, else 4) on `engine`
     (`parc run --engine`'s names) and write the calibration file for device type `device` (by default `cpu`, or the
     catalogue's name of the GPU that `--engine cupy` measures). `models`: ONNX files whose own
-    convolutions calibrate the convolution classes they have (`model_convs`; `dims` binds their
+    products and convolutions calibrate the classes they have (`model_cases`; `dims` binds their
     symbolic dims)."""
     import tempfile
 
@@ -615,12 +684,12 @@ def profile(output: Path, max_ranks: int | None, budget: float = BUDGET, device:
         counts.append(counts[-1] * 2)
     if max_ranks not in counts:
         counts.append(max_ranks)
-    convs, own = measurable_convs(model_convs(models, dims), counts)
+    cases, own = measurable_cases(model_cases(models, dims), counts)
     measured: dict[int, dict] = {}
     probes: list[float] = []
     with tempfile.TemporaryDirectory(prefix="parc-profile-") as tmp:
-        cases = Path(tmp) / "convs.json"
-        write_convs(cases, convs)
+        cases_file = Path(tmp) / "cases.json"
+        write_cases(cases_file, cases)
         for k in counts:
             probes.append(host_probe(rank_threads(1), kind))
             path = Path(tmp) / f"rows.{k}.json"
@@ -628,10 +697,10 @@ def profile(output: Path, max_ranks: int | None, budget: float = BUDGET, device:
                 f"({rank_threads(k)} thread{'s' if rank_threads(k) > 1 else ''} each)")
             echo(f"measuring {k} rank{'s' if k > 1 else ''} {where} ...")
             if k == 1:
-                measured[k] = measure_rank(_Solo(), rank_threads(1), budget, kind, convs)
+                measured[k] = measure_rank(_Solo(), rank_threads(1), budget, kind, cases)
             else:
                 rc = launch(k, ["profile", "--worker", str(path), "--seconds", str(budget), "--engine", engine,
-                                "--convs", str(cases)])
+                                "--cases", str(cases_file)])
                 if rc:
                     raise RunError(f"the profiling job of {k} ranks failed (exit {rc})")
                 measured[k] = json.loads(path.read_text())
@@ -642,7 +711,7 @@ def profile(output: Path, max_ranks: int | None, budget: float = BUDGET, device:
              f"product ran at {', '.join(f'{v:.2f}' for v in speeds)} of its first speed): the figures are of a "
              f"mix of its speeds; profile again when it is quieter, or with a longer --seconds")
     write_calibration(output, {k: fit(rows, k) for k, rows in measured.items()}, measured, device, link,
-                      _engine_text(kind), f"{', '.join(map(str, models))} ({own or 'no float32 convolutions'})"
+                      _engine_text(kind), f"{', '.join(map(str, models))} ({own or 'no float32 products or convolutions'})"
                       if models else "", speeds)
     return measured
 
@@ -706,13 +775,15 @@ def write_calibration(output: Path, fitted: dict[int, dict], measured: dict[int,
     head = [f"# parc profile: {platform.node()}, {os.cpu_count()} CPUs ({platform.processor() or platform.machine()}), "
             f"{engine or 'onnxruntime'}, {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}",
             "# one rank alone (devices), two ranks' links (links), and per rank when k share this host (sharing)",
-            *([f"# convolution classes from the models' own shapes: {models}"] if models else []),
+            *([f"# classes measured on the models' own shapes: {models}"] if models else []),
             *([f"# the host's speed before each rank count and at the end (a fixed product, the first = 1): "
                f"{', '.join(f'{v:.2f}' for v in speeds)}"] if speeds else []),
             "# measured (seconds per node; all-reduce seconds per call):"]
     for k, rows in sorted(measured.items()):
         mem = ", ".join(f"{r['op']} {r['bytes'] >> 20} MiB: {r['s']:.3g}" for r in rows["memory"])
-        mm = ", ".join(f"{'x'.join(map(str, r['shape']))}: {r['s']:.3g}" for r in rows["matmul"])
+        mm = ", ".join(f"{'x'.join(map(str, r['shape']))}: {r['s']:.3g}" if "shape" in r else
+                       f"{r['class']} {'x'.join(map(str, r['input']))} * {'x'.join(map(str, r['weight']))}: {r['s']:.3g}"
+                       for r in rows["matmul"])
         head.append(f"#  {k} rank(s): floor {rows['launch_floor_s']:.3g}, run overhead {rows['task_overhead_s']:.3g}")
         head.append(f"#    memory-bound {mem}")
         head.append(f"#    MatMul {mm}")
