@@ -73,11 +73,14 @@ def _common(f):
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per step on stdout.")
 @click.option("--tf32", is_flag=True, help="On a GPU, float32 matmuls on TF32 tensor cores (faster, ~1e-3 "
               "relative error).")
+@click.option("--trace", type=click.Path(), metavar="FILE",
+              help="Write every rank's tasks of the last step, measured, beside the times parc simulate gives "
+                   "them (Chrome trace JSON: open it in ui.perfetto.dev).")
 @click.option("--dump", hidden=True, type=click.Path(file_okay=False))
 @_common
 def run(plan_dir: str, steps: int, data: str | None, checkpoint: str | None, checkpoint_every: int, resume: bool,
-        as_json: bool, tf32: bool, dump: str | None, engine: str, seed: int, init: str, timeout: float,
-        force: bool) -> None:
+        as_json: bool, tf32: bool, trace: str | None, dump: str | None, engine: str, seed: int, init: str,
+        timeout: float, force: bool) -> None:
     """Run the plan in PLAN_DIR on its ranks for --steps steps (loss, step time, samples/s)."""
     from parc.exec.launch import CHILD, launch, rank_from_env, train
     from parc.exec.runner import pick_engine, plan_engine
@@ -92,6 +95,10 @@ def run(plan_dir: str, steps: int, data: str | None, checkpoint: str | None, che
     if os.environ.get(FAULT_ENV):  # the failure tests' switch: a bad one is one line, before any rank starts
         parse_fault(os.environ[FAULT_ENV])
     pick_engine(engine)  # --engine cupy without a usable GPU: one line, before any rank starts
+    if trace:
+        from parc.exec.trace import check_output
+
+        check_output(trace)
     in_job = rank_from_env() is not None or os.environ.get(CHILD)
     if in_job and not os.environ.get(CHILD):  # the user's own mpiexec or srun: each rank checks
         plan, _ = precheck(plan_dir, force)
@@ -115,13 +122,14 @@ def run(plan_dir: str, steps: int, data: str | None, checkpoint: str | None, che
             argv += ["--json"] if as_json else []
             argv += ["--tf32"] if tf32 else []
             argv += ["--dump", dump] if dump else []
+            argv += ["--trace", trace] if trace else []
             rc = launch(ranks, argv)
             if rc:
                 raise SystemExit(2 if rc == 2 else 1)  # a rank's bad input, else a failed run
             return
     train(Path(plan_dir), steps=steps, seed=seed, engine=engine, data=data, as_json=as_json, timeout=timeout,
           dump=dump, checkpoint=checkpoint, resume=resume, checkpoint_every=checkpoint_every, init=init,
-          tf32=tf32, echo=lambda s: click.echo(s))
+          tf32=tf32, trace=trace, echo=lambda s: click.echo(s))
 
 
 def _check_checkpoint(checkpoint: str | None, resume: bool, plan_dir: str, hashes: bool = True) -> None:

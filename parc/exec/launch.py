@@ -253,11 +253,25 @@ def _explain_when_stopped(jobdir: str, rank: int, ranks: int, state) -> None:
     signal.signal(signal.SIGTERM, stopped)
 
 
+def _write_trace(path: str, runner, mpi, reporter: int, step: int) -> None:
+    """Every rank's tasks of the last step (`runner.spans`) gathered to the reporter, which
+    writes them to `path` (`parc.exec.trace`)."""
+    from parc.exec import trace
+
+    stages = runner.graph.stages
+    stage = next((i for i, st in enumerate(stages) if runner.rank in st["ranks"]), None) if len(stages) > 1 else None
+    mine = (runner.span_start, trace.rank_events(runner.rank, stage, runner.order, runner.spans or []))
+    every = mpi.comm.gather(mine, root=reporter) if mpi.size > 1 else [mine]
+    if runner.rank == reporter:
+        trace.write(path, every, step)
+
+
 def train(plan_dir: Path, *, steps: int, seed: int, engine: str, data: str | None, as_json: bool,
           timeout: float, dump: str | None = None, checkpoint: str | None = None, resume: bool = False,
-          checkpoint_every: int = 0, init: str = "source", tf32: bool = False,
+          checkpoint_every: int = 0, init: str = "source", tf32: bool = False, trace: str | None = None,
           echo: Callable[[str], None] = print) -> None:
-    """One rank's training loop (see the module docstring). Rank 0 reports each step."""
+    """One rank's training loop (see the module docstring). Rank 0 reports each step. `trace`: a
+    file the reporting rank writes every rank's tasks of the last step to (`parc.exec.trace`)."""
     from parc.exec.comm import MpiComm
     from parc.exec.engines.gpu import device_out_of_memory
     from parc.exec.runner import Rank, pick_engine, to_host
@@ -310,6 +324,8 @@ def train(plan_dir: Path, *, steps: int, seed: int, engine: str, data: str | Non
             raise UsageError(f"{plan_dir}: the plan has {runner.graph.ranks} ranks, this job {comm.size}")
         inputs = step_inputs(runner.program)
         reporter = runner.program.reporter or 0  # the rank holding the loss
+        if trace:
+            runner.spans = []
         source = NpzData(data, inputs) if data else None
         start = 0
         saved = None  # the step of the checkpoint in --checkpoint that holds this state
@@ -337,6 +353,8 @@ def train(plan_dir: Path, *, steps: int, seed: int, engine: str, data: str | Non
                 mpi.barrier()  # with the timeout: the gather below has none
             peaks = (mpi.comm.gather(runner.peak_bytes, root=reporter) if mpi.size > 1 else [runner.peak_bytes]
                      ) if last else None
+            if last and trace:
+                _write_trace(trace, runner, mpi, reporter, step + 1)
             if rank == reporter and dump is None:
                 record = {"step": step + 1, "loss": loss, "step_time_s": dt, "samples_per_s": batch_size / dt}
                 if last:

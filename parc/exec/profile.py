@@ -58,12 +58,13 @@ CHAIN = 16  # nodes in a chain of tiny Adds (and 1): the slope is the per-node f
 # rotate through GPU_SIZES' pool (its tensors are larger than an L2).
 POOL_BYTES = 0
 # memory-bound ops as training graphs have them, on [rows, 256] float32 tensors: plain and
-# broadcast elementwise, a transpose, reductions over the leading axis (bias gradients) and the
+# broadcast elementwise, a transpose that keeps the last axis (whole rows move) and one that moves
+# it (attention's K^T: element by element, on 16 x 64 matrices), reductions over the leading axis (bias gradients) and the
 # last one, softmax and layer normalisation, and Where as a ReLU's gradient (a mask, the gradient,
 # a scalar zero) and as attention's mask (a mask broadcast over the scores): onnxruntime's CPU
 # kernel runs the first at a tenth of an Add's rate and the second at about a fifth
-MEMORY_OPS = ("Add", "MulBroadcast", "Transpose", "ReduceSumFirst", "ReduceMeanLast", "Softmax", "LayerNorm",
-              "Where", "WhereMasked")
+MEMORY_OPS = ("Add", "MulBroadcast", "Transpose", "TransposeLastAxis", "ReduceSumFirst", "ReduceMeanLast", "Softmax",
+              "LayerNorm", "Where", "WhereMasked")
 MEMORY_ROWS = (1024, 4096, 16384)  # x 256 columns: 1, 4 and 16 MiB per tensor
 # matmuls as training graphs have them: ([batch...], m, k, n)
 MATMULS = (((), 2048, 256, 768), ((), 2048, 768, 256), ((), 256, 2048, 768), ((8, 4), 64, 64, 64),
@@ -149,6 +150,9 @@ def _memory_op(op: str, rows: int, cols: int = 256):
     if op == "Transpose":
         shape = (rows // 64, 64, 4, cols // 4)
         return _model([helper.make_node("Transpose", ["x"], ["y"], perm=[0, 2, 1, 3])], {"x": shape}, "y"), 2 * n
+    if op == "TransposeLastAxis":
+        shape = (rows // 16, 4, 16, cols // 4)
+        return _model([helper.make_node("Transpose", ["x"], ["y"], perm=[0, 1, 3, 2])], {"x": shape}, "y"), 2 * n
     if op == "ReduceSumFirst":
         shape = (rows // 64, 64, cols)
         axes = numpy_helper.from_array(np.array([0, 1], np.int64), "axes")
@@ -565,7 +569,8 @@ def matmul_class(shape: Sequence[int]) -> str:
 
 # a memory benchmark's op -> the class it calibrates (`parc.ops.op_class`); None: the default
 # (every elementwise op, and a fused tree of them)
-MEMORY_CLASSES = {"Add": None, "MulBroadcast": None, "Transpose": "Transpose", "ReduceSumFirst": "ReduceSum",
+MEMORY_CLASSES = {"Add": None, "MulBroadcast": None, "Transpose": "Transpose", "TransposeLastAxis": "TransposeLastAxis",
+                  "ReduceSumFirst": "ReduceSum",
                   "ReduceMeanLast": "ReduceMean", "Softmax": "Softmax", "LayerNorm": "LayerNormalization",
                   "Where": "Where", "WhereMasked": "Where"}
 

@@ -349,6 +349,10 @@ class Rank:
         self.task_info = [{**{k: t[k] for k in ("kind", "id", "micro_batch", "op", "shape", "group", "peer", "tensor",
                                                 "local", "module", "pass") if t.get(k) is not None}, **where}
                           for t in self.order]
+        # (position in the order, start, end) of each task of the last step, seconds from its start,
+        # and the step's start on the wall clock, where `parc run --trace` asks for them (None: not kept)
+        self.spans: list[tuple[int, float, float]] | None = None
+        self.span_start = 0.0
         self.count_bytes = 2  # steps whose held bytes are counted (the first two: a step's peak repeats)
         self.peak_bytes = 0  # the most bytes of tensors this rank held at once in a counted step
 
@@ -440,6 +444,9 @@ class Rank:
 
         latest: dict[str, Any] = {}  # the last microbatch's values, which the apply part may read
         counting = self.count_bytes > 0
+        spans = None if self.spans is None else []
+        if spans is not None:
+            self.span_start, begun = time.time(), time.perf_counter()
         self.count_bytes -= counting
 
         def lookup(env: dict, name: str, mb: int | None) -> Any:
@@ -501,6 +508,8 @@ class Rank:
                 if counting:
                     self.peak_bytes = max(self.peak_bytes, held_bytes(shared, *envs.values(), sums, latest,
                                                                       outputs, [p[1] for p in pending if p]))
+                if spans is not None:
+                    spans.append((pos, (spans[-1][2] if spans else 0.0), time.perf_counter() - begun))
                 for name in self.free_after[pos]:
                     env.pop(name, None)
                 if mb is not None and self.last_of_mb.get(mb) == pos:
@@ -524,6 +533,10 @@ class Rank:
             if self.on_task is not None:
                 self.on_task(SEND_COMPLETION)
             self.comm.wait_sends(pending)
+        if spans is not None:
+            if pending:
+                spans.append((-1, spans[-1][2] if spans else 0.0, time.perf_counter() - begun))
+            self.spans = spans
         if self.on_task is not None:
             self.on_task(None)
         for out, inp in self.program.bindings.items():

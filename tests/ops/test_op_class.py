@@ -13,3 +13,18 @@ def test_a_weight_gradient_convolution_is_its_own_class():
     assert op_class(_conv((8, 16, 32, 32), (8, 16, 32, 32), (8, 8, 3, 3))) == "ConvWeightGrad"
     assert op_class(_conv((8, 16, 32, 32), (8, 16, 32, 32), None)) == "Conv"  # unknown shape: the op
     assert op_class(Node("MatMul", [Value("a"), Value("b")], [Value("c")])) == "MatMul"
+
+
+def _transpose(shape, perm) -> Node:
+    from onnx import helper
+
+    attrs = {"perm": helper.make_attribute("perm", perm)} if perm is not None else {}
+    return Node("Transpose", [Value("x", shape=shape)], [Value("y")], attrs)
+
+
+def test_a_transpose_that_moves_the_last_axis_is_its_own_class():
+    assert op_class(_transpose((2, 3, 4, 5), [0, 2, 1, 3])) == "Transpose"  # whole rows move
+    assert op_class(_transpose((2, 3, 4, 5), [0, 1, 3, 2])) == "TransposeLastAxis"
+    assert op_class(_transpose((4, 5), None)) == "TransposeLastAxis"  # no perm: reversed
+    assert op_class(_transpose((5,), None)) == "Transpose"
+    assert op_class(_transpose(None, [1, 0])) == "Transpose"  # unknown rank: the op

@@ -1,0 +1,67 @@
+"""`parc run --trace FILE`: every rank's tasks of the last step, measured, beside the prediction."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+from parc.exec import trace
+from parc.exec.taskgraph import load_taskgraph
+from tests.helpers import assert_one_line_error, parc
+
+MPIEXEC = shutil.which("mpiexec", path=str(Path(sys.executable).parent)) or shutil.which("mpiexec")
+pytestmark = pytest.mark.skipif(MPIEXEC is None, reason="no mpiexec (install the mpich wheel)")
+pytest.importorskip("onnxruntime")
+
+
+@pytest.fixture(scope="module")
+def pipeline(tmp_path_factory) -> Path:
+    """gpt-tiny's SGD step as 2 stages of one rank each (sends and receives between them)."""
+    d = tmp_path_factory.mktemp("trace")
+    assert parc("models", "build", "gpt-tiny", "-o", str(d / "m.onnx")).returncode == 0
+    assert parc("grad", str(d / "m.onnx"), "--optimizer", "sgd", "-o", str(d / "t.onnx")).returncode == 0
+    res = parc("plan", str(d / "t.onnx"), "--devices", "2xcpu", "--pipeline", "2", "--jobs", "1", "-o", str(d / "plan"))
+    assert res.returncode == 0, res.stderr
+    return d / "plan"
+
+
+def test_every_task_of_every_rank_is_traced_with_its_prediction(pipeline, tmp_path):
+    out = tmp_path / "t.json"
+    res = parc("run", str(pipeline), "--steps", "2", "--trace", str(out))
+    assert res.returncode == 0, res.stderr
+    body = json.loads(out.read_text())
+    assert body["otherData"] == {"format": trace.FORMAT, "step": 2}
+    names = {e["pid"]: e["args"]["name"] for e in body["traceEvents"] if e["ph"] == "M"}
+    assert names == {0: "rank 0 (stage 0)", 1: "rank 1 (stage 1)"}
+    graph = load_taskgraph(pipeline / "taskgraph.json")
+    tasks = graph.tasks
+    measured = trace.load(out)
+    for rank in (0, 1):
+        order = list(graph.order[rank])
+        events = measured[rank]
+        ids = [e[0] for e in events if e[0] != trace.SEND_COMPLETION]
+        assert ids == order  # each task once, in the rank's order
+        for task_id, kind, seconds, predicted in events:
+            assert seconds >= 0
+            if task_id != trace.SEND_COMPLETION:
+                assert kind == tasks[task_id]["kind"]
+                assert predicted == pytest.approx(tasks[task_id].get("time_s", 0.0), rel=1e-6, abs=1e-9)
+        xs = [e for e in body["traceEvents"] if e["ph"] == "X" and e["pid"] == rank]
+        assert all(a["ts"] + a["dur"] <= b["ts"] + 0.01 for a, b in zip(xs, xs[1:]))  # one after another (us)
+    # a trace parc wrote is replaced by the next run's
+    assert parc("run", str(pipeline), "--steps", "1", "--trace", str(out)).returncode == 0
+    assert json.loads(out.read_text())["otherData"]["step"] == 1
+
+
+def test_a_trace_path_parc_cannot_or_should_not_write_is_one_line(pipeline, tmp_path):
+    mine = tmp_path / "notes.json"
+    mine.write_text('{"mine": true}')
+    for path, says in ((tmp_path, "is a directory"), (tmp_path / "no" / "t.json", "does not exist"),
+                       (mine, "not a trace parc wrote")):
+        res = parc("run", str(pipeline), "--steps", "1", "--trace", str(path))
+        assert_one_line_error(res, says)
+    assert mine.read_text() == '{"mine": true}'
