@@ -268,15 +268,22 @@ def _row_launch(cupy: ModuleType, name: str, dtype: str, rows: int, cols: int, a
     _row_module(cupy, dtype).get_function(fn)(((rows + each - 1) // each,), (threads, each), args)
 
 
-def softmax_last(cupy: ModuleType, x: Any) -> Any | None:
-    """Softmax over the last axis of a CuPy array, or None where the kernel does not apply
-    (another dtype, an empty or zero-width tensor)."""
+def _last_axis(cupy: ModuleType, x: Any) -> tuple[str, Any, int, int] | None:
+    """(the kernels' C type, x contiguous, rows, elements a row) for a row kernel over x's last
+    axis, or None where none applies (another dtype, an empty or zero-width tensor)."""
     ctype = CTYPES.get(x.dtype)
     if ctype is None or x.ndim == 0 or x.size == 0 or x.shape[-1] == 0:
         return None
-    x = cupy.ascontiguousarray(x)
-    cols = x.shape[-1]
-    rows = x.size // cols
+    return ctype, cupy.ascontiguousarray(x), x.size // x.shape[-1], x.shape[-1]
+
+
+def softmax_last(cupy: ModuleType, x: Any) -> Any | None:
+    """Softmax over the last axis of a CuPy array, or None where the kernel does not apply
+    (`_last_axis`)."""
+    found = _last_axis(cupy, x)
+    if found is None:
+        return None
+    ctype, x, rows, cols = found
     y = cupy.empty_like(x)
     _row_launch(cupy, "softmax_rows", ctype, rows, cols, (x, y, np.int64(rows), np.int64(cols)))
     return y
@@ -284,13 +291,11 @@ def softmax_last(cupy: ModuleType, x: Any) -> Any | None:
 
 def logsumexp_last(cupy: ModuleType, x: Any) -> Any | None:
     """log(sum(exp(x))) over the last axis of a CuPy array (shape x.shape[:-1]), reading each row
-    once; None where the kernel does not apply (another dtype, an empty or zero-width tensor)."""
-    ctype = CTYPES.get(x.dtype)
-    if ctype is None or x.ndim == 0 or x.size == 0 or x.shape[-1] == 0:
+    once; None where the kernel does not apply (`_last_axis`)."""
+    found = _last_axis(cupy, x)
+    if found is None:
         return None
-    x = cupy.ascontiguousarray(x)
-    cols = x.shape[-1]
-    rows = x.size // cols
+    ctype, x, rows, cols = found
     out = cupy.empty(x.shape[:-1], x.dtype)
     _row_launch(cupy, "logsumexp_rows", ctype, rows, cols, (x, out, np.int64(rows), np.int64(cols)))
     return out
