@@ -60,11 +60,12 @@ POOL_BYTES = 0
 # memory-bound ops as training graphs have them, on [rows, 256] float32 tensors: plain and
 # broadcast elementwise, a transpose that keeps the last axis (whole rows move) and one that moves
 # it (attention's K^T: element by element, on 16 x 64 matrices), reductions over the leading axis (bias gradients) and the
-# last one, softmax and layer normalisation, and Where as a ReLU's gradient (a mask, the gradient,
+# last one, softmax and layer normalisation, a division and a square root (an optimizer's: onnxruntime
+# computes them, on this project's host at a third to a half of an Add's rate), and Where as a ReLU's gradient (a mask, the gradient,
 # a scalar zero) and as attention's mask (a mask broadcast over the scores): onnxruntime's CPU
 # kernel runs the first at a tenth of an Add's rate and the second at about a fifth
 MEMORY_OPS = ("Add", "MulBroadcast", "Transpose", "TransposeLastAxis", "ReduceSumFirst", "ReduceMeanLast", "Softmax",
-              "LayerNorm", "Where", "WhereMasked")
+              "LayerNorm", "Div", "Sqrt", "Where", "WhereMasked")
 MEMORY_ROWS = (1024, 4096, 16384)  # x 256 columns: 1, 4 and 16 MiB per tensor
 # matmuls as training graphs have them: ([batch...], m, k, n)
 MATMULS = (((), 2048, 256, 768), ((), 2048, 768, 256), ((), 256, 2048, 768), ((8, 4), 64, 64, 64),
@@ -158,6 +159,10 @@ def _memory_op(op: str, rows: int, cols: int = 256):
         axes = numpy_helper.from_array(np.array([0, 1], np.int64), "axes")
         return _model([helper.make_node("ReduceSum", ["x", "axes"], ["y"], keepdims=0)], {"x": shape}, "y",
                       [axes]), n
+    if op == "Div":
+        return _model([helper.make_node("Div", ["x", "z"], ["y"])], {**x, "z": (rows, cols)}, "y"), 3 * n
+    if op == "Sqrt":
+        return _model([helper.make_node("Sqrt", ["x"], ["y"])], x, "y"), 2 * n
     if op == "ReduceMeanLast":
         return _model([helper.make_node("ReduceMean", ["x"], ["y"], axes=[-1])], x, "y"), n
     if op == "Softmax":
@@ -570,7 +575,7 @@ def matmul_class(shape: Sequence[int]) -> str:
 # a memory benchmark's op -> the class it calibrates (`parc.ops.op_class`); None: the default
 # (every elementwise op, and a fused tree of them)
 MEMORY_CLASSES = {"Add": None, "MulBroadcast": None, "Transpose": "Transpose", "TransposeLastAxis": "TransposeLastAxis",
-                  "ReduceSumFirst": "ReduceSum",
+                  "ReduceSumFirst": "ReduceSum", "Div": "Div", "Sqrt": "Sqrt",
                   "ReduceMeanLast": "ReduceMean", "Softmax": "Softmax", "LayerNorm": "LayerNormalization",
                   "Where": "Where", "WhereMasked": "Where"}
 

@@ -266,6 +266,9 @@ def test_where_is_measured_as_its_own_class():
     rows = prof.measure_rank(prof._Solo(), 1, budget=0.002)
     where = [r for r in rows["memory"] if r["op"] in ("Where", "WhereMasked")]
     assert len(where) == 2 * len(prof.MEMORY_ROWS) and prof.fit(rows, 1)["memory_op_efficiency"]["Where"] > 0
+    # an optimizer's computed division and square root, and a transpose that moves the last axis
+    own = prof.fit(rows, 1)["memory_op_efficiency"]
+    assert all(0 < own[cls] <= 1 for cls in ("Div", "Sqrt", "TransposeLastAxis"))
 
 
 def test_the_array_engine_pays_for_a_transpose_it_returns_as_a_view():
