@@ -124,6 +124,29 @@ def test_softmax_cross_entropy_on_the_gpu_matches_onnxruntime(classes, reduction
         np.testing.assert_allclose(a, ref, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("size", [1, 5, 4096 * 4 + 3])
+def test_bfloat16_casts_round_as_ml_dtypes(size):
+    import cupy
+    import ml_dtypes
+
+    from parc.exec.engines.gpu import cast_bfloat16
+
+    rng = np.random.default_rng(6)
+    x = (rng.standard_normal(size) * 10.0 ** rng.integers(-40, 39, size)).astype(np.float32)
+    special = np.array([np.nan, -np.inf, np.inf, -0.0, 3.4028235e38, 1e-45, 1.00390625, 1.01171875], np.float32)
+    x[:len(special)] = special[:size]
+    want = x.astype(ml_dtypes.bfloat16)
+    got = cast_bfloat16(cupy, cupy.asarray(x), np.dtype(ml_dtypes.bfloat16))
+    assert got.dtype == want.dtype and got.shape == want.shape
+    np.testing.assert_array_equal(cupy.asnumpy(got).astype(np.float32), want.astype(np.float32))  # NaN == NaN here
+    back = cast_bfloat16(cupy, got, np.dtype(np.float32))
+    np.testing.assert_array_equal(cupy.asnumpy(back), want.astype(np.float32))
+    if size > 1:  # a strided view (one element is contiguous whatever its stride), which CuPy casts itself
+        strided = cupy.asarray(np.stack([x, x], 1))[:, 0]
+        assert cast_bfloat16(cupy, strided, np.dtype(ml_dtypes.bfloat16)) is None
+    assert cast_bfloat16(cupy, cupy.asarray(x.astype(np.float64)), np.dtype(ml_dtypes.bfloat16)) is None
+
+
 def test_tf32_sets_compute_type_and_math_mode():
     import cupy
     from cupy._core import _routines_linalg as linalg

@@ -8,6 +8,7 @@ import math
 import numpy as np
 from onnx import TensorProto, helper
 
+from parc.exec.engines import gpu
 from parc.exec.engines.kernels import Kernel, Maker, NodeInfo, Unsupported, special
 
 # ONNX element types the engine computes with (no strings, float8 or packed ints). bfloat16 is
@@ -162,6 +163,13 @@ def make_where(n: NodeInfo) -> Kernel:
 
 def make_cast(n: NodeInfo) -> Kernel:
     to = dtype_of(n.attr("to"), "Cast to")
+    if n.xp is not np and gpu.kernels_enabled() and to.name in ("float32", "bfloat16"):
+        def cast(x):  # float32 <-> bfloat16 by parc's kernel (`gpu.cast_bfloat16`) where it applies
+            if x.dtype == to:
+                return (x,)
+            y = gpu.cast_bfloat16(n.xp, x, to)
+            return (x.astype(to, copy=False) if y is None else y,)
+        return cast
     return lambda x: (x.astype(to, copy=False),)
 
 
