@@ -59,7 +59,7 @@ CHAIN = 16  # nodes in a chain of tiny Adds (and 1): the slope is the per-node f
 POOL_BYTES = 0
 # memory-bound ops as training graphs have them, on [rows, 256] float32 tensors: plain and
 # broadcast elementwise, a transpose that keeps the last axis (whole rows move) and one that moves
-# it (attention's K^T: element by element, on 16 x 64 matrices), reductions over the leading axis (bias gradients) and the
+# it (attention's K^T: element by element, on 64 x 64 matrices), reductions over the leading axis (bias gradients) and the
 # last one, softmax and layer normalisation, a division and a square root (an optimizer's: onnxruntime
 # computes them, on this project's host at a third to a half of an Add's rate), and Where as a ReLU's gradient (a mask, the gradient,
 # a scalar zero) and as attention's mask (a mask broadcast over the scores): onnxruntime's CPU
@@ -152,7 +152,7 @@ def _memory_op(op: str, rows: int, cols: int = 256):
         shape = (rows // 64, 64, 4, cols // 4)
         return _model([helper.make_node("Transpose", ["x"], ["y"], perm=[0, 2, 1, 3])], {"x": shape}, "y"), 2 * n
     if op == "TransposeLastAxis":
-        shape = (rows // 16, 4, 16, cols // 4)
+        shape = (rows // 64, 4, 64, cols // 4)
         return _model([helper.make_node("Transpose", ["x"], ["y"], perm=[0, 1, 3, 2])], {"x": shape}, "y"), 2 * n
     if op == "ReduceSumFirst":
         shape = (rows // 64, 64, cols)
