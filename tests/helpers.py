@@ -2,9 +2,18 @@
 
 from __future__ import annotations
 
+import shutil
+import sys
+from pathlib import Path
+
 import numpy as np
 import onnx
+import pytest
 from onnx import TensorProto, helper, numpy_helper
+
+# the mpich wheel's mpiexec beside this Python, else one on PATH; tests that start ranks need it
+MPIEXEC = shutil.which("mpiexec", path=str(Path(sys.executable).parent)) or shutil.which("mpiexec")
+needs_mpiexec = pytest.mark.skipif(MPIEXEC is None, reason="no mpiexec (install the mpich wheel)")
 
 
 def make_model(nodes, inputs, outputs, initializers=(), opset: int = 18, functions=()) -> onnx.ModelProto:

@@ -258,9 +258,7 @@ def _write_trace(path: str, runner, mpi, reporter: int, step: int) -> None:
     writes them to `path` (`parc.exec.trace`)."""
     from parc.exec import trace
 
-    stages = runner.graph.stages
-    stage = next((i for i, st in enumerate(stages) if runner.rank in st["ranks"]), None) if len(stages) > 1 else None
-    mine = (runner.span_start, trace.rank_events(runner.rank, stage, runner.order, runner.spans or []))
+    mine = (runner.span_start, trace.rank_events(runner.rank, runner.stage, runner.order, runner.spans or []))
     every = mpi.comm.gather(mine, root=reporter) if mpi.size > 1 else [mine]
     if runner.rank == reporter:
         trace.write(path, every, step)

@@ -5,8 +5,9 @@ ranks runs the same microbenchmarks on every rank at once, with the engine and t
 rank `parc run` gives a plan of k ranks (`runner.rank_threads`), so each figure is what a rank
 gets while its neighbours work too. Each benchmark is one op in a session of the engine `parc run
 --engine` would use (onnxruntime by default; `--engine cupy` measures one GPU through parc's
-array engine, with sizes a GPU's training step has, `GPU_SIZES`), run for `--seconds` with its
-inputs rotating through more memory than a cache holds; the mean is kept:
+array engine, with sizes a GPU's training step has, `GPU_SIZES`), run for `--seconds` (on a CPU
+with one set of inputs, warm as a step's just-written tensors; on a GPU rotating through more
+memory than its L2: `POOL_BYTES`); the mean is kept:
 
 - the launch floor (the slope of a chain of tiny Adds over its length) and the task overhead
   (what one `session.run` costs beyond its node);
@@ -58,12 +59,13 @@ CHAIN = 16  # nodes in a chain of tiny Adds (and 1): the slope is the per-node f
 # rotate through GPU_SIZES' pool (its tensors are larger than an L2).
 POOL_BYTES = 0
 # memory-bound ops as training graphs have them, on [rows, 256] float32 tensors: plain and
-# broadcast elementwise, a transpose that keeps the last axis (whole rows move) and one that moves
-# it (attention's K^T: element by element, on 64 x 64 matrices), reductions over the leading axis (bias gradients) and the
-# last one, softmax and layer normalisation, a division and a square root (an optimizer's: onnxruntime
-# computes them, on this project's host at a third to a half of an Add's rate), and Where as a ReLU's gradient (a mask, the gradient,
-# a scalar zero) and as attention's mask (a mask broadcast over the scores): onnxruntime's CPU
-# kernel runs the first at a tenth of an Add's rate and the second at about a fifth
+# broadcast elementwise; a transpose that keeps the last axis (whole rows move) and one that moves
+# it (attention's K^T: element by element, on 64 x 64 matrices); reductions over the leading axis
+# (bias gradients) and the last one; softmax and layer normalisation; a division and a square root
+# (an optimizer's: onnxruntime computes them, on this project's host at a third to a half of an
+# Add's rate); Where as a ReLU's gradient (a mask, the gradient, a scalar zero) and as attention's
+# mask (a mask broadcast over the scores): onnxruntime's CPU kernel runs the first at a tenth of an
+# Add's rate and the second at about a fifth
 MEMORY_OPS = ("Add", "MulBroadcast", "Transpose", "TransposeLastAxis", "ReduceSumFirst", "ReduceMeanLast", "Softmax",
               "LayerNorm", "Div", "Sqrt", "Where", "WhereMasked")
 MEMORY_ROWS = (1024, 4096, 16384)  # x 256 columns: 1, 4 and 16 MiB per tensor
@@ -469,7 +471,12 @@ def host_probe(threads: int, engine: tuple[str, str] = ("ort", "cpu"), budget: f
     (a shared host's speed moves by tens of percent over minutes, and a calibration measured in a
     slow spell predicts every step slow); `benchmarks/predict.py` probes before each run."""
     s = _session(_matmul(*PROBE), threads, engine)
-    return _seconds(s, _feeds(s, CPU_SIZES.pool_bytes if engine[1] == "cpu" else GPU_SIZES.pool_bytes), budget)
+    return _seconds(s, _feeds(s, _sizes(engine).pool_bytes), budget)
+
+
+def _sizes(engine: tuple[str, str]) -> Sizes:
+    """The benchmarks' shapes for `engine`'s device."""
+    return GPU_SIZES if engine[1] == "gpu" else CPU_SIZES
 
 
 def _geomean(values: list[float]) -> float:
@@ -483,7 +490,7 @@ def measure_rank(comm, threads: int, budget: float = BUDGET, engine: tuple[str, 
     model's products and convolutions (`model_cases`), measured at this job's share of their batch
     instead of the built-in cases of the classes they have."""
     barrier = comm.barrier if comm.size > 1 else (lambda: None)
-    sizes = GPU_SIZES if engine[1] == "gpu" else CPU_SIZES
+    sizes = _sizes(engine)
 
     def timed(model, fuse: bool | None = None) -> float:
         s = _session(model, threads, engine, fuse)
@@ -582,8 +589,8 @@ MEMORY_CLASSES = {"Add": None, "MulBroadcast": None, "Transpose": "Transpose", "
 
 def fit(rows: dict, k: int) -> dict:
     """Calibration fields (SI) from one rank's measured rows. Each class's rate is the geometric
-    mean of its sizes' (a model's own products and convolutions, rows with a `count`: its FLOPs over its time);
-    the fastest class's is the peak (FLOP/s, bytes/s) and the others are fractions of it: matmuls
+    mean of its sizes' (a model's own products and convolutions, rows with a `count`: its FLOPs
+    over its time); the fastest class's is the peak (FLOP/s, bytes/s) and the others are fractions of it: matmuls
     are `MatMul` (a 2-D product) or `BatchMatMul`, convolutions their classes; memory-bound ops the
     elementwise default or their own class (`MEMORY_CLASSES`)."""
     def by_class(items) -> dict:
@@ -766,6 +773,11 @@ def _link_yaml(f: dict) -> dict:
     return {"latency_us": f["latency"] * 1e6, "bandwidth_gbs": f["bandwidth"] / 1e9, "handoff_us": f["handoff"] * 1e6}
 
 
+def _case_text(r: dict) -> str:
+    """One measured product or convolution case for the file's comments: class, shapes, seconds."""
+    return f"{r['class']} {'x'.join(map(str, r['input']))} * {'x'.join(map(str, r['weight']))}: {r['s']:.3g}"
+
+
 def write_calibration(output: Path, fitted: dict[int, dict], measured: dict[int, dict], device: str,
                       link: str, engine: str = "", models: str = "", speeds: Sequence[float] = ()) -> None:
     """The calibration YAML (`parc.cluster.clusterfile` reads it), atomically."""
@@ -791,15 +803,13 @@ def write_calibration(output: Path, fitted: dict[int, dict], measured: dict[int,
             "# measured (seconds per node; all-reduce seconds per call):"]
     for k, rows in sorted(measured.items()):
         mem = ", ".join(f"{r['op']} {r['bytes'] >> 20} MiB: {r['s']:.3g}" for r in rows["memory"])
-        mm = ", ".join(f"{'x'.join(map(str, r['shape']))}: {r['s']:.3g}" if "shape" in r else
-                       f"{r['class']} {'x'.join(map(str, r['input']))} * {'x'.join(map(str, r['weight']))}: {r['s']:.3g}"
+        mm = ", ".join(f"{'x'.join(map(str, r['shape']))}: {r['s']:.3g}" if "shape" in r else _case_text(r)
                        for r in rows["matmul"])
         head.append(f"#  {k} rank(s): floor {rows['launch_floor_s']:.3g}, run overhead {rows['task_overhead_s']:.3g}")
         head.append(f"#    memory-bound {mem}")
         head.append(f"#    MatMul {mm}")
         if rows.get("conv"):
-            head.append("#    " + ", ".join(f"{r['class']} {'x'.join(map(str, r['input']))} * "
-                                           f"{'x'.join(map(str, r['weight']))}: {r['s']:.3g}" for r in rows["conv"]))
+            head.append("#    " + ", ".join(_case_text(r) for r in rows["conv"]))
         if "all_reduce" in rows:
             head.append("#    all_reduce (first after compute / in a burst) " + ", ".join(
                 f"{r['n']} ranks {r['bytes']} B: {r['first_s']:.3g} / {r['s']:.3g}" for r in rows["all_reduce"]))

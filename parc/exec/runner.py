@@ -344,8 +344,10 @@ class Rank:
         # called with each task's summary as it starts (None when the step ends): `parc run`
         # records it in the rank's state file (`parc.exec.watch`), for failure messages
         self.on_task: Any = None
-        stage = next((i for i, st in enumerate(self.graph.stages) if rank in st["ranks"]), None)
-        where = {"stage": stage} if len(self.graph.stages) > 1 and stage is not None else {}  # a pipeline's
+        # this rank's pipeline stage (None in a plan of one stage)
+        self.stage = next((i for i, st in enumerate(self.graph.stages) if rank in st["ranks"]), None) \
+            if len(self.graph.stages) > 1 else None
+        where = {"stage": self.stage} if self.stage is not None else {}
         self.task_info = [{**{k: t[k] for k in ("kind", "id", "micro_batch", "op", "shape", "group", "peer", "tensor",
                                                 "local", "module", "pass") if t.get(k) is not None}, **where}
                           for t in self.order]

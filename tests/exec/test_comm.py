@@ -4,17 +4,15 @@ sub-communicators, and a timeout when a peer never joins."""
 from __future__ import annotations
 
 import re
-import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-import pytest
+from tests.helpers import MPIEXEC, needs_mpiexec
 
 SCRIPT = Path(__file__).with_name("mpi_check.py")
-MPIEXEC = shutil.which("mpiexec", path=str(Path(sys.executable).parent)) or shutil.which("mpiexec")
-pytestmark = pytest.mark.skipif(MPIEXEC is None, reason="no mpiexec (install the mpich wheel)")
+pytestmark = needs_mpiexec
 
 
 def test_collectives_on_four_ranks():

@@ -6,16 +6,12 @@ ones (benchmarks/faults.py writes their table to docs/benchmarks.md)."""
 
 from __future__ import annotations
 
-import shutil
-import sys
-from pathlib import Path
-
 import pytest
 
 from tests.exec import fault_trials as ft
+from tests.helpers import needs_mpiexec
 
-MPIEXEC = shutil.which("mpiexec", path=str(Path(sys.executable).parent)) or shutil.which("mpiexec")
-pytestmark = pytest.mark.skipif(MPIEXEC is None, reason="no mpiexec (install the mpich wheel)")
+pytestmark = needs_mpiexec
 pytest.importorskip("onnxruntime")
 
 # every action, every checkpoint step, pipeline transfers, on both plans

@@ -6,16 +6,13 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import parc
+from tests.helpers import needs_mpiexec, parc
 
-MPIEXEC = shutil.which("mpiexec", path=str(Path(sys.executable).parent)) or shutil.which("mpiexec")
-pytestmark = pytest.mark.skipif(MPIEXEC is None, reason="no mpiexec (install the mpich wheel)")
+pytestmark = needs_mpiexec
 pytest.importorskip("onnxruntime")
 
 MIXED = "2xv100-32g+2xp100-16g"

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.exec.test_run_verify import MPIEXEC, TIGHT, _plan, _step, _verify
-from tests.helpers import parc
+from tests.exec.test_run_verify import TIGHT, _plan, _step, _verify
+from tests.helpers import needs_mpiexec, parc
 
-pytestmark = pytest.mark.skipif(MPIEXEC is None, reason="no mpiexec (install the mpich wheel)")
+pytestmark = needs_mpiexec
 
 
 @pytest.fixture(scope="module")

@@ -7,8 +7,7 @@ import pytest
 
 from parc.cluster import load_constants, parse_devices
 from parc.exec import profile as prof
-from tests.exec.test_run_verify import MPIEXEC
-from tests.helpers import assert_one_line_error, parc
+from tests.helpers import assert_one_line_error, needs_mpiexec, parc
 
 
 def _rows(alpha: float, beta: float, handoff: float, k: int) -> dict:
@@ -75,7 +74,7 @@ def test_a_rank_alone_measures_every_class_of_op(engine):
     assert "all_reduce" not in rows
 
 
-@pytest.mark.skipif(MPIEXEC is None, reason="no mpiexec (install the mpich wheel)")
+@needs_mpiexec
 def test_profile_over_two_ranks_writes_a_calibration_plan_accepts(tmp_path):
     out = tmp_path / "calib.yaml"
     model = _conv_model(tmp_path / "conv.onnx")

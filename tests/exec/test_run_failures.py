@@ -17,10 +17,9 @@ import onnx
 import pytest
 
 from parc.plandir.manifest import write_manifest
-from tests.helpers import assert_one_line_error, parc
+from tests.helpers import MPIEXEC, assert_one_line_error, needs_mpiexec, parc
 
-MPIEXEC = shutil.which("mpiexec", path=str(Path(sys.executable).parent)) or shutil.which("mpiexec")
-pytestmark = pytest.mark.skipif(MPIEXEC is None, reason="no mpiexec (install the mpich wheel)")
+pytestmark = needs_mpiexec
 pytest.importorskip("onnxruntime")
 
 

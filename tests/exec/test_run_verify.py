@@ -10,16 +10,13 @@ to the learning rate; test_adamw_data_parallel checks Adam at `parc verify`'s de
 from __future__ import annotations
 
 import json
-import shutil
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import parc
+from tests.helpers import needs_mpiexec, parc
 
-MPIEXEC = shutil.which("mpiexec", path=str(Path(sys.executable).parent)) or shutil.which("mpiexec")
-pytestmark = pytest.mark.skipif(MPIEXEC is None, reason="no mpiexec (install the mpich wheel)")
+pytestmark = needs_mpiexec
 pytest.importorskip("onnxruntime")
 
 MODELS = ["gpt-tiny", "moe-tiny", "resnet-tiny", "unet-tiny", "t5-tiny"]

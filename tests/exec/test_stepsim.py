@@ -11,6 +11,7 @@ from parc.errors import PlanFormatError
 from parc.exec.stepsim import simulate, simulate_graph
 from parc.exec.taskgraph import FORMAT, check_taskgraph, pipeline_taskgraph
 from parc.passes.pipeline.plan import one_f_one_b_time
+from tests.helpers import needs_mpiexec
 
 
 def _graph(tasks: list[dict], order: dict[int, list[str]], edges=()) -> object:
@@ -200,14 +201,12 @@ def test_a_bad_calibration_file_is_one_line_naming_the_key(gpt_train, tmp_path, 
                                str(tmp_path / "none.yaml"), "-o", str(tmp_path / "p")), "--calibration")
 
 
+@needs_mpiexec
 @pytest.mark.parametrize("args", [["--devices", "4xcpu", "--pipeline", "2"],
                                   ["--devices", "2xcpu", "--micro-batches", "2"]])
 def test_predicted_peak_memory_is_what_the_runner_counts(gpt_train, tmp_path, args):
-    from tests.exec.test_run_verify import MPIEXEC
     from tests.helpers import parc
 
-    if MPIEXEC is None:
-        pytest.skip("no mpiexec (install the mpich wheel)")
     _plan(gpt_train, tmp_path / "p", *args)
     sim = json.loads(parc("simulate", str(tmp_path / "p"), "--json").stdout)
     res = parc("run", str(tmp_path / "p"), "--steps", "3", "--json")

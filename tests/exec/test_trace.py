@@ -3,18 +3,15 @@
 from __future__ import annotations
 
 import json
-import shutil
-import sys
 from pathlib import Path
 
 import pytest
 
 from parc.exec import trace
 from parc.exec.taskgraph import load_taskgraph
-from tests.helpers import assert_one_line_error, parc
+from tests.helpers import assert_one_line_error, needs_mpiexec, parc
 
-MPIEXEC = shutil.which("mpiexec", path=str(Path(sys.executable).parent)) or shutil.which("mpiexec")
-pytestmark = pytest.mark.skipif(MPIEXEC is None, reason="no mpiexec (install the mpich wheel)")
+pytestmark = needs_mpiexec
 pytest.importorskip("onnxruntime")
 
 

@@ -5,21 +5,18 @@ lowering to local shapes."""
 
 from __future__ import annotations
 
-import shutil
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import parc
+from tests.helpers import needs_mpiexec, parc
 
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from tests.with_torch.test_torch_exports import CASES  # noqa: E402
 
-MPIEXEC = shutil.which("mpiexec", path=str(Path(sys.executable).parent)) or shutil.which("mpiexec")
-pytestmark = [pytest.mark.torch, pytest.mark.skipif(MPIEXEC is None, reason="no mpiexec")]
+pytestmark = [pytest.mark.torch, needs_mpiexec]
 HINTS = {"dp": "default: replicate\n", "tp": "default: split\n"}
 
 
