@@ -49,8 +49,8 @@ _DEVICE_KEYS = (*_PEAK_KEYS, *_DEVICE_UNITS, *_DEVICE_SI, "peak_flops", "default
                 "memory_op_efficiency", "gpu")
 _MAY_BE_ZERO = ("launch_floor", "task_overhead")
 _LINK_UNITS = {"bandwidth_gbps": ("bandwidth", 1e9 / 8), "bandwidth_gbs": ("bandwidth", GB),
-               "latency_us": ("latency", 1e-6), "handoff_us": ("handoff", 1e-6)}
-_LINK_KEYS = (*_LINK_UNITS, "bandwidth", "latency", "handoff")
+               "latency_us": ("latency", 1e-6), "handoff_us": ("handoff", 1e-6), "call_us": ("call", 1e-6)}
+_LINK_KEYS = (*_LINK_UNITS, "bandwidth", "latency", "handoff", "call")
 _NAME = re.compile(r"^[a-z][a-z0-9._-]*$")
 
 
@@ -250,7 +250,7 @@ def _link(entry: Entry, role: str) -> LinkSpec:
 def _link_overrides(fields: dict[str, Entry]) -> dict[str, float]:
     values: dict[str, float] = {}
     for key, value in fields.items():
-        if key in _LINK_UNITS or key in ("bandwidth", "latency", "handoff"):
+        if key in _LINK_UNITS or key in ("bandwidth", "latency", "handoff", "call"):
             field, scale = _LINK_UNITS.get(key, (key, 1.0))
             if field in values:
                 raise value.fail(f"{field} given twice")

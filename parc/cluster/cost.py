@@ -10,7 +10,9 @@ per-device bandwidth beta (bytes/s), moving a tensor of B bytes:
     all_to_all      n-1        (n-1)/n^2 B                   the full tensor (B/n per device)
     send_recv       1          B                             the message
 
-and time = steps * alpha + volume / beta. A group of one device costs nothing.
+and time = call + steps * alpha + volume / beta, where `call` is the link's fixed cost of one
+collective or message (0 in the catalogue; measured by `parc profile` on a host whose ranks
+outnumber its cores). A group of one device costs nothing.
 """
 
 from __future__ import annotations
@@ -53,7 +55,7 @@ def bucket_axes(shape: Sequence[int], links: Sequence[LinkSpec], device: DeviceS
     on 4 ranks against 21 us), with a measured handoff yes; GPUs over NVLink or PCIe and nodes
     over a network, yes."""
     copy = 2 * BUCKET_MEMBER_BYTES / (device.memory_bandwidth * device.memory_efficiency)
-    return tuple(n > 1 and STEPS["all_reduce"](n) * link.latency + link.handoff > copy
+    return tuple(n > 1 and link.call + STEPS["all_reduce"](n) * link.latency + link.handoff > copy
                  for n, link in zip(shape, links))
 
 
@@ -70,11 +72,11 @@ def bucket_share(kind: str, bytes_per_device: float) -> float:
 
 
 def ring_time(kind: str, link: LinkSpec, n: int, bytes_per_device: float, latency_share: float = 1.0) -> float:
-    """steps(n) * alpha * latency_share + bytes_per_device / beta: a collective whose per-device
-    volume is already known (`parc.sharding.reshard` gives it, exact for uneven splits).
-    `latency_share` < 1: the collective is fused with others (gradient buckets) and pays that
-    share of one collective's latency."""
-    return STEPS[kind](n) * link.latency * latency_share + bytes_per_device / link.bandwidth
+    """(call + steps(n) * alpha) * latency_share + bytes_per_device / beta: a collective whose
+    per-device volume is already known (`parc.sharding.reshard` gives it, exact for uneven
+    splits). `latency_share` < 1: the collective is fused with others (gradient buckets) and pays
+    that share of one collective's latency."""
+    return (link.call + STEPS[kind](n) * link.latency) * latency_share + bytes_per_device / link.bandwidth
 
 
 def _ring(kind: str, link: LinkSpec, n: int, nbytes: float) -> float:

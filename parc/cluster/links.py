@@ -26,12 +26,16 @@ class LinkSpec:
     # wait until every member runs again. 0 on dedicated devices; large on a host whose ranks
     # outnumber its cores (`parc profile` measures it)
     handoff: float = 0.0
+    # seconds every collective or message costs once, beside its steps' latency: a call's fixed
+    # cost. 0 in the catalogue; on a host whose ranks outnumber its cores a collective waits for
+    # its members to be scheduled, about the same time whatever their number (`parc profile`)
+    call: float = 0.0
 
     def __post_init__(self) -> None:
         name = str(self.name).strip().lower()
         if not name:
             raise ValueError("a link needs a name")
-        for field in ("bandwidth", "latency", "handoff"):
+        for field in ("bandwidth", "latency", "handoff", "call"):
             value = getattr(self, field)
             if isinstance(value, bool) or not isinstance(value, int | float):
                 raise ValueError(f"link {name}: {field} must be a number, got {value!r}")
@@ -47,7 +51,7 @@ class LinkSpec:
 
     def to_json(self) -> dict:
         return {"name": self.name, "bandwidth": self.bandwidth, "latency": self.latency,
-                **({"handoff": self.handoff} if self.handoff else {})}
+                **({"handoff": self.handoff} if self.handoff else {}), **({"call": self.call} if self.call else {})}
 
     @staticmethod
     def from_json(data: Mapping) -> LinkSpec:

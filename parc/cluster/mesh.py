@@ -151,14 +151,16 @@ def shared_link(link: LinkSpec, streams: int, nics: int) -> LinkSpec:
         return link
     suffix = f"/{share.denominator}" if share.numerator == 1 else f"*{share}"
     return LinkSpec(f"{link.name}{suffix}", link.bandwidth * float(share), link.latency,
-                    link.handoff)
+                    link.handoff, link.call)
 
 
 def _bottleneck(links: list[LinkSpec]) -> LinkSpec:
-    """Lowest bandwidth, and the highest latency of all: hops of one step run in parallel."""
+    """Lowest bandwidth, and the highest latency, handoff and call cost of all: hops of one step
+    run in parallel."""
     low = slowest(links)
     worst = max(links, key=lambda link: link.latency)
-    if worst.latency <= low.latency:
+    handoff, call = max(link.handoff for link in links), max(link.call for link in links)
+    if worst.latency <= low.latency and (handoff, call) == (low.handoff, low.call):
         return low
-    return LinkSpec(f"{low.name}+{worst.name}", low.bandwidth, worst.latency,
-                    max(link.handoff for link in links))
+    name = low.name if worst.latency <= low.latency else f"{low.name}+{worst.name}"
+    return LinkSpec(name, low.bandwidth, max(worst.latency, low.latency), handoff, call)

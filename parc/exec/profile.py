@@ -21,9 +21,10 @@ memory than its L2: `POOL_BYTES`); the mean is kept:
   class's figure is the model's FLOPs over its time;
 - collectives (k >= 2): all-reduces of 64 B to 4 MiB through parc's communicator, over the whole
   job and (even k > 2) over pairs while the other pairs compute, `ARRIVALS` rounds of a first
-  one after compute then a burst: the burst fits the ring formula `2(n-1) alpha + 2(n-1)/n B /
-  beta` (least squares on the relative error), the first's excess at the smallest size (64 B,
-  where no bandwidth term is mixed in) is the link's handoff.
+  one after compute then a burst: the burst fits `call + 2(n-1) alpha + 2(n-1)/n B / beta`
+  (`fit_collectives`: least squares on the relative error; the call cost needs two group
+  sizes), the first's excess at the smallest size (64 B, where no bandwidth term is mixed in) is
+  the link's handoff.
 
 A fixed product (`host_probe`) is timed before each rank count and at the end: the file's header
 lists the host's speed at each against the first, and a spread above 15% is warned about.
@@ -587,6 +588,36 @@ MEMORY_CLASSES = {"Add": None, "MulBroadcast": None, "Transpose": "Transpose", "
                   "Where": "Where", "WhereMasked": "Where"}
 
 
+def fit_collectives(measured: list[dict]) -> dict:
+    """A link's `call`, `latency` and `bandwidth` from all-reduce bursts: t = call + alpha *
+    steps + volume / beta, steps = 2(n-1) and volume = 2(n-1)/n B, least squares on the relative
+    error with every coefficient >= 0 (the best of the column subsets that keep them so). The
+    call cost needs rows of two group sizes to tell it from alpha; with one it is 0. On this VM,
+    4 ranks on 2 cores, a 64 B all-reduce costs about 0.29 ms among all 4 ranks and among 2 while
+    the other 2 compute: the cost is waiting for the members to run, one per call, not per ring
+    step (alpha alone priced the pairs' at 0.13 ms and a pipeline stage's small collectives 7x
+    under their measured time)."""
+    t = np.array([r["s"] for r in measured])
+    cols = {"call": np.ones(len(t)), "latency": np.array([2 * (r["n"] - 1) for r in measured], float),
+            "inv_beta": np.array([2 * (r["n"] - 1) / r["n"] * r["bytes"] for r in measured])}
+    subsets = [("latency", "inv_beta")]
+    if len({r["n"] for r in measured}) > 1:
+        subsets += [("call", "inv_beta"), ("call", "latency", "inv_beta")]
+    best: tuple[float, dict] | None = None
+    for names in subsets:
+        a = np.stack([cols[c] / t for c in names], 1)
+        coef, *_ = np.linalg.lstsq(a, np.ones(len(t)), rcond=None)
+        if "call" in names and (coef <= 0).any():
+            continue  # a subset with a call cost counts only where every coefficient is positive
+        coef = np.maximum(coef, [1e-7 if c == "latency" else 1e-12 for c in names])  # as before
+        resid = float(np.sum((a @ coef - 1) ** 2))
+        if best is None or resid < best[0]:
+            best = (resid, dict(zip(names, map(float, coef))))
+    assert best is not None  # the first subset always counts
+    c = best[1]
+    return {"call": c.get("call", 0.0), "latency": c.get("latency", 1e-7), "bandwidth": 1.0 / c["inv_beta"]}
+
+
 def fit(rows: dict, k: int) -> dict:
     """Calibration fields (SI) from one rank's measured rows. Each class's rate is the geometric
     mean of its sizes' (a model's own products and convolutions, rows with a `count`: its FLOPs
@@ -622,14 +653,8 @@ def fit(rows: dict, k: int) -> dict:
            "memory_op_efficiency": {cls: rate / bandwidth for cls, rate in streams.items() if cls is not None},
            "launch_floor": rows["launch_floor_s"], "task_overhead": rows["task_overhead_s"]}
     if k > 1 and rows.get("all_reduce"):
-        # in a burst, t = a * steps + b * volume, with steps = 2(n-1) and volume = 2(n-1)/n B
-        # (least squares weighted by 1/t); the first after compute costs the handoff more
         measured = rows["all_reduce"]
-        a_col = np.array([2 * (r["n"] - 1) / r["s"] for r in measured])
-        b_col = np.array([2 * (r["n"] - 1) / r["n"] * r["bytes"] / r["s"] for r in measured])
-        (alpha, inv_beta), *_ = np.linalg.lstsq(np.stack([a_col, b_col], 1), np.ones(len(a_col)), rcond=None)
-        out["latency"] = max(float(alpha), 1e-7)
-        out["bandwidth"] = 1.0 / max(float(inv_beta), 1e-12)
+        out.update(fit_collectives(measured))
         # the handoff: the first's excess where the message is only latency (the smallest size);
         # larger firsts also move their bytes through caches the compute evicted while other
         # ranks contend for memory, a cost of the size the burst does not see, and averaging them
@@ -770,7 +795,8 @@ def _device_yaml(f: dict) -> dict:
 
 
 def _link_yaml(f: dict) -> dict:
-    return {"latency_us": f["latency"] * 1e6, "bandwidth_gbs": f["bandwidth"] / 1e9, "handoff_us": f["handoff"] * 1e6}
+    return {"latency_us": f["latency"] * 1e6, "bandwidth_gbs": f["bandwidth"] / 1e9, "handoff_us": f["handoff"] * 1e6,
+            "call_us": f.get("call", 0.0) * 1e6}
 
 
 def _case_text(r: dict) -> str:

@@ -67,6 +67,18 @@ def test_send_recv_ignores_n_and_zero_bytes_cost_latency():
     assert all_reduce_time(LINK, 4, 0) == pytest.approx(6e-5)
 
 
+@pytest.mark.parametrize("kind", list(COLLECTIVES))
+def test_a_call_cost_is_paid_once_per_collective_whatever_the_group(kind):
+    busy = replace(LINK, call=3e-4)  # ranks outnumbering cores: every call waits for its members
+    for n in (2, 4, 8):
+        assert collective_time(kind, busy, n, B) == pytest.approx(collective_time(kind, LINK, n, B) + 3e-4, rel=1e-12)
+    if kind != "send_recv":
+        assert collective_time(kind, busy, 1, B) == 0.0
+    with pytest.raises(ValueError, match="call must be >= 0"):
+        LinkSpec("bad", 1e9, 1e-5, call=-1.0)
+    assert LinkSpec.from_json(busy.to_json()) == busy and "call" not in LINK.to_json()
+
+
 def test_collective_time_rejects_bad_arguments():
     with pytest.raises(ValueError, match="unknown collective 'broadcast'"):
         collective_time("broadcast", LINK, 4, B)

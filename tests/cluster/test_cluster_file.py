@@ -271,6 +271,8 @@ sharing:
     links:
       shm: {latency_us: 20, handoff_us: 300}
   "4":
+    links:
+      shm: {latency_us: 5, call_us: 290}
     devices:
       cpu: {fp32_tflops: 0.05, bandwidth_gbs: 10}
 """
@@ -284,7 +286,7 @@ def test_sharing_applies_the_figures_of_the_nearest_count_of_devices_per_node(tm
     assert two.devices[0].peak("float32") == 0.1e12 and two.devices[0].task_overhead == 5e-6  # over the base
     assert two.nodes[0].intra_link == LinkSpec("shm", 2e9, 20e-6, 300e-6)
     four = calibration.apply(parse_devices("4xcpu"))
-    assert four.devices[0].memory_bandwidth == 10e9 and four.nodes[0].intra_link.handoff == 0.0
+    assert four.devices[0].memory_bandwidth == 10e9 and four.nodes[0].intra_link == LinkSpec("shm", 2e9, 5e-6, 0.0, 290e-6)
     assert calibration.apply(parse_devices("3xcpu")).devices[0].peak("float32") == 0.05e12  # 3: nearest is 4 (tie)
     assert calibration.apply(parse_devices("16xcpu")).devices[0].peak("float32") == 0.05e12
     mixed = calibration.apply(parse_devices("2x2xcpu"))  # each node of 2
@@ -296,6 +298,7 @@ def test_sharing_applies_the_figures_of_the_nearest_count_of_devices_per_node(tm
     ('sharing:\n  two: {devices: {cpu: {fp32_tflops: 1}}}\n', "an int >= 2"),
     ('sharing:\n  "2": {constants: {x: {y: 1}}}\n', "unknown key"),
     ('links:\n  shm: {handoff_us: -1}\n', "handoff"),
+    ('links:\n  shm: {call_us: -1}\n', "call"),
     ('devices:\n  cpu: {task_overhead_us: -1}\n', "task_overhead"),
 ])
 def test_sharing_errors_name_the_key(tmp_path, text, message):

@@ -128,6 +128,17 @@ def test_cpu_ranks_bottleneck_on_shared_memory():
     assert mesh.links == (LinkSpec("shm+net-100g", 10e9, 14e-6),)
 
 
+def test_a_ring_over_links_pays_the_largest_handoff_and_call_of_them():
+    from parc.cluster.mesh import _bottleneck
+
+    shm = LinkSpec("shm", 10e9, 1e-6, 8e-4, 3e-4)  # a calibrated host: slow to schedule
+    net = LinkSpec("net", 12.5e9, 14e-6)
+    assert _bottleneck([shm, net]) == LinkSpec("shm+net", 10e9, 14e-6, 8e-4, 3e-4)
+    fast = LinkSpec("fast", 12.5e9, 1e-7, 0.0, 3e-4)
+    assert _bottleneck([LinkSpec("slow", 1e9, 1e-6), fast]) == LinkSpec("slow", 1e9, 1e-6, 0.0, 3e-4)
+    assert _bottleneck([shm, shm]) is shm
+
+
 def test_max_dims():
     cluster = parse_devices("2x8xa100-80g")
     assert [m.shape for m in enumerate_meshes(cluster, max_dims=1)] == [(16,)]

@@ -10,12 +10,12 @@ from parc.exec import profile as prof
 from tests.helpers import assert_one_line_error, needs_mpiexec, parc
 
 
-def _rows(alpha: float, beta: float, handoff: float, k: int) -> dict:
+def _rows(alpha: float, beta: float, handoff: float, k: int, call: float = 0.0) -> dict:
     """Rows a machine with these figures would measure (the ring formula exactly)."""
     reduces = []
     for n in sorted({k, 2}):
         for b in prof.ALL_REDUCE_BYTES:
-            t = 2 * (n - 1) * alpha + 2 * (n - 1) / n * b / beta
+            t = call + 2 * (n - 1) * alpha + 2 * (n - 1) / n * b / beta
             reduces.append({"n": n, "bytes": b, "s": t, "first_s": t + handoff})
     return {"launch_floor_s": 1e-6, "task_overhead_s": 4e-6,
             "memory": [{"op": "Add", "bytes": 1 << 20, "s": 1e-4, "bytes_per_s": 10e9},
@@ -35,6 +35,23 @@ def test_fit_recovers_the_figures_of_the_formula():
     assert f["compute_efficiency"] == 1.0 and f["op_efficiency"] == {}
 
 
+def test_a_call_cost_is_told_from_alpha_by_two_group_sizes():
+    # 4 ranks on 2 cores: every collective waits about as long for its members to run, whatever
+    # their number; alpha alone would price the pairs' collectives at a third of that
+    f = prof.fit(_rows(5e-6, 1e9, 8e-4, 4, call=3e-4), 4)
+    assert (f["call"], f["latency"], f["bandwidth"]) == pytest.approx((3e-4, 5e-6, 1e9), rel=1e-6)
+    # no call cost in the rows: none fitted (the test above asserts alpha and beta exact)
+    assert prof.fit(_rows(20e-6, 3e9, 5e-4, 4), 4)["call"] == pytest.approx(0.0, abs=1e-12)
+    # one group size cannot tell a call from alpha: the ring formula alone, as before
+    two = prof.fit(_rows(5e-6, 1e9, 0.0, 2, call=3e-4), 2)
+    assert two["call"] == 0.0 and two["latency"] == pytest.approx(5e-6 + 3e-4 / 2, rel=1e-3)
+    # a call cost that would need a negative alpha is not taken
+    rows = _rows(5e-6, 1e9, 0.0, 4)
+    for r in rows["all_reduce"]:
+        r["s"] += 4e-4 if r["n"] == 4 else 0.0
+    assert prof.fit(rows, 4)["call"] == 0.0
+
+
 def test_the_handoff_is_the_first_ones_excess_where_it_moves_no_bytes():
     # a first all-reduce after compute that also pays 1 ns a byte more than the burst (caches the
     # compute evicted): the handoff is the 64 B rows' excess, not an average over the sizes
@@ -48,7 +65,7 @@ def test_the_handoff_is_the_first_ones_excess_where_it_moves_no_bytes():
 
 
 def test_the_file_written_is_the_calibration_plan_reads(tmp_path):
-    measured = {1: _rows(0, 1, 0, 1), 2: _rows(20e-6, 3e9, 5e-4, 2), 4: _rows(40e-6, 1e9, 1e-3, 4)}
+    measured = {1: _rows(0, 1, 0, 1), 2: _rows(20e-6, 3e9, 5e-4, 2), 4: _rows(40e-6, 1e9, 1e-3, 4, call=2e-4)}
     del measured[1]["all_reduce"]
     fitted = {k: prof.fit(rows, k) for k, rows in measured.items()}
     out = tmp_path / "calib.yaml"
@@ -59,9 +76,9 @@ def test_the_file_written_is_the_calibration_plan_reads(tmp_path):
     assert one.peak("float32") == pytest.approx(1e11) and one.task_overhead == pytest.approx(4e-6)
     four = calibration.apply(parse_devices("4xcpu"))
     link = four.nodes[0].intra_link
-    assert (link.latency, link.bandwidth, link.handoff) == pytest.approx((40e-6, 1e9, 1e-3))
+    assert (link.latency, link.bandwidth, link.handoff, link.call) == pytest.approx((40e-6, 1e9, 1e-3, 2e-4))
     two = calibration.apply(parse_devices("2xcpu")).nodes[0].intra_link
-    assert two.handoff == pytest.approx(5e-4)
+    assert (two.handoff, two.call) == pytest.approx((5e-4, 0.0))
 
 
 @pytest.mark.parametrize("engine", [("ort", "cpu"), ("cupy", "cpu")], ids=["ort", "numpy"])
