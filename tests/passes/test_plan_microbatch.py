@@ -67,6 +67,16 @@ def test_the_plan_cost_is_the_problem_cost(step):
         assert plan.best.solution.cost <= plan.baselines[name]["step_time_s"] * (1 + 1e-9)
 
 
+def test_gradients_are_summed_over_the_microbatches_before_they_are_reduced(step, tmp_path):
+    # on a flat mesh, every gradient's reduction over the devices runs once per step, after the
+    # microbatches' sum: none in a microbatch (a bias gradient's, read by a Reshape, ran in each)
+    res = parc("plan", str(step), "--devices", "2xcpu", "--micro-batches", "4", "-o", str(tmp_path / "p"))
+    assert res.returncode == 0, res.stderr
+    tasks = json.loads((tmp_path / "p" / "taskgraph.json").read_text())["tasks"]
+    reductions = [t for t in tasks if t["kind"] == "collective" and t["op"] in ("all_reduce", "reduce_scatter")]
+    assert reductions and {t["phase"] for t in reductions} == {"apply"}
+
+
 def test_cli_writes_microbatches_and_rejects_bad_counts(step, tmp_path):
     res = parc("plan", str(step), "--devices", "2xa100-80g", "--micro-batches", "2", "-o", str(tmp_path / "p"))
     assert res.returncode == 0, res.stderr

@@ -71,3 +71,14 @@ def test_a_multiplying_scatter_gets_no_partial_strategy():
     case = build("ScatterND", [np.ones((4, 3), np.float32), Arg(np.array([[1]], np.int64)),
                                np.ones((1, 3), np.float32)], opset=18, reduction="mul")
     assert not [s for s in node_strategies(case.node, (2,)) if PARTIAL in s.labels]
+
+
+def test_partial_sums_pass_along_time_and_a_flat_device_axis_at_once():
+    # a microbatch's bias gradient (partial along time and over the devices) through a Reshape:
+    # summed over the microbatches first, reduced over the devices once
+    case = build("Reshape", [np.ones((1, 1, 8), np.float32), Arg(np.array([8], np.int64))], opset=18)
+    both = [s for s in node_strategies(case.node, (4, 2), first=(PARTIAL,)) if s.labels == (PARTIAL, PARTIAL)]
+    assert both and all(isinstance(s.inputs[0][k], Partial) and isinstance(s.outputs[0][k], Partial)
+                        for s in both for k in (0, 1))
+    # on a 2-D device mesh behind the time axis, only time passes them (the ILP's size)
+    assert not [s for s in node_strategies(case.node, (4, 2, 2), first=(PARTIAL,)) if s.labels.count(PARTIAL) > 1]

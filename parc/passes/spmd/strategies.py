@@ -57,11 +57,14 @@ def node_strategies(node: Node, mesh_shape: tuple[int, ...],
             continue  # e.g. a partial kind (prod, mean) no ShardSpec expresses
     found.sort(key=lambda s: (s.labels != (None,) * len(mesh_shape), -s.split, str(s)))
     found = found[:MAX_STRATEGIES]
-    # Partial sums pass through on a flat mesh, and on the microbatch axis (axis 0 when `first`
-    # is given). On multi-axis device meshes they multiply near-equal choices: gpt-medium's step
-    # on 2x4 A100s then ends its 60 s ILP at a 27% gap (165 ms) where without them it is solved
-    # to optimality in 29 s (133 ms).
-    axes = range(len(mesh_shape)) if len(mesh_shape) == 1 else (0,) if first is not None else ()
+    # Partial sums pass through on a flat mesh of devices, and on the microbatch axis (axis 0
+    # when `first` is given). On multi-axis device meshes they multiply near-equal choices:
+    # gpt-medium's step on 2x4 A100s then ends its 60 s ILP at a 27% gap (165 ms) where without
+    # them it is solved to optimality in 29 s (133 ms). A flat device mesh behind the microbatch
+    # axis keeps them: without, a gradient a linear op reads after its reduction (a bias's, through
+    # a Reshape) was all-reduced in every microbatch instead of once after their sum.
+    device_axes = len(mesh_shape) - (first is not None)
+    axes = range(len(mesh_shape)) if device_axes <= 1 else (0,) if first is not None else ()
     found += partial_variants(node, found, mesh_shape, axes)
     if first is not None:
         found = [s for s in found if s.labels[0] in first]
@@ -86,9 +89,10 @@ MAX_PARTIAL = 8  # partial variants per node
 
 def partial_variants(node: Node, base: list[Strategy], mesh_shape: tuple[int, ...],
                      axes=None) -> list[Strategy]:
-    """For a linear op, each strategy that replicates mesh axis k (k in `axes`, default all)
-    also taken with P(sum) on k for one linear group of its inputs and for its outputs (the
-    rest replicated)."""
+    """For a linear op, each strategy that replicates mesh axes K (a non-empty set of axes in
+    `axes`, default all) also taken with P(sum) on K for one linear group of its inputs and for
+    its outputs (the rest replicated): a microbatch's gradient contribution partial along time
+    and over the devices both (P on two axes) sums first and is reduced once."""
     groups = LINEAR.get(node.op_type) if node.domain in ("", "ai.onnx") else None
     if not groups or any(v.dtype is None or not v.dtype.is_float for v in node.outputs):
         return []
@@ -99,23 +103,29 @@ def partial_variants(node: Node, base: list[Strategy], mesh_shape: tuple[int, ..
         return []
     out: list[Strategy] = []
     for s in base:
-        for k, label in enumerate(s.labels):
-            if label is not None or mesh_shape[k] == 1 or (axes is not None and k not in axes):
-                continue
-            for group in groups:
-                linear = group or tuple(range(len(node.inputs)))
-                try:
-                    ins = tuple(None if spec is None else
-                                spec.replace(k, P("sum")) if i in linear else spec
-                                for i, spec in enumerate(s.inputs))
-                    outs = tuple(spec.replace(k, P("sum")) for spec in s.outputs)
-                except ShardSpecError:
-                    continue
-                labels = tuple(PARTIAL if j == k else lab for j, lab in enumerate(s.labels))
-                out.append(Strategy(labels, ins, outs, s.split))
-                if len(out) >= MAX_PARTIAL:
-                    return out
+        free = [k for k, label in enumerate(s.labels)
+                if label is None and mesh_shape[k] > 1 and (axes is None or k in axes)]
+        for count in range(1, len(free) + 1):
+            for ks in itertools.combinations(free, count):
+                for group in groups:
+                    linear = group or tuple(range(len(node.inputs)))
+                    try:
+                        ins = tuple(None if spec is None else _partial(spec, ks) if i in linear else spec
+                                    for i, spec in enumerate(s.inputs))
+                        outs = tuple(_partial(spec, ks) for spec in s.outputs)
+                    except ShardSpecError:
+                        continue
+                    labels = tuple(PARTIAL if j in ks else lab for j, lab in enumerate(s.labels))
+                    out.append(Strategy(labels, ins, outs, s.split))
+                    if len(out) >= MAX_PARTIAL:
+                        return out
     return out
+
+
+def _partial(spec: ShardSpec, axes: tuple[int, ...]) -> ShardSpec:
+    for k in axes:
+        spec = spec.replace(k, P("sum"))
+    return spec
 
 
 def _divides(rule: ShardingRule, labels: tuple[str | None, ...], mesh_shape: tuple[int, ...]) -> bool:
