@@ -426,3 +426,37 @@ def test_mixed_cluster_stages_take_the_larger_memories_first_and_balance_speed(t
     assert stage_order(resolve_cluster("2xp100-16g+2xv100-16g", None), 2) == [1, 0]
     pp = plan_pipeline(g, cluster, 2, micro_batches=2, level="O2", jobs=1)
     assert pp.stages[0].ranks == (2, 3) and pp.stages[1].ranks == (0, 1)
+
+
+@pytest.mark.parametrize(("costs", "searched", "reused"), [
+    # no stage's memory binds: the ends are searched, the middle takes the first's plan
+    ({5: 10, 4: 10, 3: 10, 2: 10, 1: 10}, [0, 4], {1: 0, 2: 0, 3: 0}),
+    # fewer kept activations let stages keeping 2 or 1 take a faster plan: halved until settled
+    ({5: 10, 4: 10, 3: 10, 2: 8, 1: 8}, [0, 4, 2, 3], {1: 0}),
+    # a heuristic's search of a stage keeping less found a dearer plan: it takes the first's
+    ({5: 10, 4: 10, 3: 11}, [0, 2], {1: 0, 2: 0}),
+    # every one differs: every stage searched
+    ({5: 14, 4: 13, 3: 12, 2: 11, 1: 10}, [0, 4, 2, 1, 3], {}),
+])
+def test_alike_stages_are_searched_at_the_ends_of_their_kept_range(monkeypatch, costs, searched, reused):
+    # stages of one structure differ only in the microbatches 1F1B keeps (memory): a stage keeping
+    # fewer has every plan of one keeping more, so equal costs at both ends settle the middle
+    from types import SimpleNamespace as NS
+
+    from parc.passes.pipeline import plan as pl
+
+    monkeypatch.setattr(pl, "_reused", lambda p, of, stage: NS(best=p.best, source=of.index))
+    group = [NS(index=i, kept=k) for i, k in enumerate(sorted(costs, reverse=True))]
+    order: list[int] = []
+
+    def search(stage):
+        order.append(stage.index)
+        return NS(best=NS(solution=NS(cost=costs[stage.kept])), source=stage.index)
+
+    found: dict = {}
+    pl._settle(group, search, found)
+    assert order == searched
+    assert {i: p.source for i, p in found.items() if p.source != i} == reused
+    assert sorted(found) == list(range(len(group)))
+    # a stage never gets a plan dearer than its own search would find
+    assert all(found[s.index].best.solution.cost <= costs[s.kept] for s in group)

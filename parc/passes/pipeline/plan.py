@@ -312,27 +312,31 @@ def _plan_at(graph: Graph, cluster: Cluster, stages: int, m: int, a: StageAssign
                 raise
             log.warning("%s; the pipeline runs the batch whole (1 microbatch)", e)
             m = 1
-    plans = []
-    searched: dict[tuple, Plan] = {}  # structure key -> a stage's plan (equal stages are searched once)
-    for st in _stage_inputs(graph, cluster, a, crossing, micro, m):
-        key = st.key if hints is None else None  # hints match names: no reuse
-        if key is not None and key in searched:
-            p = _reused(searched[key], st.graph, st.micro)
-        else:
-            for mesh in enumerate_meshes(st.cluster, max_dims=max_mesh_dims):  # the searches' workers inherit them
-                warm_strategies(st.graph, mesh, st.cluster, st.micro)
-            try:
-                p = plan_graph(st.graph, st.cluster, level=level, memory_budget=stage_budget(cluster, st.cluster, budget),
-                               time_limit=time_limit,
-                               jobs=jobs, micro_batches=m, micro=st.micro, with_baselines=False,
-                               max_mesh_dims=max_mesh_dims, hints=_stage_hints(hints, st.graph),
-                               arrivals=st.arrivals, kept=st.kept)
-            except InfeasiblePlanError as e:
-                raise InfeasiblePlanError(f"pipeline stage {st.index} of {a.count} ({len(st.positions)} "
-                                          f"nodes, {st.kept} microbatches of activations kept by 1F1B): {e}") from None
-            if key is not None:
-                searched[key] = p
-        plans.append(StagePlan(st.index, st.ranks, st.graph, st.positions, p))
+    inputs = list(_stage_inputs(graph, cluster, a, crossing, micro, m))
+
+    def search(st: _StageInput) -> Plan:
+        for mesh in enumerate_meshes(st.cluster, max_dims=max_mesh_dims):  # the searches' workers inherit them
+            warm_strategies(st.graph, mesh, st.cluster, st.micro)
+        try:
+            return plan_graph(st.graph, st.cluster, level=level, memory_budget=stage_budget(cluster, st.cluster, budget),
+                              time_limit=time_limit,
+                              jobs=jobs, micro_batches=m, micro=st.micro, with_baselines=False,
+                              max_mesh_dims=max_mesh_dims, hints=_stage_hints(hints, st.graph),
+                              arrivals=st.arrivals, kept=st.kept)
+        except InfeasiblePlanError as e:
+            raise InfeasiblePlanError(f"pipeline stage {st.index} of {a.count} ({len(st.positions)} "
+                                      f"nodes, {st.kept} microbatches of activations kept by 1F1B): {e}") from None
+
+    found: dict[int, Plan] = {}
+    if hints is not None:  # hints match names: no reuse
+        found = {st.index: search(st) for st in inputs}
+    else:
+        alike: dict[tuple, list[_StageInput]] = {}
+        for st in inputs:
+            alike.setdefault(st.shape_key, []).append(st)
+        for group in alike.values():
+            _settle(sorted(group, key=lambda st: (-st.kept, st.index)), search, found)
+    plans = [StagePlan(st.index, st.ranks, st.graph, st.positions, found[st.index]) for st in inputs]
     out = PipelinePlan(graph, cluster, a, crossing, plans, m, level, budget, micro=micro)
     _predict(out)
     return out
@@ -352,9 +356,44 @@ class _StageInput:
     kept: int  # microbatches of activations 1F1B keeps alive on it
 
     @cached_property
+    def shape_key(self) -> tuple:
+        """Equal keys, equal problems but for `kept`: the structure (names aside) and the group."""
+        return structure_key(self.graph, self.micro, self.arrivals), repr(self.cluster.to_json())
+
+    @property
     def key(self) -> tuple:
-        """Equal keys, equal searches: the structure (names aside), the group and `kept`."""
-        return structure_key(self.graph, self.micro, self.arrivals), repr(self.cluster.to_json()), self.kept
+        """Equal keys, equal problems: the shape key and `kept`."""
+        return self.shape_key, self.kept
+
+
+def _settle(group: list[_StageInput], search, found: dict[int, Plan]) -> None:
+    """The plans of stages of one structure (`shape_key`), `group` sorted by `kept` falling.
+
+    Their problems differ only in the activations 1F1B keeps (`kept` multiplies them in the
+    memory row; the costs do not depend on it), so a stage keeping fewer has every plan of one
+    keeping more, and more: its best cost is at most the other's. When the stages keeping the
+    most and the least have the same best cost, every stage between has it too, and the plan of
+    the first fits them all: it is reused, its memory rescaled to each stage's `kept`. Otherwise
+    the group is halved and each half settled so. A deep model's middle stages (all alike,
+    keeping S - 1 down to 2 microbatches) are searched twice instead of S - 2 times."""
+    first, last = group[0], group[-1]
+    if first.index not in found:
+        found[first.index] = search(first)
+    top = found[first.index]
+    if last.index not in found:
+        found[last.index] = _reused(top, first, last) if last.kept == first.kept else search(last)
+    low = found[last.index].best.solution.cost
+    if low >= top.best.solution.cost * (1 - 1e-9):
+        for st in group[1:-1]:
+            found[st.index] = _reused(top, first, st)
+        if low > top.best.solution.cost:  # its own search found a dearer plan (a heuristic's)
+            found[last.index] = _reused(top, first, last)
+        return
+    if len(group) <= 2:
+        return
+    mid = len(group) // 2
+    _settle(group[:mid + 1], search, found)
+    _settle(group[mid:], search, found)
 
 
 def stage_shares(graph: Graph, cluster: Cluster, stages: int) -> list[float] | None:
@@ -382,10 +421,16 @@ def _stage_inputs(graph: Graph, cluster: Cluster, a: StageAssignment, crossing: 
                           _arrivals(cluster, crossing, ranks, s), min(stages - s, m))
 
 
-def _reused(p: Plan, g: Graph, micro: Micro | None) -> Plan:
-    """Plan `p` of a stage for `g`, a stage of the same structure (`costs.structure_key`)."""
-    best = replace(p.best, model=renamed(p.best.model, g, micro))
-    return replace(p, best=best, time_s=0.0)
+def _reused(p: Plan, of: _StageInput, st: _StageInput) -> Plan:
+    """Plan `p` of stage `of` for stage `st`, of the same structure (`_StageInput.shape_key`),
+    with the memory of its node outputs rescaled to the microbatches `st` keeps."""
+    model = renamed(p.best.model, st.graph, st.micro)
+    if st.kept != of.kept:
+        problem, sources = model.problem, len(model.sources)
+        scale = st.kept / of.kept
+        mem = tuple(m if i < sources else m * scale for i, m in enumerate(problem.mem))
+        model = replace(model, problem=replace(problem, mem=mem))
+    return replace(p, best=replace(p.best, model=model), time_s=0.0)
 
 
 def _stage_hints(hints: Hints | None, g: Graph) -> Hints | None:
