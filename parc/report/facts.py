@@ -23,6 +23,8 @@ class MeshAxis:
     bandwidth: float | None  # bytes/s
     latency: float | None  # s
     spans_nodes: bool | None
+    call: float | None = None  # s each collective pays once (a calibrated host whose ranks share cores)
+    handoff: float | None = None  # s the first after compute pays more
 
 
 @dataclass(frozen=True)

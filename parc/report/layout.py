@@ -87,7 +87,10 @@ def _summary(r: Report) -> Section:
     s = r.summary
     piped = r.pipeline is not None
     axes = "; ".join(f"axis {k}: {a.size} {'stages (pipeline)' if piped and k == 0 else 'devices'} over {a.link or '?'}"
-                     + (f" ({a.bandwidth / 1e9:g} GB/s, {a.latency * 1e6:g} us)" if a.bandwidth and a.latency else "")
+                     + (f" ({a.bandwidth / 1e9:g} GB/s, {a.latency * 1e6:g} us" if a.bandwidth and a.latency else "")
+                     + (f", {a.call * 1e6:g} us a call" if a.bandwidth and a.latency and a.call else "")
+                     + (f", {a.handoff * 1e6:g} us handoff" if a.bandwidth and a.latency and a.handoff else "")
+                     + (")" if a.bandwidth and a.latency else "")
                      + (", across nodes" if a.spans_nodes else "")
                      for k, a in enumerate(s.mesh_axes))
     pairs = [("devices", f"{s.devices}: {s.cluster}"), ("mesh", f"{fmt_shape(s.mesh_shape)}: {axes}"),

@@ -158,3 +158,14 @@ def test_reads_the_planners_format_version():
     from parc.passes.spmd.search import FORMAT_VERSION
 
     assert FORMAT_VERSION in FORMAT_VERSIONS
+
+
+def test_a_calibrated_links_call_cost_and_handoff_are_shown():
+    plan = tiny_plan()
+    plan["mesh"]["links"][1] = {"bandwidth": 1.2e9, "latency": 1.9e-5, "name": "shm", "call": 2.4e-4, "handoff": 1e-3}
+    r = explain(plan, "p/plan.json")
+    assert (r.summary.mesh_axes[1].call, r.summary.mesh_axes[1].handoff) == (2.4e-4, 1e-3)
+    assert r.summary.mesh_axes[0].call is None
+    text = " ".join(render(r, "text").split())  # the summary wraps its lines
+    assert "over shm (1.2 GB/s, 19 us, 240 us a call, 1000 us handoff)" in text
+    assert "over net-100g (12.5 GB/s, 14 us)" in text
