@@ -83,15 +83,21 @@ def _pipeline(r: Report) -> Section:
     return Section("Pipeline", pairs, [table])
 
 
+def _link_figures(a) -> str:
+    """' (bandwidth, latency[, call cost][, handoff])' of a mesh axis's link, or '' unknown."""
+    if not (a.bandwidth and a.latency):
+        return ""
+    figures = [f"{a.bandwidth / 1e9:g} GB/s", f"{a.latency * 1e6:g} us"]
+    figures += [f"{a.call * 1e6:g} us a call"] if a.call else []
+    figures += [f"{a.handoff * 1e6:g} us handoff"] if a.handoff else []
+    return f" ({', '.join(figures)})"
+
+
 def _summary(r: Report) -> Section:
     s = r.summary
     piped = r.pipeline is not None
     axes = "; ".join(f"axis {k}: {a.size} {'stages (pipeline)' if piped and k == 0 else 'devices'} over {a.link or '?'}"
-                     + (f" ({a.bandwidth / 1e9:g} GB/s, {a.latency * 1e6:g} us" if a.bandwidth and a.latency else "")
-                     + (f", {a.call * 1e6:g} us a call" if a.bandwidth and a.latency and a.call else "")
-                     + (f", {a.handoff * 1e6:g} us handoff" if a.bandwidth and a.latency and a.handoff else "")
-                     + (")" if a.bandwidth and a.latency else "")
-                     + (", across nodes" if a.spans_nodes else "")
+                     + _link_figures(a) + (", across nodes" if a.spans_nodes else "")
                      for k, a in enumerate(s.mesh_axes))
     pairs = [("devices", f"{s.devices}: {s.cluster}"), ("mesh", f"{fmt_shape(s.mesh_shape)}: {axes}"),
              ("predicted step", f"{fmt_time(r.step.step_time_s)} (compute {fmt_time(r.step.compute_s)}, "
