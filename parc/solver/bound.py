@@ -17,7 +17,7 @@ here on every node at once (one pass is a few array reductions: `_Diffusion`). I
 fixed points can sit below the LP relaxation's bound, but on the training steps measured it
 closes most of the gap the trivial bound (every node and edge at its own minimum) leaves: on
 gpt-medium's AdamW step on a 2 x 4 mesh the trivial bound is 11% below the optimum, 100 passes
-(0.4 s at 4.3 ms a pass) 0.2% (docs/solver.md).
+0.2% (docs/solver.md).
 
 Under a memory budget M the bound is Lagrangian: for every price p >= 0,
 min_x C(x) + p (mem(x) - M) <= C(x*) for the constrained optimum x*, and the diffusion bound of
