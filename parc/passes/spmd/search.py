@@ -302,6 +302,7 @@ def _job(search: _Search, graph: Graph, job: _Job) -> _Built | Solution | _NoPla
                 check_mesh(graph, search.hints, mesh.shape)  # before the (slow) cost model
             model = build(graph, mesh, search.cluster, search.micro, _pinned_layouts(search.hints, mesh.shape),
                           search.arrivals, search.kept)
+            _ = model.grouping  # once here, not in each of the plan's and baselines' jobs (it travels with the model)
             if search.hints is None:
                 return _Built(model)
             pins, warnings = hint_pins(model, search.hints)
@@ -425,7 +426,7 @@ def _search_plan(model: CostModel, problem: Problem, level: str, options: Search
             return follow, False
         if refine_steps:
             follow = _refined(problem, follow, options, refine_steps)
-        if lp_columns(problem) > exact_columns:
+        if exact_columns <= 0 or lp_columns(problem) > exact_columns:  # (no coarsening to count them for 0)
             return follow, False
         if prove:  # the exact finish only when the bound leaves more than its gap (it costs seconds)
             follow, proven = _proven(model, problem, follow), True
