@@ -20,11 +20,11 @@ pytestmark = [pytest.mark.torch, needs_mpiexec]
 HINTS = {"dp": "default: replicate\n", "tp": "default: split\n"}
 
 
-def _train(case: dict, tmp_path: Path) -> Path:
+def _train(case: dict, tmp_path: Path, optimizer: str = "sgd") -> Path:
     dims = [f"--dim={k}={v}" for k, v in case["dims"].items()]
     step = tmp_path / "train.onnx"
-    res = parc("grad", str(case["dir"] / case["onnx"]), "--optimizer", "sgd", "--lr", "0.05", *dims,
-               "-o", str(step))
+    lr = ["--lr", "0.05"] if optimizer == "sgd" else []
+    res = parc("grad", str(case["dir"] / case["onnx"]), "--optimizer", optimizer, *lr, *dims, "-o", str(step))
     assert res.returncode == 0, res.stderr
     return step
 
@@ -50,6 +50,15 @@ def test_tensor_parallel_training_step_verifies(case, tmp_path):
 @pytest.mark.parametrize("case", CASES, indirect=True)
 def test_data_parallel_training_step_verifies(case, tmp_path):
     _plan_and_verify(_train(case, tmp_path), tmp_path, "dp")
+
+
+@pytest.mark.parametrize("case", ["vit-legacy"], indirect=True)
+def test_adamw_step_with_key_biases_verifies(case, tmp_path):
+    """ViT's attention has a key bias of its own, whose gradient is zero in exact arithmetic
+    (softmax does not see it): its whole second moment is round-off, which Adam turns into
+    steps of about lr in directions the summation order decides. verify failed on it (2 of 122
+    tensors) until that allowance also went to a tensor whose gradient is round-off throughout."""
+    _plan_and_verify(_train(case, tmp_path, "adamw"), tmp_path, "dp")
 
 
 @pytest.mark.parametrize("case", [c for c in CASES if c.endswith("legacy")], indirect=True)
