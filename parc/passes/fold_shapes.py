@@ -102,9 +102,46 @@ def _make_const(graph: Graph, node: Node, arrays: list[np.ndarray]) -> None:
     graph.remove_nodes([node])
 
 
+# signature -> output types: a model's repeated layers give the same answer (gpt-medium's 72-layer
+# training step: 21,484 nodes typed in 2.4 s by ONNX's inference alone)
+_TYPES: dict[tuple, list[tuple[DType | None, Shape | None]] | None] = {}
+_TYPES_MAX = 100_000
+
+
+def _signature(node: Node, opset: dict[str, int]) -> tuple | None:
+    """What ONNX's inference of the node's outputs depends on: op, opset, attributes, each input's
+    type and shape, and the values it is fed (constants of at most MAX_DATA_ELEMS); None when an
+    input has no type yet (output_types raises the error then)."""
+    ins = []
+    for v in node.inputs:
+        if v is None:
+            ins.append(None)
+            continue
+        if v.dtype is None or v.shape is None:
+            return None
+        fed = v.const is not None and not v.is_param and v.const.size <= MAX_DATA_ELEMS
+        ins.append((v.dtype.onnx_type, tuple(v.shape), np.asarray(v.const.numpy()).tobytes() if fed else None))
+    attrs = tuple(sorted((k, a.SerializeToString(deterministic=True)) for k, a in node.attrs.items()))
+    return (node.op_type, node.domain or "", tuple(sorted(opset.items())), attrs, tuple(ins), len(node.outputs))
+
+
 def output_types(node: Node, opset: dict[str, int]) -> list[tuple[DType | None, Shape | None]] | None:
     """Output (dtype, static shape or None) per output from the op's ONNX schema; None if the
-    op has no schema. Constant inputs are fed to inference, so shape arguments resolve."""
+    op has no schema. Constant inputs are fed to inference, so shape arguments resolve. Answers
+    are kept by the node's signature (`_signature`)."""
+    key = _signature(node, opset)
+    if key is not None and key in _TYPES:
+        found = _TYPES[key]
+        return None if found is None else list(found)
+    types = _output_types(node, opset)
+    if key is not None:
+        if len(_TYPES) >= _TYPES_MAX:
+            _TYPES.clear()
+        _TYPES[key] = None if types is None else list(types)
+    return types
+
+
+def _output_types(node: Node, opset: dict[str, int]) -> list[tuple[DType | None, Shape | None]] | None:
     from parc.ir.exporter import node_proto
 
     domain = node.domain or ""

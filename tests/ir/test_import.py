@@ -176,3 +176,28 @@ def test_gathernd_with_scalar_result_gets_its_shape():
     graph = from_model(model)
     assert graph.outputs[0].shape == () and str(graph.outputs[0].dtype) == "float"
     verify(graph)
+
+
+def test_output_types_are_kept_by_signature_not_confused():
+    """Typing is remembered by signature (op, attributes, input types and fed values): nodes
+    alike but for a shape argument's value, an attribute or an input's shape get their own
+    types; a repeated one reuses the answer."""
+    from parc.passes import fold_shapes
+
+    nodes = [helper.make_node("Reshape", ["x", "s1"], ["a"]), helper.make_node("Reshape", ["x", "s2"], ["b"]),
+             helper.make_node("Reshape", ["x", "s1"], ["c"]),
+             helper.make_node("Transpose", ["a"], ["ta"], perm=[1, 0]),
+             helper.make_node("Transpose", ["b"], ["tb"], perm=[1, 0]),
+             helper.make_node("Softmax", ["x"], ["s0"], axis=0), helper.make_node("Softmax", ["x"], ["s_1"], axis=1),
+             helper.make_node("Concat", ["a", "c"], ["cat0"], axis=0),
+             helper.make_node("Concat", ["a", "c"], ["cat1"], axis=1)]
+    outs = ["ta", "tb", "s0", "s_1", "cat0", "cat1"]
+    model = make_model(nodes, [inp("x", [4, 6])], [inp(o, None) for o in outs],
+                       [tensor("s1", np.array([2, 12], np.int64)), tensor("s2", np.array([8, 3], np.int64))])
+    fold_shapes._TYPES.clear()
+    graph = from_model(model)
+    shapes = {v.name: v.shape for v in graph.values()}
+    assert (shapes["a"], shapes["b"], shapes["c"]) == ((2, 12), (8, 3), (2, 12))
+    assert (shapes["ta"], shapes["tb"]) == ((12, 2), (3, 8))
+    assert (shapes["cat0"], shapes["cat1"]) == ((4, 12), (2, 24))
+    assert len(fold_shapes._TYPES) == 8  # the two alike Reshapes share one entry
