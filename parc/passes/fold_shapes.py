@@ -12,6 +12,8 @@ other node gets its output types from the op's ONNX schema, fed the constant inp
 
 from __future__ import annotations
 
+import hashlib
+
 import numpy as np
 from onnx import defs, helper, numpy_helper, shape_inference
 
@@ -120,7 +122,10 @@ def _signature(node: Node, opset: dict[str, int]) -> tuple | None:
         if v.dtype is None or v.shape is None:
             return None
         fed = v.const is not None and not v.is_param and v.const.size <= MAX_DATA_ELEMS
-        ins.append((v.dtype.onnx_type, tuple(v.shape), np.asarray(v.const.numpy()).tobytes() if fed else None))
+        data = np.asarray(v.const.numpy()).tobytes() if fed else None  # type: ignore[union-attr]
+        if data is not None and len(data) > 64:  # a digest, so the table holds no large constants
+            data = hashlib.sha256(data).digest()
+        ins.append((v.dtype.onnx_type, tuple(v.shape), data))
     attrs = tuple(sorted((k, a.SerializeToString(deterministic=True)) for k, a in node.attrs.items()))
     return (node.op_type, node.domain or "", tuple(sorted(opset.items())), attrs, tuple(ins), len(node.outputs))
 
