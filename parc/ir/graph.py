@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import heapq
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -124,6 +125,25 @@ class Node:
         ins = ", ".join(v.name if v else "" for v in self.inputs)
         outs = ", ".join(v.name for v in self.outputs)
         return f"Node({self.op_type} {self.name!r}: {ins} -> {outs})"
+
+
+def const_key(v: Value, limit: int = 4096) -> bytes | None:
+    """The value of a non-parameter constant of at most `limit` elements (a shape operand, say), as
+    bytes (a SHA-256 digest past 64 bytes); None for anything else."""
+    if v.const is None or v.is_param or v.shape is None or v.size > limit:
+        return None
+    data = np.asarray(v.const.numpy()).tobytes()
+    return hashlib.sha256(data).digest() if len(data) > 64 else data
+
+
+def node_signature(n: Node, const_limit: int = 4096) -> tuple:
+    """What a node computes, its names aside: op, attributes, input and output shapes and dtypes,
+    and the values of its non-parameter constant inputs of at most `const_limit` elements. Nodes
+    of a model's repeated layers share one (their strategies, their inferred types)."""
+    ins = tuple(None if v is None else (v.shape, v.dtype, const_key(v, const_limit)) for v in n.inputs)
+    outs = tuple((v.shape, v.dtype, bool(v.name)) for v in n.outputs)
+    attrs = tuple(sorted((k, a.SerializeToString(deterministic=True)) for k, a in n.attrs.items()))
+    return (n.domain, n.op_type, attrs, ins, outs)
 
 
 class NameAuthority:

@@ -12,15 +12,13 @@ other node gets its output types from the op's ONNX schema, fed the constant inp
 
 from __future__ import annotations
 
-import hashlib
-
 import numpy as np
 from onnx import defs, helper, numpy_helper, shape_inference
 
 from parc.errors import ShapeError
 from parc.ir.dtypes import DType
 from parc.ir.evaluate import NONDETERMINISTIC, evaluate
-from parc.ir.graph import Graph, Node, Shape
+from parc.ir.graph import Graph, Node, Shape, node_signature
 from parc.ir.tensor import TensorData
 from parc.passes.base import PassResult
 
@@ -110,39 +108,18 @@ _TYPES: dict[tuple, list[tuple[DType | None, Shape | None]] | None] = {}
 _TYPES_MAX = 100_000
 
 
-def _signature(node: Node, opset: dict[str, int]) -> tuple | None:
-    """What ONNX's inference of the node's outputs depends on: op, opset, attributes, each input's
-    type and shape, and the values it is fed (constants of at most MAX_DATA_ELEMS); None when an
-    input has no type yet (output_types raises the error then)."""
-    ins = []
-    for v in node.inputs:
-        if v is None:
-            ins.append(None)
-            continue
-        if v.dtype is None or v.shape is None:
-            return None
-        fed = v.const is not None and not v.is_param and v.const.size <= MAX_DATA_ELEMS
-        data = np.asarray(v.const.numpy()).tobytes() if fed else None  # type: ignore[union-attr]
-        if data is not None and len(data) > 64:  # a digest, so the table holds no large constants
-            data = hashlib.sha256(data).digest()
-        ins.append((v.dtype.onnx_type, tuple(v.shape), data))
-    attrs = tuple(sorted((k, a.SerializeToString(deterministic=True)) for k, a in node.attrs.items()))
-    return (node.op_type, node.domain or "", tuple(sorted(opset.items())), attrs, tuple(ins), len(node.outputs))
-
-
 def output_types(node: Node, opset: dict[str, int]) -> list[tuple[DType | None, Shape | None]] | None:
     """Output (dtype, static shape or None) per output from the op's ONNX schema; None if the
     op has no schema. Constant inputs are fed to inference, so shape arguments resolve. Answers
-    are kept by the node's signature (`_signature`)."""
-    key = _signature(node, opset)
-    if key is not None and key in _TYPES:
+    are kept by the node's signature (`graph.node_signature`) and the opset."""
+    key = (node_signature(node, MAX_DATA_ELEMS), tuple(sorted(opset.items())))
+    if key in _TYPES:
         found = _TYPES[key]
         return None if found is None else list(found)
-    types = _output_types(node, opset)
-    if key is not None:
-        if len(_TYPES) >= _TYPES_MAX:
-            _TYPES.clear()
-        _TYPES[key] = None if types is None else list(types)
+    types = _output_types(node, opset)  # raises on an input without a type: nothing kept
+    if len(_TYPES) >= _TYPES_MAX:
+        _TYPES.clear()
+    _TYPES[key] = None if types is None else list(types)
     return types
 
 

@@ -22,7 +22,7 @@ from parc.cluster import Cluster, Mesh, compute_time
 from parc.cluster.cost import bucket_axes, bucket_share, ring_time
 from parc.cluster.links import LinkSpec
 from parc.errors import UsageError
-from parc.ir.graph import Graph, Node, Value
+from parc.ir.graph import Graph, Node, Value, const_key, node_signature
 from parc.ir.state import FORWARD, OPTIMIZER, bindings, is_gradient_sync, phase
 from parc.ops import node_work, op_class
 from parc.passes.spmd.hetero import Balance, device_times, mesh_balance
@@ -181,7 +181,7 @@ def _strategies(graph: Graph, shape: tuple[int, ...], micro: Micro | None) -> li
         if micro is not None:
             first = ((None,) if phase(n) == OPTIMIZER else
                      (micro.labels[pos],) if micro.labels is not None else None)
-        key = (_signature(n), first)
+        key = (node_signature(n), first)
         if key not in by_signature:
             known = _STRATEGIES.get((key, shape))
             by_signature[key] = known if known is not None else node_strategies(n, shape, first)
@@ -443,10 +443,10 @@ def structure_key(graph: Graph, micro: Micro | None = None, arrivals: Mapping[st
             else:
                 k = sources.setdefault(id(v), len(sources))
                 source_of[v.name] = k
-                ins.append(("s", k, v.shape, v.dtype, v.is_const, v.is_param, _const_key(v),
+                ins.append(("s", k, v.shape, v.dtype, v.is_const, v.is_param, const_key(v),
                             (arrivals or {}).get(v.name)))
         label = micro.labels[pos] if micro is not None and micro.labels is not None else None
-        nodes.append((_signature(n), phase(n), label, tuple(ins)))
+        nodes.append((node_signature(n), phase(n), label, tuple(ins)))
         for k, v in enumerate(n.outputs):
             where[id(v)] = ("n", pos, k)
     outputs = tuple(where.get(id(v)) for v in graph.outputs)
@@ -511,21 +511,6 @@ def _on_time_axis(v: Value, fixed: ShardSpec, specs: list[ShardSpec], shape: tup
             if spec is not None and spec[0] == fixed[0] and not any(isinstance(ax, Partial) for ax in tuple(spec)[1:]):
                 out[spec] = None
     return list(out)[:MAX_STRATEGIES]
-
-
-def _signature(n: Node) -> tuple:
-    """What a node's strategies depend on: op, attributes, input/output shapes and dtypes, and
-    the values of small non-parameter constant inputs (shape operands)."""
-    ins = tuple(None if v is None else (v.shape, v.dtype, _const_key(v)) for v in n.inputs)
-    outs = tuple((v.shape, v.dtype, bool(v.name)) for v in n.outputs)
-    attrs = tuple(sorted((k, a.SerializeToString()) for k, a in n.attrs.items()))
-    return (n.domain, n.op_type, attrs, ins, outs)
-
-
-def _const_key(v: Value) -> bytes | None:
-    if v.const is None or v.is_param or v.shape is None or v.size > 4096:
-        return None
-    return np.asarray(v.const.numpy()).tobytes()
 
 
 def _node_costs(n: Node, strats: list[Strategy], held: tuple[bool, ...], shape: tuple[int, ...],
