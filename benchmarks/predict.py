@@ -9,6 +9,11 @@ before the run against just after the profile, or against the script's start wit
 a shared VM's speed moves by tens of percent over minutes, and this says when a miss is the host's.
 
     python benchmarks/predict.py [--calibration FILE] [--steps 30] [--rounds 1] [--models gpt-tiny,moe-tiny,unet-tiny]
+                                 [--built-in]
+
+A `--models` entry that names an ONNX file is a training step (`parc grad`'s) used as it is.
+`--built-in` profiles without the models' own products and convolutions (`parc profile` with no
+`--model`, as the simulate check calibrates).
 
 `--rounds R` runs every plan R times, the plans in turn each round (so that a slow spell of the
 host falls on different plans): the measured figure is the median of the R runs' medians, and
@@ -52,6 +57,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--models", default=",".join(BUILD))
     ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--built-in", action="store_true", help="profile without the models' own shapes")
     args = ap.parse_args()
     if args.rounds < 1 or args.steps < 6:
         ap.error("expected --rounds >= 1 and --steps >= 6 (the median is of the steps after the fifth)")
@@ -60,11 +66,15 @@ def main() -> None:
     models = args.models.split(",")
     steps = {}
     for model in models:
+        if model.endswith(".onnx"):
+            steps[model] = Path(model)
+            continue
         steps[model] = work / f"{model}.train.onnx"
         parc("models", "build", model, *BUILD.get(model, ()), "--train", "momentum", "-o", str(steps[model]))
     if not args.calibration:
         t0 = time.perf_counter()
-        parc("profile", "-o", str(calib), *(a for m in models for a in ("--model", str(steps[m]))))
+        own = () if args.built_in else (a for m in models for a in ("--model", str(steps[m])))
+        parc("profile", "-o", str(calib), *own)
         print(f"parc profile: {time.perf_counter() - t0:.0f} s", file=sys.stderr)
     from parc.exec.profile import host_probe
     from parc.exec.runner import rank_threads
@@ -81,7 +91,7 @@ def main() -> None:
     plans = []
     for model in models:
         for devices, extra in LAYOUTS:
-            plan = work / f"{model}-{devices}{''.join(extra)}"
+            plan = work / f"{Path(model).stem}-{devices}{''.join(extra)}"
             parc("plan", str(steps[model]), "--devices", devices, "--calibration", str(calib), *extra, "-o", str(plan))
             plans.append((model, devices, plan))
     runs: dict[Path, list[tuple[float, float, list[int]]]] = {plan: [] for *_, plan in plans}

@@ -21,6 +21,7 @@ from parc.cluster.cost import (
     axis_collective_time,
     collective_time,
     compute_time,
+    node_floor,
     reduce_scatter_time,
     send_recv_time,
 )
@@ -44,6 +45,7 @@ __all__ = [
     "axis_collective_time",
     "collective_time",
     "compute_time",
+    "node_floor",
     "enumerate_meshes",
     "load_cluster",
     "load_constants",

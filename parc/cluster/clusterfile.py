@@ -42,12 +42,17 @@ _PEAK_KEYS = {"fp64_tflops": "float64", "fp32_tflops": "float32", "tf32_tflops":
 # YAML key -> (DeviceSpec field, scale to SI). Scales below 1 divide (by 1e6 rather than times
 # 1e-6), so 3.4 us is exactly 3.4e-6 s.
 _DEVICE_UNITS = {"memory_gib": ("memory_bytes", GiB), "bandwidth_gbs": ("memory_bandwidth", GB),
-                 "launch_floor_us": ("launch_floor", 1e-6), "task_overhead_us": ("task_overhead", 1e-6)}
+                 "launch_floor_us": ("launch_floor", 1e-6), "task_overhead_us": ("task_overhead", 1e-6),
+                 "node_floor_us": ("node_floor", 1e-6), "node_piece_ns": ("node_piece", 1e-9)}
 _DEVICE_SI = ("memory_bytes", "memory_bandwidth", "launch_floor", "compute_efficiency", "memory_efficiency",
-              "task_overhead")
-_DEVICE_KEYS = (*_PEAK_KEYS, *_DEVICE_UNITS, *_DEVICE_SI, "peak_flops", "default_link", "op_efficiency",
-                "memory_op_efficiency", "gpu")
-_MAY_BE_ZERO = ("launch_floor", "task_overhead")
+              "task_overhead", "node_floor", "node_piece")
+# per-class tables: YAML key -> (DeviceSpec field, scale to SI, whether a value may be 0)
+_DEVICE_TABLES = {"op_efficiency": ("op_efficiency", 1.0, False),
+                  "memory_op_efficiency": ("memory_op_efficiency", 1.0, False),
+                  "op_floor": ("op_floor", 1.0, True), "op_floor_us": ("op_floor", 1e-6, True),
+                  "op_piece": ("op_piece", 1.0, True), "op_piece_ns": ("op_piece", 1e-9, True)}
+_DEVICE_KEYS = (*_PEAK_KEYS, *_DEVICE_UNITS, *_DEVICE_SI, *_DEVICE_TABLES, "peak_flops", "default_link", "gpu")
+_MAY_BE_ZERO = ("launch_floor", "task_overhead", "node_floor", "node_piece")
 _LINK_UNITS = {"bandwidth_gbps": ("bandwidth", 1e9 / 8), "bandwidth_gbs": ("bandwidth", GB),
                "latency_us": ("latency", 1e-6), "handoff_us": ("handoff", 1e-6), "call_us": ("call", 1e-6)}
 _LINK_KEYS = (*_LINK_UNITS, "bandwidth", "latency", "handoff", "call")
@@ -84,7 +89,7 @@ class Calibration:
             fields = dict(devices.get(spec.name, {}))
             if "peak_flops" in fields:
                 fields["peak_flops"] = {**dict(spec.peak_flops), **dict(fields["peak_flops"])}
-            for table in ("op_efficiency", "memory_op_efficiency"):
+            for table in ("op_efficiency", "memory_op_efficiency", "op_floor", "op_piece"):
                 if table in fields:
                     fields[table] = {**dict(getattr(spec, table)), **dict(fields[table])}
             return override_fields(spec, fields, f"{self.source}: devices.{spec.name}")
@@ -204,8 +209,10 @@ def _device_overrides(fields: dict[str, Entry]) -> dict[str, object]:
             put(out, key, value.number(positive=key not in _MAY_BE_ZERO), value)
         elif key == "default_link":
             put(out, key, lookup_link(value.string(), _where(value)).name, value)
-        elif key in ("op_efficiency", "memory_op_efficiency"):
-            put(out, key, tuple((op, v.number()) for op, v in value.items().items()), value)
+        elif key in _DEVICE_TABLES:
+            field, scale, zero = _DEVICE_TABLES[key]
+            put(out, field, tuple((op, _scaled(v.number(positive=not zero), scale)) for op, v in value.items().items()),
+                value)
         elif key == "gpu":
             put(out, key, value.boolean(), value)
     if "memory_bytes" in out:

@@ -136,7 +136,7 @@ def axis_collective_time(mesh: Mesh, axis: int, kind: str, nbytes: float) -> flo
 
 
 def compute_time(flops: float, nbytes: float, device: DeviceSpec, dtype: object = "float32",
-                 op_class: str = "", queued: bool = False) -> float:
+                 op_class: str = "", queued: bool = False, pieces: float = 0.0) -> float:
     """Roofline time of one op: the slower of compute and memory traffic, plus the launch floor.
     `queued` (a module's nodes in a row, as the task times price them): on a GPU
     (`DeviceSpec.gpu`) the longer of the two instead, since kernels queue while the host launches
@@ -144,14 +144,24 @@ def compute_time(flops: float, nbytes: float, device: DeviceSpec, dtype: object 
     their launch, as in small models, the sum keeps a split worth its share of the kernel).
 
     max(flops / (peak[dtype] * efficiency), bytes / (memory_bandwidth * memory_fraction))
-    + launch_floor, where efficiency and memory_fraction are the device's for the op's class
-    (`parc.ops.op_class`), else its compute_efficiency and memory_efficiency. `dtype` is a DType or a name ('float32', 'tf32', 'bf16', ...); a
-    dtype the device lists no peak for runs at its float32 peak.
+    + pieces * piece_cost + launch_floor + the class's floor (`node_floor`), where efficiency,
+    memory_fraction and piece_cost are the device's for the op's class (`parc.ops.op_class`),
+    else its compute_efficiency and memory_efficiency (and no piece cost), and `pieces` is
+    `parc.ops.node_pieces` (a Transpose's short runs, a Softmax's rows). `dtype` is a DType or a
+    name ('float32', 'tf32', 'bf16', ...); a dtype the device lists no peak for runs at its
+    float32 peak.
     """
     if flops < 0 or nbytes < 0:
         raise ValueError(f"compute_time: need flops >= 0 and bytes >= 0, got {flops}, {nbytes}")
     compute = flops / (device.peak(dtype) * device.efficiency(op_class))
     memory = nbytes / (device.memory_bandwidth * device.memory_fraction(op_class))
+    walk = pieces * device.piece_cost(op_class) if pieces else 0.0
     if queued and device.gpu:
-        return max(compute, memory, device.launch_floor)
-    return max(compute, memory) + device.launch_floor
+        return max(compute + walk, memory + walk, device.launch_floor)
+    return max(compute, memory) + walk + node_floor(flops, nbytes, device, op_class)
+
+
+def node_floor(flops: float, nbytes: float, device: DeviceSpec, op_class: str = "") -> float:
+    """What one node costs however little of its work a device does: the launch floor, and the
+    class's floor (`DeviceSpec.class_floor`) where the node has work (FLOPs or traffic)."""
+    return device.launch_floor + (device.class_floor(op_class) if flops > 0 or nbytes > 0 else 0.0)

@@ -61,6 +61,17 @@ class DeviceSpec:
     # per op class, the fraction of memory_bandwidth it reaches instead of memory_efficiency
     # (calibrate: a layer norm or a reduction streams slower than an elementwise op)
     memory_op_efficiency: tuple[tuple[str, float], ...] = ()
+    # seconds a node costs beyond its launch floor and its roofline where its tensors are small
+    # (calibrate: onnxruntime hands a 64 KiB Transpose to its thread pool and waits for it; the
+    # roofline's rates are a large op's): `node_floor` for every class without its own in
+    # `op_floor`. Only a node with work pays it (a Reshape moves nothing)
+    node_floor: float = 0.0
+    op_floor: tuple[tuple[str, float], ...] = ()
+    # seconds per short piece a node walks (`parc.ops.node_pieces`: a Transpose's runs, a
+    # Softmax's rows, a broadcast's spans), on top of its roofline (calibrate): `node_piece` for
+    # every class without its own in `op_piece`
+    node_piece: float = 0.0
+    op_piece: tuple[tuple[str, float], ...] = ()
     # `parc run` runs it with parc's array engine on a GPU: trees of elementwise nodes are fused
     # into one kernel (`parc.exec.engines.fusion`: a tree moves only its leaves and its root), and
     # kernels queue behind the host's launches (a node costs its launch or its kernel, the longer)
@@ -88,6 +99,13 @@ class DeviceSpec:
                                                                self.memory_bandwidth))
         object.__setattr__(self, "launch_floor", _non_negative(f"device {name}: launch floor", self.launch_floor))
         object.__setattr__(self, "task_overhead", _non_negative(f"device {name}: task overhead", self.task_overhead))
+        object.__setattr__(self, "node_floor", _non_negative(f"device {name}: node floor", self.node_floor))
+        object.__setattr__(self, "node_piece", _non_negative(f"device {name}: node piece", self.node_piece))
+        for table in ("op_floor", "op_piece"):
+            pairs = getattr(self, table)
+            object.__setattr__(self, table, tuple(sorted(
+                (str(op), _non_negative(f"device {name}: {table} of {op}", value))
+                for op, value in (pairs.items() if isinstance(pairs, Mapping) else pairs))))
         for field in ("compute_efficiency", "memory_efficiency"):
             value = _positive(f"device {name}: {field}", getattr(self, field))
             if value > 1.0:
@@ -122,6 +140,24 @@ class DeviceSpec:
         unless the class has its own)."""
         return self._memory_table.get(op_class, self.memory_efficiency) if op_class else self.memory_efficiency
 
+    @functools.cached_property
+    def _floor_table(self) -> dict[str, float]:
+        return dict(self.op_floor)
+
+    def class_floor(self, op_class: str = "") -> float:
+        """Seconds a node of `op_class` with work costs beyond its launch floor and its roofline
+        (`node_floor` unless the class has its own `op_floor`)."""
+        return self._floor_table.get(op_class, self.node_floor) if op_class else self.node_floor
+
+    @functools.cached_property
+    def _piece_table(self) -> dict[str, float]:
+        return dict(self.op_piece)
+
+    def piece_cost(self, op_class: str = "") -> float:
+        """Seconds per short piece (`parc.ops.node_pieces`) a node of `op_class` walks
+        (`node_piece` unless the class has its own `op_piece`)."""
+        return self._piece_table.get(op_class, self.node_piece) if op_class else self.node_piece
+
     def peak(self, dtype: object) -> float:
         """Peak FLOP/s for `dtype`; types the device has no fast path for run at its float32 rate."""
         table = dict(self.peak_flops)
@@ -134,6 +170,10 @@ class DeviceSpec:
                 "default_link": self.default_link, "task_overhead": self.task_overhead,
                 **({"op_efficiency": dict(self.op_efficiency)} if self.op_efficiency else {}),
                 **({"memory_op_efficiency": dict(self.memory_op_efficiency)} if self.memory_op_efficiency else {}),
+                **({"node_floor": self.node_floor} if self.node_floor else {}),
+                **({"op_floor": dict(self.op_floor)} if self.op_floor else {}),
+                **({"node_piece": self.node_piece} if self.node_piece else {}),
+                **({"op_piece": dict(self.op_piece)} if self.op_piece else {}),
                 **({"gpu": True} if self.gpu else {})}
 
     @staticmethod

@@ -11,7 +11,12 @@ memory than its L2: `POOL_BYTES`); the mean is kept:
 
 - the launch floor (the slope of a chain of tiny Adds over its length) and the task overhead
   (what one `session.run` costs beyond its node);
-- memory bandwidth: nine memory-bound ops as training graphs have them (`MEMORY_OPS`), 1-16 MiB;
+- memory bandwidth: the memory-bound ops as training graphs have them (`MEMORY_OPS`), 1-16 MiB;
+- on a CPU, short pieces and small nodes: the ops that walk short pieces (`PIECE_OPS`: a
+  Transpose's runs, a row, a broadcast's span; `parc.ops.node_pieces`) again on narrow tensors,
+  each class's rate and cost per piece fitted together (`fit_pieces`); then every memory-bound op
+  on 16 KiB and two small products, as `COPIES` copies of the node in one session: what such a
+  node takes beyond its launch floor, rate and pieces is its class's floor;
 - float32 FLOP/s: matmuls of training shapes (`MATMULS`) and convolutions by class (`CONVS`);
   the fastest class's rate is the peak, the others fractions of it (`compute_efficiency`,
   `op_efficiency`). Each class's figure is the geometric mean of its sizes' rates, the value that
@@ -66,9 +71,11 @@ POOL_BYTES = 0
 # (an optimizer's: onnxruntime computes them, on this project's host at a third to a half of an
 # Add's rate); Where as a ReLU's gradient (a mask, the gradient, a scalar zero) and as attention's
 # mask (a mask broadcast over the scores): onnxruntime's CPU kernel runs the first at a tenth of an
-# Add's rate and the second at about a fifth
+# Add's rate and the second at about a fifth; Pow (x ** 3.0, a tanh GELU's), Tanh and Erf (the two
+# GELUs') compute per element: on this project's host onnxruntime's Pow ran a GPT-2 export's
+# [8, 16, 128] at a third of an Add's rate
 MEMORY_OPS = ("Add", "MulBroadcast", "Transpose", "TransposeLastAxis", "ReduceSumFirst", "ReduceMeanLast", "Softmax",
-              "LayerNorm", "Div", "Sqrt", "Where", "WhereMasked")
+              "LayerNorm", "Div", "Sqrt", "Where", "WhereMasked", "Pow", "Tanh", "Erf")
 MEMORY_ROWS = (1024, 4096, 16384)  # x 256 columns: 1, 4 and 16 MiB per tensor
 # matmuls as training graphs have them: ([batch...], m, k, n)
 MATMULS = (((), 2048, 256, 768), ((), 2048, 768, 256), ((), 256, 2048, 768), ((8, 4), 64, 64, 64),
@@ -98,9 +105,25 @@ class Sizes:
     matmuls: tuple
     convs: dict
     pool_bytes: int  # inputs rotate through this many bytes (0: one set of inputs, run after run)
+    small: tuple[int, int] | None = None  # [rows, cols] of the memory-bound ops again, for their floors
+    small_matmuls: tuple = ()  # products of a small model's sizes, for their classes' floors
+    piece_cols: int = 0  # columns of the memory-bound ops again on short pieces (`PIECE_OPS`), 0: none
 
 
-CPU_SIZES = Sizes(MEMORY_ROWS, MATMULS, CONVS, POOL_BYTES)
+# a small model's tensors ([64, 64] float32: 16 KiB, as a GPT-2 export's [128, 32] bias gradient)
+# and products, whose time beyond what the rates above give is the class's floor (`fit`):
+# onnxruntime on 2 threads hands a small Transpose to its thread pool and waits for it (3.8 us for
+# 16 KiB, against 0.9 us on one thread, on this project's host). Tensors of 64 KiB gave floors too
+# large for smaller ones: its ReduceSum over 64 rows of 256 took 16 us, one over 128 rows of 32 took
+# 3.2 us (onnxruntime reduces few rows element by element)
+SMALL = (64, 64)
+SMALL_MATMULS = (((), 128, 64, 64), ((8, 4), 16, 16, 16))
+# the ops whose cost grows with the short pieces they walk (`parc.ops.node_pieces`), measured
+# again on [4096, 32] tensors (512 KiB; the transposes' runs 8 wide, the rows 32): with the
+# built-in sizes' pieces, each class's rate and piece cost are fitted together (`fit`)
+PIECE_OPS = ("Transpose", "TransposeLastAxis", "Softmax", "LayerNorm", "SubRows")
+PIECE_ROWS, PIECE_COLS = 4096, 32
+CPU_SIZES = Sizes(MEMORY_ROWS, MATMULS, CONVS, POOL_BYTES, SMALL, SMALL_MATMULS, PIECE_COLS)
 # a GPU's training step: gpt-medium's products at batch 8 x 1024 tokens (QKV, attention output,
 # MLP down, a weight gradient, attention scores and context over 8 x 16 heads), tensors of 16-256
 # MiB (an H100's L2 holds 50 MiB: the rotation leaves it), convolutions of a ResNet's middle stages
@@ -151,10 +174,10 @@ def _memory_op(op: str, rows: int, cols: int = 256):
     if op == "MulBroadcast":
         w = numpy_helper.from_array(np.ones(cols, np.float32), "w")
         return _model([helper.make_node("Mul", ["x", "w"], ["y"])], x, "y", [w]), 2 * n
-    if op == "Transpose":
+    if op == "Transpose":  # runs of cols / 4
         shape = (rows // 64, 64, 4, cols // 4)
         return _model([helper.make_node("Transpose", ["x"], ["y"], perm=[0, 2, 1, 3])], {"x": shape}, "y"), 2 * n
-    if op == "TransposeLastAxis":
+    if op == "TransposeLastAxis":  # rows of cols / 4 turned into columns
         shape = (rows // 64, 4, 64, cols // 4)
         return _model([helper.make_node("Transpose", ["x"], ["y"], perm=[0, 1, 3, 2])], {"x": shape}, "y"), 2 * n
     if op == "ReduceSumFirst":
@@ -164,8 +187,13 @@ def _memory_op(op: str, rows: int, cols: int = 256):
                       [axes]), n
     if op == "Div":
         return _model([helper.make_node("Div", ["x", "z"], ["y"])], {**x, "z": (rows, cols)}, "y"), 3 * n
-    if op == "Sqrt":
-        return _model([helper.make_node("Sqrt", ["x"], ["y"])], x, "y"), 2 * n
+    if op in ("Sqrt", "Tanh", "Erf"):
+        return _model([helper.make_node(op, ["x"], ["y"])], x, "y"), 2 * n
+    if op == "Pow":
+        three = numpy_helper.from_array(np.array(3.0, np.float32), "three")
+        return _model([helper.make_node("Pow", ["x", "three"], ["y"])], x, "y", [three]), 2 * n
+    if op == "SubRows":  # a row's statistic taken from it: x - mean(x) over [rows, cols]
+        return _model([helper.make_node("Sub", ["x", "m"], ["y"])], {**x, "m": (rows, 1)}, "y"), 2 * n + rows * 4
     if op == "ReduceMeanLast":
         return _model([helper.make_node("ReduceMean", ["x"], ["y"], axes=[-1])], x, "y"), n
     if op == "Softmax":
@@ -186,6 +214,52 @@ def _memory_op(op: str, rows: int, cols: int = 256):
         return _model([helper.make_node("Where", ["mask", "x", "fill"], ["y"])], {"x": shape}, "y", [mask, fill]), \
             2 * n + 64 * cols
     raise ValueError(op)
+
+
+COPIES = 16  # copies of a small case's node in one session (`_copies`)
+
+
+def _copies(model, k: int):
+    """`model` (one node) with its node `k` times, each copy reading the same inputs and writing
+    its own outputs, all of them graph outputs."""
+    import onnx
+
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    graph = out.graph
+    node = graph.node[0]
+    del graph.node[:]
+    del graph.output[:]
+    for i in range(k):
+        copy = onnx.NodeProto()
+        copy.CopyFrom(node)
+        copy.output[:] = [f"{o}.{i}" for o in node.output]
+        graph.node.append(copy)
+        graph.output.extend(onnx.helper.make_tensor_value_info(o, onnx.TensorProto.FLOAT, None)
+                            for o in copy.output)
+    return out
+
+
+def _pieces(model) -> float:
+    """`parc.ops.node_pieces` of a one-node benchmark model."""
+    import onnx
+
+    from parc.ir.dtypes import DType
+    from parc.ir.graph import Node, Value
+    from parc.ops.base import node_pieces
+
+    inferred = onnx.shape_inference.infer_shapes(model, strict_mode=True).graph
+    types = {v.name: v.type.tensor_type for v in (*inferred.input, *inferred.output)}
+    types.update({t.name: onnx.helper.make_tensor_type_proto(t.data_type, t.dims).tensor_type
+                  for t in model.graph.initializer})
+
+    def value(name: str) -> Value:
+        t = types[name]
+        return Value(name, DType(t.elem_type), tuple(d.dim_value for d in t.shape.dim))
+
+    proto = model.graph.node[0]
+    return node_pieces(Node(proto.op_type, [value(i) for i in proto.input], [value(o) for o in proto.output],
+                            {a.name: a for a in proto.attribute}))
 
 
 def _matmul(batch: tuple, m: int, k: int, n: int):
@@ -510,7 +584,23 @@ def measure_rank(comm, threads: int, budget: float = BUDGET, engine: tuple[str, 
         for r in sizes.memory_rows:
             model, nbytes = _memory_op(op, r)
             t = timed(model) - overhead
-            rows["memory"].append({"op": op, "bytes": nbytes, "s": t, "bytes_per_s": nbytes / max(t - floor, 1e-9)})
+            rows["memory"].append({"op": op, "bytes": nbytes, "s": t, "bytes_per_s": nbytes / max(t - floor, 1e-9),
+                                   "pieces": _pieces(model)})
+    rows["pieces"] = []
+    for op in PIECE_OPS if sizes.piece_cols else ():
+        model, nbytes = _memory_op(op, PIECE_ROWS, sizes.piece_cols)
+        rows["pieces"].append({"op": op, "bytes": nbytes, "pieces": _pieces(model), "s": timed(model) - overhead})
+    # a small case runs COPIES times in one session, so that the run's overhead (as long as the
+    # node itself) is a sixteenth of the figure's error, not all of it
+    rows["small"] = []
+    for op in MEMORY_OPS if sizes.small else ():
+        model, nbytes = _memory_op(op, *sizes.small)
+        rows["small"].append({"op": op, "bytes": nbytes, "pieces": _pieces(model),
+                              "s": (timed(_copies(model, COPIES)) - overhead) / COPIES})
+    for batch, m, k, n in sizes.small_matmuls:
+        flops = 2 * int(np.prod(batch, dtype=np.int64)) * m * k * n
+        rows["small"].append({"shape": [*batch, m, k, n], "flops": flops,
+                              "s": (timed(_copies(_matmul(batch, m, k, n), COPIES)) - overhead) / COPIES})
     own = rank_cases(cases or {}, comm.size)
     for batch, m, k, n in sizes.matmuls:
         if matmul_class([*batch, m, k, n]) in own:
@@ -585,7 +675,8 @@ def matmul_class(shape: Sequence[int]) -> str:
 MEMORY_CLASSES = {"Add": None, "MulBroadcast": None, "Transpose": "Transpose", "TransposeLastAxis": "TransposeLastAxis",
                   "ReduceSumFirst": "ReduceSum", "Div": "Div", "Sqrt": "Sqrt",
                   "ReduceMeanLast": "ReduceMean", "Softmax": "Softmax", "LayerNorm": "LayerNormalization",
-                  "Where": "Where", "WhereMasked": "Where"}
+                  "Where": "Where", "WhereMasked": "Where", "Pow": "Pow", "Tanh": "Tanh", "Erf": "Erf",
+                  "SubRows": None}
 
 
 def fit_collectives(measured: list[dict]) -> dict:
@@ -618,6 +709,24 @@ def fit_collectives(measured: list[dict]) -> dict:
     return {"call": c.get("call", 0.0), "latency": c.get("latency", 1e-7), "bandwidth": 1.0 / c["inv_beta"]}
 
 
+def fit_pieces(rows: dict, streams: dict) -> dict[str, float]:
+    """Per class with piece cases (`PIECE_OPS`): seconds per piece, fitted with the class's rate
+    to its rows (the built-in sizes' and the piece case: t - launch floor = bytes / rate + pieces *
+    cost, least squares on the relative error). `streams` (bytes/s per class) takes the fitted
+    rates. A class whose fit needs a negative coefficient keeps its rate and has no piece cost."""
+    out: dict[str, float] = {}
+    floor = rows["launch_floor_s"]
+    for op in {r["op"] for r in rows.get("pieces", [])}:
+        cls = MEMORY_CLASSES.get(op)
+        measured = [r for r in rows["memory"] + rows["pieces"] if MEMORY_CLASSES.get(r["op"]) == cls]
+        t = np.array([max(r["s"] - floor, 1e-9) for r in measured])
+        a = np.array([[r["bytes"], r.get("pieces", 0.0)] for r in measured]) / t[:, None]
+        (inv_rate, cost), *_ = np.linalg.lstsq(a, np.ones(len(t)), rcond=None)
+        if inv_rate > 0 and cost > 0:
+            streams[cls], out[cls] = float(1.0 / inv_rate), float(cost)
+    return out
+
+
 def fit(rows: dict, k: int) -> dict:
     """Calibration fields (SI) from one rank's measured rows. Each class's rate is the geometric
     mean of its sizes' (a model's own products and convolutions, rows with a `count`: its FLOPs
@@ -645,13 +754,30 @@ def fit(rows: dict, k: int) -> dict:
     peak = max(rates.values())  # efficiencies are fractions of the fastest class's rate
     main = rates.get("MatMul", peak)
     streams = by_class((MEMORY_CLASSES.get(r["op"]), r["bytes_per_s"]) for r in rows["memory"])
+    piece = fit_pieces(rows, streams)
     bandwidth = max(streams.values())
     default = streams.get(None, bandwidth)
+    # each class's floor: what its small cases take beyond the launch floor and what its rate
+    # and piece cost give them (the mean over its cases; none below 0)
+    floors: dict = {}
+    for r in rows.get("small", []):
+        if "op" in r:
+            cls = MEMORY_CLASSES.get(r["op"])
+            work = r["bytes"] / streams.get(cls, default) + r.get("pieces", 0.0) * piece.get(cls, 0.0)
+        else:
+            cls = matmul_class(r["shape"])
+            work = r["flops"] / rates.get(cls, main)
+        floors.setdefault(cls, []).append(max(0.0, r["s"] - rows["launch_floor_s"] - work))
+    floor = {cls: statistics.fmean(v) for cls, v in floors.items()}
+    if "MatMul" in floor:
+        floor.setdefault("Gemm", floor["MatMul"])  # a Gemm is a 2-D product with a bias
     out = {"peak_float32": peak, "compute_efficiency": main / peak,
            "op_efficiency": {cls: rate / peak for cls, rate in rates.items() if cls != "MatMul"},
            "memory_bandwidth": bandwidth, "memory_efficiency": default / bandwidth,
            "memory_op_efficiency": {cls: rate / bandwidth for cls, rate in streams.items() if cls is not None},
-           "launch_floor": rows["launch_floor_s"], "task_overhead": rows["task_overhead_s"]}
+           "launch_floor": rows["launch_floor_s"], "task_overhead": rows["task_overhead_s"],
+           "node_floor": floor.pop(None, 0.0), "op_floor": floor, "node_piece": piece.pop(None, 0.0),
+           "op_piece": piece}
     if k > 1 and rows.get("all_reduce"):
         measured = rows["all_reduce"]
         out.update(fit_collectives(measured))
@@ -791,7 +917,11 @@ def _device_yaml(f: dict) -> dict:
             "launch_floor_us": f["launch_floor"] * 1e6, "task_overhead_us": f["task_overhead"] * 1e6,
             "compute_efficiency": f["compute_efficiency"], "memory_efficiency": f.get("memory_efficiency", 1.0),
             **({"op_efficiency": f["op_efficiency"]} if f["op_efficiency"] else {}),
-            **({"memory_op_efficiency": f["memory_op_efficiency"]} if f.get("memory_op_efficiency") else {})}
+            **({"memory_op_efficiency": f["memory_op_efficiency"]} if f.get("memory_op_efficiency") else {}),
+            **({"node_floor_us": f["node_floor"] * 1e6} if f.get("node_floor") else {}),
+            **({"op_floor_us": {cls: v * 1e6 for cls, v in f["op_floor"].items()}} if f.get("op_floor") else {}),
+            **({"node_piece_ns": f["node_piece"] * 1e9} if f.get("node_piece") else {}),
+            **({"op_piece_ns": {cls: v * 1e9 for cls, v in f["op_piece"].items()}} if f.get("op_piece") else {})}
 
 
 def _link_yaml(f: dict) -> dict:
@@ -834,6 +964,13 @@ def write_calibration(output: Path, fitted: dict[int, dict], measured: dict[int,
         head.append(f"#  {k} rank(s): floor {rows['launch_floor_s']:.3g}, run overhead {rows['task_overhead_s']:.3g}")
         head.append(f"#    memory-bound {mem}")
         head.append(f"#    MatMul {mm}")
+        if rows.get("pieces"):
+            head.append("#    short pieces " + ", ".join(f"{r['op']} {r['bytes'] >> 10} KiB, {r['pieces']:.0f} pieces: "
+                                                        f"{r['s']:.3g}" for r in rows["pieces"]))
+        if rows.get("small"):
+            head.append("#    small " + ", ".join(
+                f"{r['op']} {r['bytes'] >> 10} KiB: {r['s']:.3g}" if "op" in r else
+                f"{'x'.join(map(str, r['shape']))}: {r['s']:.3g}" for r in rows["small"]))
         if rows.get("conv"):
             head.append("#    " + ", ".join(_case_text(r) for r in rows["conv"]))
         if "all_reduce" in rows:

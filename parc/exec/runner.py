@@ -474,7 +474,7 @@ class Rank:
             mb = t.get("micro_batch")
             env = shared if mb is None else envs.setdefault(mb, {})
             kind = t["kind"]
-            if self.on_task is not None:
+            if self.on_task is not None and kind != "sink":  # a sink hands a value back: nothing to wait on
                 self.on_task(self.task_info[pos])
             try:
                 if kind == "source":

@@ -11,9 +11,10 @@ from parc.ops.base import (
     RuleBuilder,
     ShardingRule,
     get_rule,
+    node_pieces,
     node_work,
     op_class,
     sharding_rule,
 )
 
-__all__ = ["RULES", "OpRule", "RuleBuilder", "ShardingRule", "get_rule", "node_work", "op_class", "sharding_rule"]
+__all__ = ["RULES", "OpRule", "RuleBuilder", "ShardingRule", "get_rule", "node_pieces", "node_work", "op_class", "sharding_rule"]

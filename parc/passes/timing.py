@@ -34,6 +34,11 @@ from parc.cluster.links import LinkSpec
 from parc.ir.dtypes import onnx_nbytes
 from parc.sharding.reshard import Collective
 
+# ops that only reshape: onnxruntime hands the input's buffer on where nothing else reads it, and
+# copies it where another node (or the module's output) reads it too: on this project's host
+# a 1 MiB Reshape whose input was also a graph output added 22 us to a Relu's 13, against 4 us
+# where the Relu's result went to it alone. parc's array engine returns a view either way
+VIEW_OPS = ("Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity")
 # (module digest, device) -> seconds: the ranks of an even mesh (lowered in one process) share them
 _MODULE_SECONDS: dict[tuple[str, str], float] = {}
 _MODULE_SECONDS_MAX = 10_000
@@ -48,7 +53,8 @@ def _digest(model: onnx.ModelProto) -> str:
 
 
 def module_seconds(model: onnx.ModelProto, device: DeviceSpec, info: Mapping[str, tuple[int, tuple]]) -> float:
-    """Roofline seconds of every node of an ONNX module on `device`; `info`: each value's (ONNX
+    """Roofline seconds of every node of an ONNX module on `device` (on a CPU, a view op whose
+    input lives on priced as the copy onnxruntime makes: `VIEW_OPS`); `info`: each value's (ONNX
     type, local shape), as the lowering knows them (a module's slices of microbatches have
     shapes that depend on data, which shape inference cannot see)."""
     key = (_digest(model), repr(device))
@@ -57,7 +63,7 @@ def module_seconds(model: onnx.ModelProto, device: DeviceSpec, info: Mapping[str
     if key not in _MODULE_SECONDS:
         from parc.ir.dtypes import DType
         from parc.ir.graph import Node, Value
-        from parc.ops.base import node_work, op_class
+        from parc.ops.base import node_pieces, node_work, op_class
 
         shapes = dict(info)
         for init in model.graph.initializer:
@@ -73,6 +79,12 @@ def module_seconds(model: onnx.ModelProto, device: DeviceSpec, info: Mapping[str
                                      if dtype else None, tuple(shape) if shape is not None else None)
             return values[name]
 
+        readers: dict[str, int] = {}  # value -> its readers in the module (a graph output counts one)
+        for proto in model.graph.node:
+            for name in proto.input:
+                readers[name] = readers.get(name, 0) + 1
+        for out in model.graph.output:
+            readers[out.name] = readers.get(out.name, 0) + 1
         nodes, work = [], []
         for proto in model.graph.node:
             node = Node(proto.op_type, [value(i) for i in proto.input], [value(o) for o in proto.output],
@@ -81,20 +93,25 @@ def module_seconds(model: onnx.ModelProto, device: DeviceSpec, info: Mapping[str
                 flops, nbytes, dtype = node_work(node)
             except (AssertionError, TypeError, ValueError, KeyError, IndexError):  # a shape it cannot see
                 flops, nbytes, dtype = 0.0, 0.0, "float32"
+            if not device.gpu and proto.op_type in VIEW_OPS and proto.input and node.inputs[0] is not None \
+                    and node.inputs[0].shape is not None and node.inputs[0].dtype is not None \
+                    and readers.get(proto.input[0], 0) > 1:
+                nbytes = 2 * node.inputs[0].nbytes  # onnxruntime copies a view whose input lives on
             nodes.append(node)
-            work.append((flops, nbytes, dtype, op_class(node)))
+            work.append((flops, nbytes, dtype, op_class(node), node_pieces(node)))
         if device.gpu:
             consts = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer
                       if t.data_type == onnx.TensorProto.INT64 and len(t.dims) <= 1}
             work = _on_the_array_engine(nodes, work, [o.name for o in model.graph.output], consts)
-        total = sum(compute_time(flops, nbytes, device, dtype, cls, queued=True) for flops, nbytes, dtype, cls in work)
+        total = sum(compute_time(flops, nbytes, device, dtype, cls, queued=True, pieces=pieces)
+                    for flops, nbytes, dtype, cls, pieces in work)
         _MODULE_SECONDS[key] = total
     return _MODULE_SECONDS[key]
 
 
 def _on_the_array_engine(nodes: list, work: list[tuple], graph_outputs: list[str],
                          consts: Mapping[str, np.ndarray]) -> list[tuple]:
-    """`work` (FLOPs, bytes, dtype, class per node) as parc's array engine runs it on a GPU: a
+    """`work` (FLOPs, bytes, dtype, class, pieces per node) as parc's array engine runs it on a GPU: a
     softmax's gradient as autodiff writes it (`fusion.softmax_grad_groups`) is one kernel reading
     dy and y and writing the result; a tree of two or more elementwise nodes (`fusion.trees`,
     the grouping the engine makes) is one kernel reading its leaves once and writing its root; a
@@ -112,12 +129,12 @@ def _on_the_array_engine(nodes: list, work: list[tuple], graph_outputs: list[str
     names = [[v.name if v is not None else "" for v in n.inputs] for n in nodes]
     groups = softmax_grad_groups([n.op_type for n in nodes], names, [[v.name for v in n.outputs] for n in nodes],
                                  graph_outputs, reduce_axis)
-    out = [(w[0], 0.0, *w[2:]) if n.op_type == "Transpose" else w for n, w in zip(nodes, work)]
+    out = [(w[0], 0.0, w[2], w[3], 0.0) if n.op_type == "Transpose" else w for n, w in zip(nodes, work)]
     for d, (a, b, c, dy, y, _axis) in groups.items():
         read = {v.name: v for i in (a, c) for v in nodes[i].inputs if v is not None and v.name in (dy, y)}
         root = nodes[d].outputs[0]
         nbytes = sum(v.nbytes for v in read.values() if v.shape is not None) + (root.nbytes if root.shape else 0)
-        out[d] = (sum(out[i][0] for i in (a, b, c, d)), nbytes, out[d][2], "")
+        out[d] = (sum(out[i][0] for i in (a, b, c, d)), nbytes, out[d][2], "", 0.0)
         out[a] = out[b] = out[c] = None
     taken = {i for a, b, c, *_ in groups.values() for i in (a, b, c)}
     steps, index = [], []
@@ -140,7 +157,7 @@ def _on_the_array_engine(nodes: list, work: list[tuple], graph_outputs: list[str
         flops = sum(out[i][0] for i in tree)
         for i in tree[:-1]:
             out[i] = None
-        out[tree[-1]] = (flops, nbytes, out[tree[-1]][2], "")
+        out[tree[-1]] = (flops, nbytes, out[tree[-1]][2], "", 0.0)
     return [w for w in out if w is not None]
 
 

@@ -13,6 +13,7 @@ from parc.cluster import (
     COLLECTIVES,
     DEVICES,
     LINKS,
+    DeviceSpec,
     LinkSpec,
     all_gather_time,
     all_reduce_time,
@@ -21,6 +22,7 @@ from parc.cluster import (
     collective_time,
     compute_time,
     enumerate_meshes,
+    node_floor,
     parse_devices,
     reduce_scatter_time,
     send_recv_time,
@@ -145,3 +147,29 @@ def test_efficiencies_scale_their_own_term():
 def test_compute_time_rejects_negative_work():
     with pytest.raises(ValueError, match="flops >= 0"):
         compute_time(-1, 0, DEVICES["cpu"])
+
+
+def test_a_nodes_floor_and_pieces_add_to_its_roofline():
+    cpu = replace(DEVICES["cpu"], launch_floor=1e-6, node_floor=2e-6, op_floor={"Transpose": 5e-6, "Where": 0.0},
+                  node_piece=1e-8, op_piece={"Softmax": 3e-8})
+    # an elementwise node: the roofline, its pieces at the default cost, the launch and class floors
+    assert compute_time(0, 1e11, cpu, "float32", "Sub", pieces=100) == pytest.approx(1.0 + 1e-6 + 1e-6 + 2e-6)
+    # a class with its own floor and piece cost (0 counts: not the default)
+    assert compute_time(0, 1e11, cpu, "float32", "Transpose") == pytest.approx(1.0 + 1e-6 + 5e-6)
+    assert compute_time(0, 1e11, cpu, "float32", "Where") == pytest.approx(1.0 + 1e-6)
+    assert compute_time(0, 0.0, cpu, "float32", "Softmax", pieces=1000) == pytest.approx(3e-5 + 1e-6)
+    # pieces add to the roofline (a walk of short pieces is not overlapped with the streaming)
+    assert compute_time(1e12, 0, cpu, "float32", "Softmax", pieces=1000) == pytest.approx(1.0 + 3e-5 + 1e-6 + 2e-6)
+    # a node without work (a Reshape) pays the launch floor only
+    assert compute_time(0, 0, cpu, "float32", "Reshape") == pytest.approx(1e-6)
+    assert node_floor(0, 0, cpu, "Reshape") == pytest.approx(1e-6)
+    assert node_floor(1, 0, cpu, "Transpose") == pytest.approx(6e-6)
+    # the catalogue's devices have neither
+    v100 = DEVICES["v100-32g"]
+    assert v100.class_floor("Transpose") == 0.0 and v100.piece_cost("Softmax") == 0.0
+    assert compute_time(0, 9e5, v100, pieces=1e6) == compute_time(0, 9e5, v100)
+    with pytest.raises(ValueError, match="op_piece of Softmax must be >= 0"):
+        replace(cpu, op_piece={"Softmax": -1.0})
+    with pytest.raises(ValueError, match="node floor must be >= 0"):
+        replace(cpu, node_floor=-1e-6)
+    assert DeviceSpec.from_json(cpu.to_json()) == cpu

@@ -319,3 +319,33 @@ def test_op_efficiency_prices_a_class_of_op_apart(tmp_path):
     assert compute_time(1e12, 0, cpu, "float32", "MatMul") - floor == pytest.approx(1.0)
     with pytest.raises(UsageError, match="op_efficiency"):
         load_constants(write(tmp_path, "devices:\n  cpu: {op_efficiency: {Conv: 2}}\n", "bad.yaml"))
+
+
+def test_floors_and_piece_costs_are_read_by_class(tmp_path):
+    from parc.cluster.cost import compute_time
+
+    text = ("devices:\n  cpu: {launch_floor_us: 1, node_floor_us: 2, op_floor_us: {Transpose: 5, Where: 0},\n"
+            "        node_piece_ns: 10, op_piece_ns: {Softmax: 30}}\n")
+    cpu = load_constants(write(tmp_path, text, "calib.yaml")).apply(parse_devices("1xcpu")).devices[0]
+    assert (cpu.node_floor, cpu.class_floor("Transpose"), cpu.class_floor("Where"), cpu.class_floor("Mul")) == \
+        pytest.approx((2e-6, 5e-6, 0.0, 2e-6))
+    assert (cpu.piece_cost("Softmax"), cpu.piece_cost("Sub")) == pytest.approx((3e-8, 1e-8))
+    assert compute_time(0, 0, cpu, "float32", "Softmax", pieces=1000) == pytest.approx(1e-6 + 3e-5)
+    # a later file's table merges into the earlier one's (as op_efficiency does)
+    more = write(tmp_path, "devices:\n  cpu: {op_floor_us: {Softmax: 7}}\n", "more.yaml")
+    base = parse_devices("1xcpu")
+    calibrated = dataclasses.replace(base, nodes=(dataclasses.replace(base.nodes[0], devices=(cpu,)),))
+    merged = load_constants(more).apply(calibrated).devices[0]
+    assert (merged.class_floor("Softmax"), merged.class_floor("Transpose")) == pytest.approx((7e-6, 5e-6))
+
+
+@pytest.mark.parametrize("text, key", [
+    ("devices:\n  cpu: {op_floor_us: {Transpose: -1}}\n", "Transpose"),
+    ("devices:\n  cpu: {op_piece_ns: {Softmax: -2}}\n", "Softmax"),
+    ("devices:\n  cpu: {node_piece_ns: -1}\n", "node_piece_ns"),
+    ("devices:\n  cpu: {node_floor_us: x}\n", "node_floor_us"),
+])
+def test_a_negative_floor_or_piece_cost_is_refused_naming_its_key(tmp_path, text, key):
+    with pytest.raises(UsageError, match=key) as e:
+        load_constants(write(tmp_path, text, "calib.yaml"))
+    assert "calib.yaml" in str(e.value) and "\n" not in str(e.value)

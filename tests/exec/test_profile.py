@@ -329,3 +329,52 @@ def _gpu() -> bool:
     from parc.exec.runner import gpu_available
 
     return gpu_available()
+
+
+def test_piece_costs_and_floors_are_fitted_with_their_classes_rates(tmp_path):
+    """Rows of a machine where a Transpose streams at 20 GB/s and pays 15 ns a short run, an
+    elementwise op 40 GB/s and 8 ns a broadcast span, and small nodes a floor beyond both."""
+    launch, rate, cost, add_rate, span = 1e-6, 20e9, 15e-9, 40e9, 8e-9
+    rows = _rows(20e-6, 3e9, 0.0, 1)
+    rows["launch_floor_s"] = launch
+    rows["memory"] = [{"op": "Transpose", "bytes": b, "pieces": b / 1024, "s": launch + b / rate + b / 1024 * cost}
+                      for b in (1 << 20, 4 << 20, 16 << 20)]
+    rows["memory"] += [{"op": "Add", "bytes": b, "s": launch + b / add_rate} for b in (3 << 20, 12 << 20)]
+    for r in rows["memory"]:
+        r["bytes_per_s"] = r["bytes"] / (r["s"] - launch)
+    rows["pieces"] = [{"op": "Transpose", "bytes": 1 << 20, "pieces": 32768.0,
+                       "s": launch + (1 << 20) / rate + 32768 * cost},
+                      {"op": "SubRows", "bytes": 1 << 20, "pieces": 2048.0,
+                       "s": launch + (1 << 20) / add_rate + 2048 * span}]
+    rows["small"] = [{"op": "Transpose", "bytes": 131072, "pieces": 64.0,
+                      "s": launch + 131072 / rate + 64 * cost + 3e-6},
+                     {"op": "Add", "bytes": 196608, "pieces": 0.0, "s": launch + 196608 / add_rate + 0.5e-6},
+                     {"shape": [128, 64, 64], "flops": 2 * 128 * 64 * 64, "s": launch + 2 * 128 * 64 * 64 / 1e11 + 4e-6}]
+    f = prof.fit(rows, 1)
+    assert f["memory_bandwidth"] == pytest.approx(add_rate)
+    assert f["memory_op_efficiency"]["Transpose"] * f["memory_bandwidth"] == pytest.approx(rate)
+    assert f["op_piece"] == pytest.approx({"Transpose": cost}) and f["node_piece"] == pytest.approx(span)
+    assert f["op_floor"] == pytest.approx({"Transpose": 3e-6, "MatMul": 4e-6, "Gemm": 4e-6})  # a Gemm: MatMul's
+    assert f["node_floor"] == pytest.approx(0.5e-6)
+    out = tmp_path / "c.yaml"
+    prof.write_calibration(out, {1: f}, {1: rows}, "cpu", "shm")
+    cpu = load_constants(out).apply(parse_devices("1xcpu")).devices[0]
+    assert (cpu.piece_cost("Transpose"), cpu.piece_cost("Sub"), cpu.class_floor("Gemm"), cpu.class_floor("Mul")) == \
+        pytest.approx((cost, span, 4e-6, 0.5e-6))
+    # a piece case a negative cost would fit (pieces that run faster than the stream): no cost, the
+    # class keeps its measured rate
+    rows["pieces"] = [{"op": "Transpose", "bytes": 1 << 20, "pieces": 32768.0, "s": launch + (1 << 20) / rate / 4}]
+    f = prof.fit(rows, 1)
+    assert "Transpose" not in f["op_piece"] and f["memory_op_efficiency"]["Transpose"] > 0
+
+
+def test_a_small_case_is_measured_as_copies_of_its_node():
+    model, _ = prof._memory_op("Softmax", 64)
+    copies = prof._copies(model, 4)
+    assert [n.op_type for n in copies.graph.node] == ["Softmax"] * 4 and len(copies.graph.output) == 4
+    assert len({n.output[0] for n in copies.graph.node}) == 4 and len(model.graph.node) == 1
+    assert prof._pieces(model) == 64 / 16  # 64 rows of 1 KiB: a sixteenth of a piece each
+    rows = prof.measure_rank(prof._Solo(), 1, budget=0.002)
+    assert {r["op"] for r in rows["pieces"]} == set(prof.PIECE_OPS)
+    assert len(rows["small"]) == len(prof.MEMORY_OPS) + len(prof.SMALL_MATMULS)
+    assert all(r["pieces"] > 0 for r in rows["pieces"])

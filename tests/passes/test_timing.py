@@ -92,3 +92,29 @@ def test_a_gpu_prices_a_softmax_gradient_as_one_pass():
     floor, bw, tensor = h100.launch_floor, h100.memory_bandwidth, 4 * N
     want = max(3 * tensor / bw, floor) + max((2 * tensor + 4) / bw, floor)
     assert module_seconds(model, h100, info) == pytest.approx(want)
+
+
+def test_onnxruntime_copies_a_view_whose_input_lives_on():
+    """r = relu(x) read by a Reshape and by an Add: onnxruntime cannot hand r's buffer to the
+    Reshape, and copies it; a GPU's array engine returns a view either way."""
+    from onnx import numpy_helper
+
+    shape = numpy_helper.from_array(np.array([N], np.int64), "shape")
+    nodes = [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Reshape", ["r", "shape"], ["v"]),
+             helper.make_node("Add", ["r", "r"], ["a"])]
+    model = helper.make_model(helper.make_graph(
+        nodes, "m", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1024, N // 1024])],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("v", "a")], [shape]),
+        opset_imports=[helper.make_opsetid("", 17)])
+    info = {n: (TensorProto.FLOAT, (1024, N // 1024)) for n in ("x", "r", "a")}
+    info["v"] = (TensorProto.FLOAT, (N,))
+    cpu = replace(DEVICES["cpu"], launch_floor=0.0)
+    tensor, bw = 4 * N, cpu.memory_bandwidth * cpu.memory_efficiency
+    assert module_seconds(model, cpu, info) == pytest.approx((2 + 2 + 3) * tensor / bw)
+    # read by the Reshape alone (the Add reads x): handed on, no copy
+    alone = helper.make_model(helper.make_graph(
+        nodes[:2] + [helper.make_node("Add", ["x", "x"], ["a"])], "m", model.graph.input, model.graph.output,
+        [shape]), opset_imports=[helper.make_opsetid("", 17)])
+    assert module_seconds(alone, cpu, info) == pytest.approx((2 + 3) * tensor / bw)
+    h100 = replace(DEVICES["h100-80g"], launch_floor=0.0)
+    assert module_seconds(model, h100, info) == pytest.approx(module_seconds(alone, h100, info))

@@ -43,7 +43,7 @@ from parc.cluster import Cluster, compute_time
 from parc.errors import InfeasiblePlanError, UsageError
 from parc.ir.graph import Graph, Node, Value
 from parc.ir.state import BACKWARD, FORWARD, OPTIMIZER, bindings, phase, step_state, write_step_state
-from parc.ops import node_work, op_class
+from parc.ops import node_pieces, node_work, op_class
 from parc.solver.ilp import new_highs, rowwise_lp
 
 DEFAULT_TOLERANCE = 0.1  # eps of the bound tightening and the load rows (docs/pipeline.md)
@@ -79,7 +79,7 @@ def node_costs(graph: Graph, cluster: Cluster) -> np.ndarray:
     out = np.empty(len(graph.nodes))
     for pos, n in enumerate(graph.nodes):
         flops, nbytes, dtype = node_work(n)
-        out[pos] = compute_time(flops, nbytes, slowest, dtype, op_class(n))
+        out[pos] = compute_time(flops, nbytes, slowest, dtype, op_class(n), pieces=node_pieces(n))
     return out
 
 

@@ -24,7 +24,7 @@ from parc.cluster.links import LinkSpec
 from parc.errors import UsageError
 from parc.ir.graph import Graph, Node, Value, const_key, node_signature
 from parc.ir.state import FORWARD, OPTIMIZER, bindings, is_gradient_sync, phase
-from parc.ops import node_work, op_class
+from parc.ops import node_pieces, node_work, op_class
 from parc.passes.spmd.hetero import Balance, device_times, mesh_balance
 from parc.passes.spmd.strategies import (
     MAX_STRATEGIES,
@@ -368,11 +368,11 @@ def _device_costs(n: Node, strats: list[Strategy], held: tuple[bool, ...], shape
     time for that device's piece of the work, and its memory is the most any device holds,
     scaled to the smallest budget (`Balance.budgets`)."""
     flops, nbytes, dtype = node_work(n)
-    cls = op_class(n)
+    cls, pieces = op_class(n), node_pieces(n)
     comp, mem = [], []
     for s in strats:
         f = work_fractions(s, shape)
-        comp.append(max(compute_time(flops * fr, nbytes * fr, d, dtype, cls)
+        comp.append(max(compute_time(flops * fr, nbytes * fr, d, dtype, cls, pieces=pieces * fr)
                         for fr, d in set(zip(f.tolist(), balance.devices))))
         mem.append(sum(_device_bytes(v, spec, shape, balance) for v, spec, h in zip(n.outputs, s.outputs, held) if h))
     return np.array(comp), np.array(mem)
@@ -517,8 +517,9 @@ def _node_costs(n: Node, strats: list[Strategy], held: tuple[bool, ...], shape: 
                 slowest) -> tuple[np.ndarray, np.ndarray]:
     """(compute seconds, bytes of its outputs live at the peak) per strategy of node n."""
     flops, nbytes, dtype = node_work(n)
-    cls = op_class(n)
-    comp = np.array([compute_time(flops / s.split, nbytes / s.split, slowest, dtype, cls) for s in strats])
+    cls, pieces = op_class(n), node_pieces(n)
+    comp = np.array([compute_time(flops / s.split, nbytes / s.split, slowest, dtype, cls, pieces=pieces / s.split)
+                     for s in strats])
     mem = np.array([sum(_local_bytes(v, spec, shape) for v, spec, h in zip(n.outputs, s.outputs, held) if h)
                     for s in strats])
     return comp, mem
@@ -764,8 +765,9 @@ def per_device(model: CostModel, choice) -> tuple[list[float], list[float]]:
         s = model.strategies[pos][choice[model.node_index(pos)]]
         flops, nbytes, dtype = node_work(n)
         f = work_fractions(s, shape)
-        cls = op_class(n)
-        compute += [compute_time(flops * fr, nbytes * fr, d, dtype, cls) for fr, d in zip(f.tolist(), devices)]
+        cls, pieces = op_class(n), node_pieces(n)
+        compute += [compute_time(flops * fr, nbytes * fr, d, dtype, cls, pieces=pieces * fr)
+                    for fr, d in zip(f.tolist(), devices)]
         for v, spec in zip(n.outputs, s.outputs):
             if id(v) in live:
                 memory += held(v, spec)

@@ -58,7 +58,8 @@ class MeshResult:
 
     @property
     def comm_s(self) -> float:
-        return self.solution.cost - self.compute_s
+        # the cost less its compute: round-off of a plan without communication is not -1e-18 s
+        return max(0.0, self.solution.cost - self.compute_s)
 
     @property
     def memory_bytes(self) -> float:

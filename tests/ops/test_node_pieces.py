@@ -1,0 +1,79 @@
+"""`node_pieces`: the short contiguous pieces a node walks, which a CPU engine pays for one by one
+(`DeviceSpec.piece_cost`) on top of the roofline."""
+
+import math
+
+import numpy as np
+import pytest
+from onnx import helper
+
+from parc.ir.dtypes import DType
+from parc.ir.graph import Node, Value
+from parc.ops import node_pieces
+
+F32 = DType.from_numpy(np.float32)
+
+
+def _v(name: str, shape) -> Value:
+    return Value(name, F32, shape)
+
+
+def _node(op: str, inputs: list, out, **attrs) -> Node:
+    return Node(op, [_v(f"x{i}", s) for i, s in enumerate(inputs)], [_v("y", out)],
+                {k: helper.make_attribute(k, v) for k, v in attrs.items()})
+
+
+def test_a_transposes_runs_are_the_trailing_dims_it_keeps():
+    # attention's heads moved ahead of the tokens, runs of 8 float32 (32 B: a whole piece each)
+    assert node_pieces(_node("Transpose", [(8, 16, 4, 8)], (8, 4, 16, 8), perm=[0, 2, 1, 3])) == 4096 / 8
+    # runs of 64 float32 (256 B) count a quarter each: a long run streams
+    assert node_pieces(_node("Transpose", [(8, 16, 4, 64)], (8, 4, 16, 64), perm=[0, 2, 1, 3])) == 512 * 0.25
+    # two kept dims make one run of 4 x 8
+    assert node_pieces(_node("Transpose", [(8, 16, 4, 8)], (16, 8, 4, 8), perm=[1, 0, 2, 3])) == 4096 / 32 * 0.5
+    # the last axis moves: the input's rows are the pieces (no perm: the dims reversed)
+    assert node_pieces(_node("Transpose", [(8, 4, 16, 8)], (8, 4, 8, 16), perm=[0, 1, 3, 2])) == 4096 / 8
+    assert node_pieces(_node("Transpose", [(64, 16)], (16, 64))) == 64
+    # nothing moves: one piece, not priced
+    assert node_pieces(_node("Transpose", [(8, 16)], (8, 16), perm=[0, 1])) == 0
+
+
+def test_a_row_op_walks_its_rows():
+    assert node_pieces(_node("Softmax", [(8, 4, 16, 16)], (8, 4, 16, 16), axis=-1)) == 512
+    assert node_pieces(_node("LayerNormalization", [(128, 32)], (128, 32))) == 128 * 0.5
+    # a normalisation over the last two axes: rows of 16 x 16
+    assert node_pieces(_node("Softmax", [(8, 4, 16, 16)], (8, 4, 16, 16), axis=2)) == 32 * 64 / 1024
+
+
+def test_a_broadcast_walks_its_spans():
+    # a row's statistic taken from it: 128 spans of 32 (128 B: half a piece each)
+    assert node_pieces(_node("Sub", [(8, 16, 32), (8, 16, 1)], (8, 16, 32))) == 128 * 0.5
+    # softmax's gradient: spans of 16
+    assert node_pieces(_node("Mul", [(8, 4, 16, 16), (8, 4, 16, 1)], (8, 4, 16, 16))) == 512
+    # a bias: spans of its 96
+    assert node_pieces(_node("Add", [(128, 96), (96,)], (128, 96))) == pytest.approx(128 * 64 / 384)
+    # a mask shared by the heads: spans of 16, the innermost run over which every input is whole
+    assert node_pieces(_node("Where", [(8, 1, 16), (8, 4, 16), ()], (8, 4, 16))) == 32
+    # no broadcast, or a scalar's: one span, not priced
+    assert node_pieces(_node("Add", [(128, 96), (128, 96)], (128, 96))) == 0
+    assert node_pieces(_node("Mul", [(8, 16, 128), ()], (8, 16, 128))) == 0
+    assert node_pieces(_node("Pow", [(8, 16, 128), (1,)], (8, 16, 128))) == 0
+
+
+def test_unknown_shapes_and_other_ops_have_none():
+    assert node_pieces(_node("Transpose", [None], None, perm=[1, 0])) == 0
+    assert node_pieces(_node("Sub", [(8, 16, 32), (8, 16, 1)], None)) == 0
+    assert node_pieces(_node("Softmax", [("B", 16)], ("B", 16))) == 0
+    assert node_pieces(_node("MatMul", [(8, 16), (16, 4)], (8, 4))) == 0
+    assert node_pieces(_node("Relu", [(8, 16)], (8, 16))) == 0
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_pieces_never_outnumber_the_elements(seed):
+    rng = np.random.default_rng(seed)
+    shape = tuple(int(d) for d in rng.integers(1, 9, size=rng.integers(1, 5)))
+    perm = [int(p) for p in rng.permutation(len(shape))]
+    out = tuple(shape[p] for p in perm)
+    pieces = node_pieces(_node("Transpose", [shape], out, perm=perm))
+    assert 0 <= pieces <= math.prod(shape)
+    other = tuple(1 if rng.random() < 0.5 else d for d in shape)
+    assert 0 <= node_pieces(_node("Add", [shape, other], shape)) <= math.prod(shape)
