@@ -122,41 +122,33 @@ class DeviceSpec:
                 ops[str(op)] = value
             object.__setattr__(self, table, tuple(sorted(ops.items())))
 
+    @functools.cached_property
+    def _tables(self) -> dict[str, dict[str, float]]:
+        return {t: dict(getattr(self, t)) for t in ("op_efficiency", "memory_op_efficiency", "op_floor", "op_piece")}
+
+    def _per_class(self, table: str, default: float, op_class: str) -> float:
+        """`table`'s value for `op_class`, or `default` where it has none."""
+        return self._tables[table].get(op_class, default) if op_class else default
+
     def efficiency(self, op_class: str = "") -> float:
         """The fraction of peak FLOP/s an op of `op_class` reaches (compute_efficiency unless
         the class has its own)."""
-        return self._op_table.get(op_class, self.compute_efficiency) if op_class else self.compute_efficiency
-
-    @functools.cached_property
-    def _op_table(self) -> dict[str, float]:
-        return dict(self.op_efficiency)
-
-    @functools.cached_property
-    def _memory_table(self) -> dict[str, float]:
-        return dict(self.memory_op_efficiency)
+        return self._per_class("op_efficiency", self.compute_efficiency, op_class)
 
     def memory_fraction(self, op_class: str = "") -> float:
         """The fraction of memory_bandwidth an op of `op_class` streams at (memory_efficiency
         unless the class has its own)."""
-        return self._memory_table.get(op_class, self.memory_efficiency) if op_class else self.memory_efficiency
-
-    @functools.cached_property
-    def _floor_table(self) -> dict[str, float]:
-        return dict(self.op_floor)
+        return self._per_class("memory_op_efficiency", self.memory_efficiency, op_class)
 
     def class_floor(self, op_class: str = "") -> float:
         """Seconds a node of `op_class` with work costs beyond its launch floor and its roofline
         (`node_floor` unless the class has its own `op_floor`)."""
-        return self._floor_table.get(op_class, self.node_floor) if op_class else self.node_floor
-
-    @functools.cached_property
-    def _piece_table(self) -> dict[str, float]:
-        return dict(self.op_piece)
+        return self._per_class("op_floor", self.node_floor, op_class)
 
     def piece_cost(self, op_class: str = "") -> float:
         """Seconds per short piece (`parc.ops.node_pieces`) a node of `op_class` walks
         (`node_piece` unless the class has its own `op_piece`)."""
-        return self._piece_table.get(op_class, self.node_piece) if op_class else self.node_piece
+        return self._per_class("op_piece", self.node_piece, op_class)
 
     def peak(self, dtype: object) -> float:
         """Peak FLOP/s for `dtype`; types the device has no fast path for run at its float32 rate."""
