@@ -145,11 +145,12 @@ def compute_time(flops: float, nbytes: float, device: DeviceSpec, dtype: object 
 
     max(flops / (peak[dtype] * efficiency), bytes / (memory_bandwidth * memory_fraction))
     + pieces * piece_cost + launch_floor + the class's floor (`node_floor`), where efficiency,
-    memory_fraction and piece_cost are the device's for the op's class (`parc.ops.op_class`),
-    else its compute_efficiency and memory_efficiency (and no piece cost), and `pieces` is
-    `parc.ops.node_pieces` (a Transpose's short runs, a Softmax's rows). `dtype` is a DType or a
-    name ('float32', 'tf32', 'bf16', ...); a dtype the device lists no peak for runs at its
-    float32 peak.
+    memory_fraction, piece_cost and the floor are the device's for the op's class
+    (`parc.ops.op_class`), else its compute_efficiency, memory_efficiency, node_piece and
+    node_floor, and `pieces` is `parc.ops.node_pieces` (a Transpose's short runs, a Softmax's
+    rows). Queued on a GPU, the node costs the longest of its roofline (with its pieces) and its
+    launch, and no class floor. `dtype` is a DType or a name ('float32', 'tf32', 'bf16', ...); a
+    dtype the device lists no peak for runs at its float32 peak.
     """
     if flops < 0 or nbytes < 0:
         raise ValueError(f"compute_time: need flops >= 0 and bytes >= 0, got {flops}, {nbytes}")

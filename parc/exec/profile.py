@@ -713,7 +713,8 @@ def fit_pieces(rows: dict, streams: dict) -> dict[str, float]:
     """Per class with piece cases (`PIECE_OPS`): seconds per piece, fitted with the class's rate
     to its rows (the built-in sizes' and the piece case: t - launch floor = bytes / rate + pieces *
     cost, least squares on the relative error). `streams` (bytes/s per class) takes the fitted
-    rates. A class whose fit needs a negative coefficient keeps its rate and has no piece cost."""
+    rates. A class whose fit needs a negative coefficient keeps its rate and has a piece cost of 0
+    (not none: a k-rank section of the file laid over one rank's would inherit that one's)."""
     out: dict[str, float] = {}
     floor = rows["launch_floor_s"]
     for op in {r["op"] for r in rows.get("pieces", [])}:
@@ -722,6 +723,7 @@ def fit_pieces(rows: dict, streams: dict) -> dict[str, float]:
         t = np.array([max(r["s"] - floor, 1e-9) for r in measured])
         a = np.array([[r["bytes"], r.get("pieces", 0.0)] for r in measured]) / t[:, None]
         (inv_rate, cost), *_ = np.linalg.lstsq(a, np.ones(len(t)), rcond=None)
+        out[cls] = 0.0  # written as 0: a k-rank section must not inherit one rank's cost
         if inv_rate > 0 and cost > 0:
             streams[cls], out[cls] = float(1.0 / inv_rate), float(cost)
     return out
@@ -763,7 +765,7 @@ def fit(rows: dict, k: int) -> dict:
     for r in rows.get("small", []):
         if "op" in r:
             cls = MEMORY_CLASSES.get(r["op"])
-            work = r["bytes"] / streams.get(cls, default) + r.get("pieces", 0.0) * piece.get(cls, 0.0)
+            work = r["bytes"] / streams.get(cls, default) + r.get("pieces", 0.0) * piece.get(cls, piece.get(None, 0.0))
         else:
             cls = matmul_class(r["shape"])
             work = r["flops"] / rates.get(cls, main)
@@ -918,9 +920,10 @@ def _device_yaml(f: dict) -> dict:
             "compute_efficiency": f["compute_efficiency"], "memory_efficiency": f.get("memory_efficiency", 1.0),
             **({"op_efficiency": f["op_efficiency"]} if f["op_efficiency"] else {}),
             **({"memory_op_efficiency": f["memory_op_efficiency"]} if f.get("memory_op_efficiency") else {}),
-            **({"node_floor_us": f["node_floor"] * 1e6} if f.get("node_floor") else {}),
+            # 0 is written too: a k-rank section laid over one rank's must not inherit its figures
+            **({"node_floor_us": f["node_floor"] * 1e6} if "node_floor" in f else {}),
             **({"op_floor_us": {cls: v * 1e6 for cls, v in f["op_floor"].items()}} if f.get("op_floor") else {}),
-            **({"node_piece_ns": f["node_piece"] * 1e9} if f.get("node_piece") else {}),
+            **({"node_piece_ns": f["node_piece"] * 1e9} if "node_piece" in f else {}),
             **({"op_piece_ns": {cls: v * 1e9 for cls, v in f["op_piece"].items()}} if f.get("op_piece") else {})}
 
 

@@ -347,14 +347,19 @@ def node_pieces(node: Node) -> float:
             return 0.0
         rank, size, item = len(x.shape), math.prod(x.shape), x.dtype.itemsize
         if node.op_type == "Transpose":
-            perm = list(node.attr("perm") or range(rank - 1, -1, -1))
+            perm = [int(p) for p in (node.attr("perm") or range(rank - 1, -1, -1))]
+            if sorted(perm) != list(range(rank)):
+                return 0.0
+            dims = [d for d in range(rank) if x.shape[d] > 1]  # size-1 dims move nothing
+            order = [dims.index(p) for p in perm if x.shape[p] > 1]  # the perm over those
+            shape = [x.shape[d] for d in dims]
             kept = 0
-            while kept < rank and perm[rank - 1 - kept] == rank - 1 - kept:
+            while kept < len(order) and order[len(order) - 1 - kept] == len(order) - 1 - kept:
                 kept += 1
-            if kept == rank:
+            if kept == len(order):
                 return 0.0  # nothing moves
-            span = math.prod(x.shape[rank - kept:]) if kept else x.shape[-1]
-        else:
+            span = math.prod(shape[len(shape) - kept:]) if kept else shape[-1]
+        else:  # parc's graphs are at opset 13 or later (the importer upgrades): axis -1 by default
             axis = node.attr("axis", -1)
             axis = axis + rank if axis < 0 else axis
             if not 0 <= axis < rank:

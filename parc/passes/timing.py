@@ -34,10 +34,11 @@ from parc.cluster.links import LinkSpec
 from parc.ir.dtypes import onnx_nbytes
 from parc.sharding.reshard import Collective
 
-# ops that only reshape: onnxruntime hands the input's buffer on where nothing else reads it, and
-# copies it where another node (or the module's output) reads it too: on this project's host
-# a 1 MiB Reshape whose input was also a graph output added 22 us to a Relu's 13, against 4 us
-# where the Relu's result went to it alone. parc's array engine returns a view either way
+# ops that only reshape: onnxruntime hands the input's buffer on (other nodes may read it too),
+# except where the input or the view is a module output, which has a buffer of its own: on this
+# project's host a 1 MiB Reshape after a Relu added 22 us to the Relu's 13 where the Relu's result
+# was also an output, and 4 us where it was not; a 4 MiB one whose input an Add also read added
+# 30-57 us (a copy is about 170 us). parc's array engine returns a view either way
 VIEW_OPS = ("Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity")
 # (module digest, device) -> seconds: the ranks of an even mesh (lowered in one process) share them
 _MODULE_SECONDS: dict[tuple[str, str], float] = {}
@@ -53,8 +54,8 @@ def _digest(model: onnx.ModelProto) -> str:
 
 
 def module_seconds(model: onnx.ModelProto, device: DeviceSpec, info: Mapping[str, tuple[int, tuple]]) -> float:
-    """Roofline seconds of every node of an ONNX module on `device` (on a CPU, a view op whose
-    input lives on priced as the copy onnxruntime makes: `VIEW_OPS`); `info`: each value's (ONNX
+    """Roofline seconds of every node of an ONNX module on `device` (on a CPU, a view op into or
+    out of a module output priced as the copy onnxruntime makes: `VIEW_OPS`); `info`: each value's (ONNX
     type, local shape), as the lowering knows them (a module's slices of microbatches have
     shapes that depend on data, which shape inference cannot see)."""
     key = (_digest(model), repr(device))
@@ -79,12 +80,7 @@ def module_seconds(model: onnx.ModelProto, device: DeviceSpec, info: Mapping[str
                                      if dtype else None, tuple(shape) if shape is not None else None)
             return values[name]
 
-        readers: dict[str, int] = {}  # value -> its readers in the module (a graph output counts one)
-        for proto in model.graph.node:
-            for name in proto.input:
-                readers[name] = readers.get(name, 0) + 1
-        for out in model.graph.output:
-            readers[out.name] = readers.get(out.name, 0) + 1
+        outputs = {v.name for v in model.graph.output}
         nodes, work = [], []
         for proto in model.graph.node:
             node = Node(proto.op_type, [value(i) for i in proto.input], [value(o) for o in proto.output],
@@ -95,8 +91,8 @@ def module_seconds(model: onnx.ModelProto, device: DeviceSpec, info: Mapping[str
                 flops, nbytes, dtype = 0.0, 0.0, "float32"
             if not device.gpu and proto.op_type in VIEW_OPS and proto.input and node.inputs[0] is not None \
                     and node.inputs[0].shape is not None and node.inputs[0].dtype is not None \
-                    and readers.get(proto.input[0], 0) > 1:
-                nbytes = 2 * node.inputs[0].nbytes  # onnxruntime copies a view whose input lives on
+                    and (proto.input[0] in outputs or any(o in outputs for o in proto.output)):
+                nbytes = 2 * node.inputs[0].nbytes  # onnxruntime copies a view into or out of an output
             nodes.append(node)
             work.append((flops, nbytes, dtype, op_class(node), node_pieces(node)))
         if device.gpu:

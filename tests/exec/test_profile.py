@@ -361,11 +361,11 @@ def test_piece_costs_and_floors_are_fitted_with_their_classes_rates(tmp_path):
     cpu = load_constants(out).apply(parse_devices("1xcpu")).devices[0]
     assert (cpu.piece_cost("Transpose"), cpu.piece_cost("Sub"), cpu.class_floor("Gemm"), cpu.class_floor("Mul")) == \
         pytest.approx((cost, span, 4e-6, 0.5e-6))
-    # a piece case a negative cost would fit (pieces that run faster than the stream): no cost, the
-    # class keeps its measured rate
+    # a piece case a negative cost would fit (pieces that run faster than the stream): a cost of 0,
+    # the class keeps its measured rate
     rows["pieces"] = [{"op": "Transpose", "bytes": 1 << 20, "pieces": 32768.0, "s": launch + (1 << 20) / rate / 4}]
     f = prof.fit(rows, 1)
-    assert "Transpose" not in f["op_piece"] and f["memory_op_efficiency"]["Transpose"] > 0
+    assert f["op_piece"] == {"Transpose": 0.0} and f["memory_op_efficiency"]["Transpose"] > 0
 
 
 def test_a_small_case_is_measured_as_copies_of_its_node():
@@ -378,3 +378,28 @@ def test_a_small_case_is_measured_as_copies_of_its_node():
     assert {r["op"] for r in rows["pieces"]} == set(prof.PIECE_OPS)
     assert len(rows["small"]) == len(prof.MEMORY_OPS) + len(prof.SMALL_MATMULS)
     assert all(r["pieces"] > 0 for r in rows["pieces"])
+
+
+def test_a_k_rank_section_keeps_its_own_zero_floors_and_piece_costs(tmp_path):
+    """Sharing sections are laid over one rank's figures: a k-rank fit of 0 (a floor, or a piece
+    cost whose fit failed) is written, not left for one rank's figure to fill."""
+    one = {**prof.fit(_rows(0, 1, 0, 1), 1), "node_floor": 2e-6, "node_piece": 1e-8,
+           "op_floor": {"Transpose": 3e-6}, "op_piece": {"Transpose": 1e-8}}
+    two = {**prof.fit(_rows(20e-6, 3e9, 5e-4, 2), 2), "node_floor": 0.0, "node_piece": 0.0,
+           "op_floor": {"Transpose": 0.0}, "op_piece": {"Transpose": 0.0}}
+    rows = {1: _rows(0, 1, 0, 1), 2: _rows(20e-6, 3e9, 5e-4, 2)}
+    del rows[1]["all_reduce"]
+    out = tmp_path / "c.yaml"
+    prof.write_calibration(out, {1: one, 2: two}, rows, "cpu", "shm")
+    calibration = load_constants(out)
+    alone = calibration.apply(parse_devices("1xcpu")).devices[0]
+    shared = calibration.apply(parse_devices("2xcpu")).devices[0]
+    assert (alone.node_floor, alone.piece_cost("Transpose"), alone.class_floor("Transpose")) == \
+        pytest.approx((2e-6, 1e-8, 3e-6))
+    assert (shared.node_floor, shared.node_piece, shared.piece_cost("Transpose"), shared.class_floor("Transpose")) == \
+        (0.0, 0.0, 0.0, 0.0)
+    # a piece fit that fails is a cost of 0 in the fit's output, not a missing class
+    rows = _rows(0, 1, 0, 1)
+    rows["memory"] = [{"op": "Transpose", "bytes": 1 << 20, "pieces": 1024.0, "s": 1e-4, "bytes_per_s": 1e10}]
+    rows["pieces"] = [{"op": "Transpose", "bytes": 1 << 20, "pieces": 32768.0, "s": 2e-5}]
+    assert prof.fit(rows, 1)["op_piece"] == {"Transpose": 0.0}

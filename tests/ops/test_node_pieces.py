@@ -1,8 +1,6 @@
 """`node_pieces`: the short contiguous pieces a node walks, which a CPU engine pays for one by one
 (`DeviceSpec.piece_cost`) on top of the roofline."""
 
-import math
-
 import numpy as np
 import pytest
 from onnx import helper
@@ -67,13 +65,24 @@ def test_unknown_shapes_and_other_ops_have_none():
     assert node_pieces(_node("Relu", [(8, 16)], (8, 16))) == 0
 
 
-@pytest.mark.parametrize("seed", range(20))
-def test_pieces_never_outnumber_the_elements(seed):
+def test_a_transpose_of_size_one_dims_moves_nothing():
+    assert node_pieces(_node("Transpose", [(8, 1, 16)], (1, 8, 16), perm=[1, 0, 2])) == 0
+    assert node_pieces(_node("Transpose", [(1, 8, 16)], (8, 16, 1), perm=[1, 2, 0])) == 0
+    # the size-1 dim between them does not hide that the last axis moves
+    assert node_pieces(_node("Transpose", [(8, 1, 16)], (16, 1, 8), perm=[2, 1, 0])) == 8
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_a_size_one_dim_does_not_change_the_pieces(seed):
+    """The same data with a size-1 dim inserted anywhere (and the perm moving it anywhere) walks
+    the same pieces; a broadcast of a tensor by itself walks one span."""
     rng = np.random.default_rng(seed)
-    shape = tuple(int(d) for d in rng.integers(1, 9, size=rng.integers(1, 5)))
+    shape = tuple(int(d) for d in rng.integers(2, 9, size=rng.integers(1, 5)))
     perm = [int(p) for p in rng.permutation(len(shape))]
-    out = tuple(shape[p] for p in perm)
-    pieces = node_pieces(_node("Transpose", [shape], out, perm=perm))
-    assert 0 <= pieces <= math.prod(shape)
-    other = tuple(1 if rng.random() < 0.5 else d for d in shape)
-    assert 0 <= node_pieces(_node("Add", [shape, other], shape)) <= math.prod(shape)
+    base = node_pieces(_node("Transpose", [shape], tuple(shape[p] for p in perm), perm=perm))
+    at, to = int(rng.integers(0, len(shape) + 1)), int(rng.integers(0, len(shape) + 1))
+    wider = shape[:at] + (1,) + shape[at:]
+    moved = [p + (p >= at) for p in perm]
+    moved.insert(to, at)
+    assert node_pieces(_node("Transpose", [wider], tuple(wider[p] for p in moved), perm=moved)) == base
+    assert node_pieces(_node("Add", [shape, shape], shape)) == 0
