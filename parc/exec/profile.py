@@ -241,25 +241,11 @@ def _copies(model, k: int):
 
 
 def _pieces(model) -> float:
-    """`parc.ops.node_pieces` of a one-node benchmark model."""
-    import onnx
-
-    from parc.ir.dtypes import DType
-    from parc.ir.graph import Node, Value
+    """`parc.ops.node_pieces` of a one-node benchmark model, as the importer reads it."""
+    from parc.ir.importer import from_model
     from parc.ops.base import node_pieces
 
-    inferred = onnx.shape_inference.infer_shapes(model, strict_mode=True).graph
-    types = {v.name: v.type.tensor_type for v in (*inferred.input, *inferred.output)}
-    types.update({t.name: onnx.helper.make_tensor_type_proto(t.data_type, t.dims).tensor_type
-                  for t in model.graph.initializer})
-
-    def value(name: str) -> Value:
-        t = types[name]
-        return Value(name, DType(t.elem_type), tuple(d.dim_value for d in t.shape.dim))
-
-    proto = model.graph.node[0]
-    return node_pieces(Node(proto.op_type, [value(i) for i in proto.input], [value(o) for o in proto.output],
-                            {a.name: a for a in proto.attribute}))
+    return node_pieces(from_model(model, source="benchmark").nodes[0])
 
 
 def _matmul(batch: tuple, m: int, k: int, n: int):
