@@ -258,7 +258,8 @@ def _write_trace(path: str, runner, mpi, reporter: int, step: int) -> None:
     writes them to `path` (`parc.exec.trace`)."""
     from parc.exec import trace
 
-    mine = (runner.span_start, trace.rank_events(runner.rank, runner.stage, runner.order, runner.spans or []))
+    mine = (runner.span_start, trace.rank_events(runner.rank, runner.stage, runner.order, runner.spans or [],
+                                                            runner.graph.folds.get(runner.rank, 0.0)))
     every = mpi.comm.gather(mine, root=reporter) if mpi.size > 1 else [mine]
     if runner.rank == reporter:
         trace.write(path, every, step)

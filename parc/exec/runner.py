@@ -32,7 +32,8 @@ from onnx import helper, numpy_helper
 
 from parc.errors import ParcError, PlanFormatError, UsageError, first_line
 from parc.exec.engines.gpu import device_out_of_memory
-from parc.exec.taskgraph import MB_END, MB_FIRST, MB_START, WHOLE, last_uses, load_taskgraph
+from parc.exec.taskgraph import MB_END, MB_FIRST, MB_START, WHOLE, last_of_micro, last_uses, load_taskgraph
+from parc.exec.trace import FOLD
 from parc.plandir import TASKGRAPH_FILE, load_program, rank_dir
 from parc.sharding.layout import shard_index
 from parc.sharding.reshard import Collective
@@ -335,8 +336,7 @@ class Rank:
                               for t in self.order if t["kind"] in ("send", "recv")])
         self.timings = {"compute": 0.0, "comm": 0.0}
         self.free_after = last_uses(self.order, self.program)
-        self.last_of_mb = {t.get("micro_batch"): pos for pos, t in enumerate(self.order)
-                           if t.get("micro_batch") is not None}
+        self.last_of_mb = last_of_micro(self.order)
         self._shards: dict[tuple, tuple] = {}  # the shard indexes transfers cut (`_shard`)
         self._fault = _test_fault()
         self.steps = {t["id"]: Collective.from_json(t["step"]) for t in self.order if t["kind"] == "collective"}
@@ -353,7 +353,7 @@ class Rank:
                           for t in self.order]
         # (position in the order, start, end) of each task of the last step, seconds from its start,
         # and the step's start on the wall clock, where `parc run --trace` asks for them (None: not kept)
-        self.spans: list[tuple[int, float, float]] | None = None
+        self.spans: list[tuple] | None = None  # (position, start, end[, FOLD]): `trace.rank_events`
         self.span_start = 0.0
         self.count_bytes = 2  # steps whose held bytes are counted (the first two: a step's peak repeats)
         self.peak_bytes = 0  # the most bytes of tensors this rank held at once in a counted step
@@ -516,6 +516,8 @@ class Rank:
                     env.pop(name, None)
                 if mb is not None and self.last_of_mb.get(mb) == pos:
                     fold(mb, env)
+                    if spans is not None:
+                        spans.append((pos, spans[-1][2], time.perf_counter() - begun, FOLD))
                     folded += 1
                     latest = envs.pop(mb)
                     if folded == self.micro:

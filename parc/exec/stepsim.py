@@ -11,7 +11,9 @@ task's `time_s` from `parc plan` (`parc.passes.timing`):
   matching recv (rendezvous, as MPI does for large messages) and the recv ends when it has
   arrived; a rank's step ends when its last task has and its sends have completed (the executor
   waits for them at the end of the step);
-- sources and sinks take no time.
+- sources and sinks take no time;
+- a rank with microbatches folds each into the step's sums after its last task of it
+  (`TaskGraph.folds`), as compute.
 
 So communication overlaps compute only where the task graph lets it: a send's transfer runs while
 its sender computes (hidden); a collective or a recv holds its rank (exposed).
@@ -35,7 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from parc.errors import PlanFormatError
-from parc.exec.taskgraph import TaskGraph
+from parc.exec.taskgraph import TaskGraph, last_of_micro
 
 COMPUTE, COMM, WAIT = "compute", "comm", "wait"
 TIMELINE_RANKS = 16  # ranks whose timeline `to_json` keeps (the first of each stage first)
@@ -135,6 +137,18 @@ def simulate(graph: TaskGraph, keep_spans: bool = True) -> Simulation:
     waiting: dict[tuple, int] = {}  # send key -> the rank blocked on its recv
     send_done: dict[int, list[tuple[float, str]]] = defaultdict(list)
     ready = deque(ranks)
+    folds = {r: {pos: graph.folds[r] for pos in last_of_micro([tasks[i] for i in orders[r]]).values()}
+             for r in ranks if graph.folds.get(r)}
+
+    def advance(r: int) -> None:
+        """Rank r is done with its current task: on to the next, after folding a microbatch
+        that ended there."""
+        fold = folds[r].get(pos[r], 0.0) if r in folds else 0.0
+        pos[r] += 1
+        if fold:
+            span(r, clock[r], clock[r] + fold, COMPUTE, f"{last[r]} (fold)")
+            stats[r].compute_s += fold
+            clock[r] += fold
 
     def span(r: int, a: float, b: float, kind: str, label: str) -> None:
         if keep_spans and b > a:
@@ -162,7 +176,7 @@ def simulate(graph: TaskGraph, keep_spans: bool = True) -> Simulation:
         cause[tid] = cause[send_id] = sent_cause if sent_at >= clock[r] else last[r]
         clock[r] = end
         last[r] = tid
-        pos[r] += 1
+        advance(r)
 
     while ready:
         r = ready.popleft()
@@ -194,7 +208,7 @@ def simulate(graph: TaskGraph, keep_spans: bool = True) -> Simulation:
                     cause[f"{tid}@{m}"] = before
                     clock[m] = end
                     last[m] = f"{tid}@{m}"
-                    pos[m] += 1
+                    advance(m)
                     if m != r:
                         ready.append(m)
                 continue
@@ -209,7 +223,7 @@ def simulate(graph: TaskGraph, keep_spans: bool = True) -> Simulation:
                 key = _key(r, t["peer"], t)
                 posted[key] = (clock[r], last[r], tid)
                 cause[tid] = last[r]
-                pos[r] += 1
+                advance(r)
                 if key in waiting:
                     peer = waiting.pop(key)
                     rt_id = orders[peer][pos[peer]]
@@ -223,7 +237,7 @@ def simulate(graph: TaskGraph, keep_spans: bool = True) -> Simulation:
             cause[tid] = last[r]
             clock[r] += d
             last[r] = tid
-            pos[r] += 1
+            advance(r)
     stuck = [r for r in ranks if pos[r] < len(orders[r])]
     if stuck:
         r = stuck[0]
@@ -263,7 +277,7 @@ def held_peak(graph: TaskGraph, rank: int, program) -> int:
 
     order = [graph.tasks[t] for t in graph.order[rank]]
     free_after = last_uses(order, program)
-    last_of_mb = {t.get("micro_batch"): pos for pos, t in enumerate(order) if t.get("micro_batch") is not None}
+    last_of_mb = last_of_micro(order)
     micro = len(last_of_mb)
     size: list[int] = []  # bytes of each array made, by its id
 

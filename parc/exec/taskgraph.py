@@ -18,6 +18,9 @@ Kinds and their fields (all tasks may carry `stage`, `micro_batch`, `phase`):
   device layout both stages hold it in (the receiver's shard itself);
 - source / sink: `rank`, `tensor` (data read in, results handed out).
 
+Optional `folds`: {"<rank>": seconds} a rank spends after each of its microbatches (after its
+last task of that microbatch) adding it into the step's sums.
+
 `load_taskgraph` validates everything an executor relies on: ids, kinds and fields, ranks in
 range, edges between known tasks and acyclic, sends paired with receives, and each rank's order
 listing exactly the tasks it takes part in; then it runs the orders against the edges (every rank
@@ -29,7 +32,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +68,9 @@ class TaskGraph:
     # "task": one rank per device, modules to run; "stage" (`parc plan --no-programs`): one
     # rank per stage standing for the stage's `devices`, for the simulator only
     granularity: str = TASK
+    # rank -> seconds it spends after each of its microbatches folding it into the step's sums
+    # (`parc.passes.timing.fold_seconds`); {} without microbatches
+    folds: Mapping[int, float] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {"format": FORMAT, "ranks": self.ranks, "micro_batches": self.micro_batches,
@@ -72,7 +78,8 @@ class TaskGraph:
                 "edges": [list(e) for e in self.edges],
                 "order": {str(r): list(ids) for r, ids in sorted(self.order.items())},
                 **({"mesh": list(self.mesh)} if self.mesh else {}),
-                **({"granularity": self.granularity} if self.granularity != TASK else {})}
+                **({"granularity": self.granularity} if self.granularity != TASK else {}),
+                **({"folds": {str(r): s for r, s in sorted(self.folds.items())}} if self.folds else {})}
 
     def represents(self) -> dict[int, list[int]]:
         """A stage-level graph's simulated rank -> the devices it stands for ({} if task-level)."""
@@ -154,7 +161,13 @@ def check_taskgraph(doc: Any, where: str = TASKGRAPH_FILE) -> TaskGraph:
     stages = tuple(doc.get("stages", []))
     if granularity == STAGE and not all(isinstance(s, dict) and isinstance(s.get("devices"), list) for s in stages):
         raise fail("a stage-level task graph needs the devices each stage stands for (stages[].devices)")
-    return TaskGraph(ranks, micro, stages, tasks, tuple(edges), order, tuple(mesh), granularity)
+    folds = doc.get("folds", {})
+    if not isinstance(folds, dict) or not all(
+            isinstance(k, str) and k.isdigit() and int(k) < ranks and isinstance(v, (int, float)) and v >= 0
+            for k, v in folds.items()):
+        raise fail(f"folds: expected {{rank: seconds >= 0}} for ranks 0..{ranks - 1}, found {folds!r}")
+    return TaskGraph(ranks, micro, stages, tasks, tuple(edges), order, tuple(mesh), granularity,
+                     {int(k): float(v) for k, v in folds.items()})
 
 
 def _check_acyclic(tasks, edges, fail) -> None:
@@ -252,6 +265,12 @@ def _check_runs(tasks, edges, order, fail) -> None:
         waiting = sorted(preds[tid] - done)
         why = f"waits for {waiting[0]!r}" if waiting else "waits for its group"
         raise fail(f"the static orders deadlock: rank {r} is stuck at task {tid!r}, which {why}")
+
+
+def last_of_micro(order: list[Mapping[str, Any]]) -> dict[int, int]:
+    """Microbatch -> the position in a rank's `order` of its last task of that microbatch (where
+    the executor folds the microbatch into the step's sums and lets its values go)."""
+    return {t["micro_batch"]: pos for pos, t in enumerate(order) if t.get("micro_batch") is not None}
 
 
 def last_uses(order: list[Mapping[str, Any]], program) -> list[list[str]]:

@@ -7,7 +7,7 @@ earliest rank's start of the step. Each event's `args` hold what `parc simulate`
 task at (`predicted_ms`, the task graph's `time_s`; a first communication after compute also
 its `handoff_ms`) and its micro-batch, so a task the cost model misjudges shows beside its
 measured length; the rank's wait for its sends at the end of the step is one more event
-(`send completion`).
+(`send completion`), and so is each microbatch's fold into the step's sums (`fold mbK`).
 
 A run on several hosts places each rank by its own wall clock: events compare within a rank, and
 across hosts only as well as their clocks agree.
@@ -23,6 +23,7 @@ from parc.errors import UsageError
 
 FORMAT = "parc.trace/1"  # in `otherData`: how a file parc wrote is told from the user's own
 SEND_COMPLETION = "send completion"
+FOLD = "fold"  # a microbatch added into the step's sums
 
 
 def check_output(path: str) -> None:
@@ -44,14 +45,22 @@ def _is_trace(p: Path) -> bool:
         return False
 
 
-def rank_events(rank: int, stage: int | None, order: Sequence[dict],
-                spans: Sequence[tuple[int, float, float]]) -> list[dict]:
+def rank_events(rank: int, stage: int | None, order: Sequence[dict], spans: Sequence[tuple],
+                fold_s: float = 0.0) -> list[dict]:
     """One rank's events: `spans` are (position in `order`, start, end) in seconds from the
-    rank's start of the step (position -1: the wait for the sends). Times stay in seconds from
-    the rank's start here; `write` places the ranks on one clock."""
+    rank's start of the step (position -1: the wait for the sends), or (position, start, end,
+    FOLD): the fold of the microbatch that ended at that task, which the task graph prices at
+    `fold_s` (`TaskGraph.folds`). Times stay in seconds from the rank's start here; `write`
+    places the ranks on one clock."""
     events = [{"name": "process_name", "ph": "M", "pid": rank,
                "args": {"name": f"rank {rank}" + (f" (stage {stage})" if stage is not None else "")}}]
-    for pos, t0, t1 in spans:
+    for pos, t0, t1, *what in spans:
+        if what:
+            task = order[pos]
+            events.append({"name": f"{FOLD} mb{task.get('micro_batch')}", "cat": "compute", "ph": "X", "pid": rank,
+                           "tid": 0, "ts": t0, "dur": t1 - t0,
+                           "args": {"predicted_ms": round(fold_s * 1e3, 6), "micro_batch": task.get("micro_batch")}})
+            continue
         if pos < 0:
             events.append({"name": SEND_COMPLETION, "cat": "send", "ph": "X", "pid": rank, "tid": 0,
                            "ts": t0, "dur": t1 - t0, "args": {}})

@@ -34,7 +34,7 @@ from parc.ir.graph import Graph
 from parc.ir.state import step_state
 from parc.passes.lower import APPLY, MICRO, Comm, RankProgram, bindings, loss_name, lower_rank, rules_of
 from parc.passes.spmd.pool import run_jobs
-from parc.passes.timing import annotate, module_times
+from parc.passes.timing import annotate, fold_seconds, module_times
 from parc.sharding.layout import shard_index
 from parc.sharding.spec import ShardSpec
 
@@ -253,7 +253,9 @@ def write_programs_for(graph: Graph, mesh: tuple[int, ...], strategies: list, sp
     tasks.extend(collectives.values())
     doc = {"format": FORMAT, "ranks": ranks, "micro_batches": micro, "mesh": list(device_mesh),
            "stages": [{"id": 0, "ranks": list(range(ranks))}],
-           "tasks": tasks, "edges": edges, "order": order}
+           "tasks": tasks, "edges": edges, "order": order,
+           **({"folds": {str(r): fold_seconds(p.accumulate, p.info, devices[r]) for r, (p, _) in enumerate(written)}}
+              if micro > 1 else {})}
     annotate(doc, lambda t: links[t["axis"]], lambda a, b: links[0])
     return write_taskgraph(doc, out)
 

@@ -86,6 +86,35 @@ def test_the_handoff_is_paid_by_the_first_communication_after_compute():
     assert [r.comm_s for r in sim.ranks] == pytest.approx([0.7, 0.7]) and sim.wait_s == pytest.approx([0.0, 0.0])
 
 
+def test_a_rank_folds_each_microbatch_after_its_last_task_of_it():
+    doc = {"format": FORMAT, "ranks": 2, "micro_batches": 2, "folds": {"0": 0.25},
+           "tasks": [{**_compute("f0", 0, 1.0), "micro_batch": 0},
+                     {"id": "s0", "kind": "send", "rank": 0, "peer": 1, "tensor": "x", "micro_batch": 0, "time_s": 0.0},
+                     {**_compute("f1", 0, 1.0), "micro_batch": 1},
+                     {"id": "s1", "kind": "send", "rank": 0, "peer": 1, "tensor": "x", "micro_batch": 1, "time_s": 0.0},
+                     _compute("apply", 0, 0.5),
+                     {"id": "r0", "kind": "recv", "rank": 1, "peer": 0, "tensor": "x", "micro_batch": 0, "time_s": 0.0},
+                     {"id": "r1", "kind": "recv", "rank": 1, "peer": 0, "tensor": "x", "micro_batch": 1, "time_s": 0.0}],
+           "edges": [["s0", "r0"], ["s1", "r1"]],
+           "order": {"0": ["f0", "s0", "f1", "s1", "apply"], "1": ["r0", "r1"]}}
+    g = check_taskgraph(doc)
+    assert g.folds == {0: 0.25} and check_taskgraph(g.to_json()).folds == g.folds
+    sim = simulate(g)
+    # rank 0: f0, its send posted, the fold of microbatch 0, f1 (whose send rank 1 gets at 2.25),
+    # the fold of microbatch 1, the optimizer
+    assert sim.step_time_s == pytest.approx(1.0 + 0.25 + 1.0 + 0.25 + 0.5)
+    assert sim.ranks[0].compute_s == pytest.approx(3.0) and sim.ranks[1].end_s == pytest.approx(2.25)
+    folds = [(a, b) for a, b, kind, label in sim.spans[0] if label.endswith("(fold)")]
+    assert folds == [pytest.approx((1.0, 1.25)), pytest.approx((2.25, 2.5))]
+
+
+@pytest.mark.parametrize("folds", [{"0": -1.0}, {"2": 0.1}, {"x": 0.1}, [0.1]])
+def test_bad_folds_are_refused(folds):
+    doc = {"format": FORMAT, "ranks": 1, "tasks": [_compute("a", 0, 1.0)], "order": {"0": ["a"]}, "folds": folds}
+    with pytest.raises(PlanFormatError, match="folds: expected"):
+        check_taskgraph(doc)
+
+
 def test_a_task_without_time_is_refused_with_how_to_fix():
     g = _graph([{"id": "a", "kind": "compute", "rank": 0, "module": ""}], {0: ["a"]})
     with pytest.raises(PlanFormatError, match="plan it again"):
@@ -138,6 +167,9 @@ def test_plans_carry_task_times_and_their_simulation(gpt_train, tmp_path, args):
     plan = _plan(gpt_train, tmp_path / "p", *args)
     tg = json.loads((tmp_path / "p" / "taskgraph.json").read_text())
     assert all(t["time_s"] > 0 for t in tg["tasks"] if t["kind"] in ("compute", "collective", "recv"))
+    # every rank of a pipeline folds its microbatches' gradients into the step's sums
+    assert (sorted(tg.get("folds", {})) == [str(r) for r in range(tg["ranks"])]
+            and all(s > 0 for s in tg["folds"].values())) == (tg["micro_batches"] > 1)
     res = CliRunner().invoke(cli, ["simulate", str(tmp_path / "p"), "--json"])
     assert res.exit_code == 0, res.output
     sim = json.loads(res.output)

@@ -40,11 +40,16 @@ def test_every_task_of_every_rank_is_traced_with_its_prediction(pipeline, tmp_pa
     for rank in (0, 1):
         order = list(graph.order[rank])
         events = measured[rank]
-        ids = [e[0] for e in events if e[0] != trace.SEND_COMPLETION]
+        folds = [e for e in events if e[0].startswith(trace.FOLD)]
+        ids = [e[0] for e in events if e[0] != trace.SEND_COMPLETION and e not in folds]
         assert ids == order  # each task once, in the rank's order
+        # each microbatch's fold into the step's sums, beside what the task graph prices it at
+        assert [e[0] for e in folds] == [f"{trace.FOLD} mb{k}" for k in range(graph.micro_batches)]
+        assert graph.micro_batches > 1 and graph.folds[rank] > 0
+        assert all(e[1] == "compute" and e[3] == pytest.approx(graph.folds[rank], rel=1e-6, abs=1e-9) for e in folds)
         for task_id, kind, seconds, predicted in events:
             assert seconds >= 0
-            if task_id != trace.SEND_COMPLETION:
+            if task_id != trace.SEND_COMPLETION and task_id.split()[0] != trace.FOLD:
                 assert kind == tasks[task_id]["kind"]
                 assert predicted == pytest.approx(tasks[task_id].get("time_s", 0.0), rel=1e-6, abs=1e-9)
         xs = [e for e in body["traceEvents"] if e["ph"] == "X" and e["pid"] == rank]

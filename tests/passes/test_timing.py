@@ -127,3 +127,19 @@ def test_onnxruntime_copies_a_view_into_or_out_of_a_module_output():
     h100 = replace(DEVICES["h100-80g"], launch_floor=0.0)
     assert module_seconds(module(("o", "r"), add=False), h100, info) == \
         pytest.approx(module_seconds(module(("o",), add=False), h100, info))
+
+
+def test_a_fold_is_an_add_per_summed_value():
+    from parc.cluster.cost import compute_time
+    from parc.passes.timing import fold_seconds
+
+    cpu = DEVICES["cpu"]
+    info = {"g.mb": (TensorProto.FLOAT, (256, 512)), "h.mb": (TensorProto.FLOAT16, (1024,)),
+            "loss.mb": (TensorProto.FLOAT, ())}
+    add = compute_time(256 * 512, 3 * 4 * 256 * 512, cpu, "float32", "Add", queued=True)
+    assert fold_seconds({"g": ["g.mb", "sum"]}, info, cpu) == pytest.approx(add)
+    half = compute_time(1024, 3 * 2 * 1024, cpu, "float16", "Add", queued=True)
+    both = fold_seconds({"g": ["g.mb", "sum"], "h": ["h.mb", "sum"], "loss": ["loss.mb", "last"],
+                         "y": ["g.mb", "concat", 0]}, info, cpu)
+    assert both == pytest.approx(add + half)  # a `last` keeps its value; a `concat` joins once, at the end
+    assert fold_seconds({}, info, cpu) == 0.0

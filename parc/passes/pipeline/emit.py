@@ -39,7 +39,7 @@ from parc.passes.emit import (
 from parc.passes.lower import APPLY, MICRO, PASSES, bindings, layout_key, loss_name, lower_rank, rules_of
 from parc.passes.pipeline.plan import PipelinePlan, p2p_link, transfer_routes
 from parc.passes.pipeline.stages import stage_outputs
-from parc.passes.timing import annotate
+from parc.passes.timing import annotate, fold_seconds
 
 TAG_LIMIT = 32767  # the largest MPI tag every implementation accepts
 
@@ -92,7 +92,9 @@ def write_pipeline_programs(pp: PipelinePlan, out: Path) -> TaskGraph:
     doc = {"format": FORMAT, "ranks": pp.ranks, "micro_batches": m,
            "stages": [{"id": st.index, "ranks": list(st.ranks), "mesh": list(st.plan.best.mesh.shape)}
                       for st in pp.stages],
-           "tasks": tasks, "edges": edges, "order": order}
+           "tasks": tasks, "edges": edges, "order": order,
+           **({"folds": {str(rank): fold_seconds(p.accumulate, p.info, pp.cluster.devices[rank])
+                         for rank, (_, p, _) in sorted(progs.items())}} if m > 1 else {})}
     stage_of = {rank: st for st in pp.stages for rank in st.ranks}
     annotate(doc, lambda t: stage_of[t["group"][0]].plan.best.mesh.links[t["axis"]],
              lambda a, b: p2p_link(pp.cluster, stage_of[a].ranks, stage_of[b].ranks,
