@@ -1,6 +1,10 @@
 #!/usr/bin/env python3
 """Export tiny random-init `transformers` models to ONNX, for cross-checking parc's importer.
 
+Models: gpt2, bert, t5, llama, vit, resnet (the cross-checks of tests/with_torch), and bart,
+neox, distilbert, convnext, swin, mistral (planned and verified end to end by
+tests/with_torch/test_families_end_to_end.py, a slow test).
+
     python scripts/export_torch_models.py OUT_DIR [--exporter legacy|dynamo|both] [--models gpt2,bert]
 
 Each model is wrapped so that its ONNX outputs are `loss` and `logits`, and is written as
@@ -173,8 +177,90 @@ def resnet(gen: torch.Generator) -> Spec:
                 {"pixel_values": {0: "batch"}, "labels": {0: "batch"}}, {0: "batch"})
 
 
+def bart(gen: torch.Generator) -> Spec:
+    """An encoder-decoder with learned positions and tied input and output embeddings."""
+    from transformers import BartConfig, BartForConditionalGeneration
+
+    cfg = BartConfig(vocab_size=VOCAB, d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+                     decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64,
+                     max_position_embeddings=64, pad_token_id=1, bos_token_id=0, eos_token_id=2,
+                     decoder_start_token_id=2)
+    ids = _tokens(gen, BATCH, SEQ)
+    labels = _tokens(gen, BATCH, TGT)
+    return Spec("bart", _eager(BartForConditionalGeneration, cfg), {"input_ids": ids, "labels": labels},
+                {"input_ids": {0: "batch", 1: "seq"}, "labels": {0: "batch", 1: "tgt"}},
+                {0: "batch", 1: "tgt"})
+
+
+def neox(gen: torch.Generator) -> Spec:
+    """GPT-NeoX: rotary embeddings on half of each head, parallel attention and MLP."""
+    from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
+
+    cfg = GPTNeoXConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                        intermediate_size=64, max_position_embeddings=64, rotary_pct=0.5, bos_token_id=0,
+                        eos_token_id=0)
+    ids = _tokens(gen, BATCH, SEQ)
+    axes = {0: "batch", 1: "seq"}
+    return Spec("neox", _eager(GPTNeoXForCausalLM, cfg), {"input_ids": ids, "labels": _lm_labels(gen, ids)},
+                {"input_ids": axes, "labels": axes}, axes)
+
+
+def distilbert(gen: torch.Generator) -> Spec:
+    """A sequence classifier: the loss over one label per sequence, padding masked."""
+    from transformers import DistilBertConfig, DistilBertForSequenceClassification
+
+    cfg = DistilBertConfig(vocab_size=VOCAB, dim=32, n_layers=2, n_heads=4, hidden_dim=64,
+                           max_position_embeddings=64, num_labels=3)
+    ids = _tokens(gen, BATCH, SEQ)
+    axes = {0: "batch", 1: "seq"}
+    labels = torch.randint(0, 3, (BATCH,), generator=gen)
+    return Spec("distilbert", _eager(DistilBertForSequenceClassification, cfg),
+                {"input_ids": ids, "attention_mask": _padding_mask(BATCH, SEQ), "labels": labels},
+                {"input_ids": axes, "attention_mask": axes, "labels": {0: "batch"}}, {0: "batch"})
+
+
+def _images(gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.randn(BATCH, 3, IMAGE, IMAGE, generator=gen), torch.randint(0, 10, (BATCH,), generator=gen)
+
+
+def convnext(gen: torch.Generator) -> Spec:
+    """Depthwise 7x7 convolutions, channels-last LayerNorm, layer scale."""
+    from transformers import ConvNextConfig, ConvNextForImageClassification
+
+    cfg = ConvNextConfig(num_channels=3, num_stages=2, hidden_sizes=[8, 16], depths=[1, 1], patch_size=4,
+                         num_labels=10)
+    pixels, labels = _images(gen)
+    return Spec("convnext", ConvNextForImageClassification(cfg).eval(), {"pixel_values": pixels, "labels": labels},
+                {"pixel_values": {0: "batch"}, "labels": {0: "batch"}}, {0: "batch"})
+
+
+def swin(gen: torch.Generator) -> Spec:
+    """Window attention over shifted windows (a roll, a window partition, a relative bias)."""
+    from transformers import SwinConfig, SwinForImageClassification
+
+    cfg = SwinConfig(image_size=IMAGE, patch_size=4, num_channels=3, embed_dim=16, depths=[2, 1], num_heads=[2, 4],
+                     window_size=4, num_labels=10)
+    pixels, labels = _images(gen)
+    return Spec("swin", _eager(SwinForImageClassification, cfg), {"pixel_values": pixels, "labels": labels},
+                {"pixel_values": {0: "batch"}, "labels": {0: "batch"}}, {0: "batch"})
+
+
+def mistral(gen: torch.Generator) -> Spec:
+    """One key/value head for four queries, a sliding window, tied embeddings."""
+    from transformers import MistralConfig, MistralForCausalLM
+
+    cfg = MistralConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                        num_attention_heads=4, num_key_value_heads=1, max_position_embeddings=64, sliding_window=4,
+                        bos_token_id=0, eos_token_id=0, pad_token_id=0, tie_word_embeddings=True)
+    ids = _tokens(gen, BATCH, SEQ)
+    axes = {0: "batch", 1: "seq"}
+    return Spec("mistral", _eager(MistralForCausalLM, cfg), {"input_ids": ids, "labels": _lm_labels(gen, ids)},
+                {"input_ids": axes, "labels": axes}, axes)
+
+
 MODELS: dict[str, Callable[[torch.Generator], Spec]] = {
-    "gpt2": gpt2, "bert": bert, "t5": t5, "llama": llama, "vit": vit, "resnet": resnet}
+    "gpt2": gpt2, "bert": bert, "t5": t5, "llama": llama, "vit": vit, "resnet": resnet,
+    "bart": bart, "neox": neox, "distilbert": distilbert, "convnext": convnext, "swin": swin, "mistral": mistral}
 
 
 def build(name: str, seed: int = 0) -> Spec:
