@@ -106,7 +106,8 @@ def plan(model: str, devices: str | None, cluster_file: str | None, calibration_
 
     _check_output(Path(output))
     hints = load_hints(hints_file) if hints_file else Hints()
-    hints = hints.merged(read_annotations(model))  # the model's own ONNX multi-device annotations
+    proto = importer.read_model(model)  # parsed once: read for its annotations, imported, annotated
+    hints = hints.merged(read_annotations(proto, source=model))  # the model's own ONNX multi-device annotations
     cluster = resolve_cluster(devices, cluster_file)
     if calibration_file is not None:
         from parc.cluster.clusterfile import load_constants
@@ -114,7 +115,7 @@ def plan(model: str, devices: str | None, cluster_file: str | None, calibration_
         if not Path(calibration_file).is_file():
             raise UsageError(f"--calibration {calibration_file}: no such file")
         cluster = load_constants(calibration_file).apply(cluster)
-    graph = importer.load(model, importer.parse_dims(dims))
+    graph = importer.from_model(proto, importer.parse_dims(dims), base_dir=Path(model).parent, source=model)
     budget = mem_limit * 2**30 if mem_limit is not None else None
     if stages > 0 and (stages > cluster.num_devices or cluster.num_devices % stages):
         raise UsageError(f"--pipeline {stages}: expected a stage count that divides the "
@@ -157,7 +158,7 @@ def plan(model: str, devices: str | None, cluster_file: str | None, calibration_
         write_plan(stage, doc)
         if not stages:  # the annotated model of a one-mesh plan (a pipeline's stages have a mesh each)
             write_sharded_model(model, doc["specs"], tuple(doc["mesh"]["shape"]), stage / "model.sharded.onnx",
-                                shapes={v.name: v.shape for v in graph.values() if v.shape is not None})
+                                shapes={v.name: v.shape for v in graph.values() if v.shape is not None}, model=proto)
         write_manifest(stage)  # last: the sha256 of every file written above
         _replace_dir(stage, out)
     except BaseException:

@@ -214,14 +214,15 @@ def annotate(model: onnx.ModelProto, specs: Mapping[str, str | ShardSpec], mesh_
 
 
 def read_annotations(model: onnx.ModelProto | str | Path, *, mesh_shape: tuple[int, ...] | None = None,
-                     configuration: str | None = None) -> Hints:
+                     configuration: str | None = None, source: str | None = None) -> Hints:
     """The model's multi-device annotations as pins (empty Hints when it has none).
 
     The mesh is `mesh_shape`, else the `parc.mesh` metadata `annotate` writes, else 1-D over the
     configuration's num_devices. A tensor's pin is its producer's output annotation, else its
     consumers' input annotations when they agree (otherwise it is left free, with a warning).
+    `source`: what messages call the model (default: its path, or its graph's name).
     """
-    source = str(model) if isinstance(model, str | Path) else (model.graph.name or "model")
+    source = source or (str(model) if isinstance(model, str | Path) else (model.graph.name or "model"))
     if isinstance(model, str | Path):
         try:
             model = onnx.load(str(model), load_external_data=False)
@@ -281,17 +282,23 @@ def read_annotations(model: onnx.ModelProto | str | Path, *, mesh_shape: tuple[i
 
 def write_sharded_model(model_path: str | Path, specs: Mapping[str, str | ShardSpec], mesh_shape: tuple[int, ...],
                         out_path: str | Path, *, shapes: Mapping[str, tuple[int, ...]] | None = None,
-                        weights: bool = False) -> Path:
+                        weights: bool = False, model: onnx.ModelProto | None = None) -> Path:
     """Write the model at `model_path` annotated with `specs` to `out_path` (PLAN_DIR/model.sharded.onnx).
 
     Weights stored inline stay inline. Weights stored as external data are never read unless
     `weights`: then they are copied to `<out name>.data` beside `out_path`; otherwise those
     initializers become graph inputs of the same name, type and shape (the plan's structure
-    without a second copy of a large model's weights).
+    without a second copy of a large model's weights). `model`: the file already parsed (without
+    its external data; left as it is), so that a large model is not read twice.
     """
     out_path = Path(out_path)
-    model = onnx.load(str(model_path), load_external_data=False)
+    if model is None:
+        model = onnx.load(str(model_path), load_external_data=False)
     external = [t for t in model.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL]
+    if external:
+        mine = onnx.ModelProto()
+        mine.CopyFrom(model)
+        model = mine
     if external and weights:
         onnx.load_external_data_for_model(model, str(Path(model_path).parent))
     elif external:
