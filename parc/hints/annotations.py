@@ -294,16 +294,12 @@ def write_sharded_model(model_path: str | Path, specs: Mapping[str, str | ShardS
     out_path = Path(out_path)
     if model is None:
         model = onnx.load(str(model_path), load_external_data=False)
-    external = [t for t in model.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL]
-    if external:
-        mine = onnx.ModelProto()
-        mine.CopyFrom(model)
-        model = mine
+    external = [t.name for t in model.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL]
+    sharded = annotate(model, specs, mesh_shape, shapes=shapes)  # a copy: external weights are handled on it
     if external and weights:
-        onnx.load_external_data_for_model(model, str(Path(model_path).parent))
+        onnx.load_external_data_for_model(sharded, str(Path(model_path).parent))
     elif external:
-        _initializers_to_inputs(model, {t.name for t in external})
-    sharded = annotate(model, specs, mesh_shape, shapes=shapes)
+        _initializers_to_inputs(sharded, set(external))
     if external and weights:
         onnx.save_model(sharded, str(out_path), save_as_external_data=True, all_tensors_to_one_file=True,
                         location=f"{out_path.name}.data", size_threshold=1024)

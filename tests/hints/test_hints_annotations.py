@@ -295,6 +295,13 @@ def test_write_sharded_model_reads_external_weights_only_when_asked(tmp_path):
     assert all((numpy_helper.to_array(t) == 1).all() for t in loaded.graph.initializer)
     assert pins(read_annotations(heavy)) == {k: v for k, v in MEGATRON.items() if k != "y"}
 
+    # the source already parsed (as `parc plan` hands it over) is written the same and left as it is
+    parsed = onnx.load(str(src), load_external_data=False)
+    before = parsed.SerializeToString()
+    again = write_sharded_model(src, MEGATRON, (4,), plan / "again.onnx", model=parsed)
+    fresh = write_sharded_model(src, MEGATRON, (4,), plan / "fresh.onnx")
+    assert onnx.load(str(again)) == onnx.load(str(fresh)) and parsed.SerializeToString() == before
+
 
 def test_tensors_in_one_layout_share_its_devices_not_their_protos():
     """encode's device part is computed once per layout (cached); each tensor still gets its
