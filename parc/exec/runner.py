@@ -102,8 +102,8 @@ def scatter_as_elements(model: onnx.ModelProto) -> onnx.ModelProto:
 
     The same sum (the same reduction of the same elements). The expanded indices are int64 at
     the updates' size, twice a float32 update's bytes while the node runs (an embedding gradient
-    of 8192 x 1024: 64 MiB), which the predicted peak does not count. Nodes whose indices' last
-    dim is not a known 1 are left as they are."""
+    of 8192 x 1024: 64 MiB), which the predicted peak does not count. Nodes whose index depth
+    (`_index_depth`) is not a known 1 are left as they are: their module runs on one thread."""
     out = onnx.ModelProto()
     out.CopyFrom(model)
     graph = out.graph
@@ -112,15 +112,15 @@ def scatter_as_elements(model: onnx.ModelProto) -> onnx.ModelProto:
             graph = onnx.shape_inference.infer_shapes(out).graph
         except Exception:  # noqa: BLE001 (a model onnx cannot infer: the nodes stay, on one thread)
             pass
-    known = {v.name: v for v in (*graph.value_info, *graph.input, *graph.output)}
+    known = {v.name: [d.dim_value if d.HasField("dim_value") else None for d in v.type.tensor_type.shape.dim]
+             for v in (*graph.value_info, *graph.input, *graph.output) if v.type.tensor_type.HasField("shape")}
+    known.update({t.name: list(t.dims) for t in graph.initializer})  # constant indices (folded position ids)
     nodes = []
     for k, node in enumerate(out.graph.node):
-        idx = known.get(node.input[1]) if _reducing_scatter(node) else None
-        dims = idx.type.tensor_type.shape.dim if idx is not None else []
-        if not dims or not dims[-1].HasField("dim_value") or dims[-1].dim_value != 1:
+        if not _reducing_scatter(node) or _index_depth(node, known) != 1:
             nodes.append(node)
             continue
-        q = len(dims)
+        q = len(known[node.input[1]])
         data, ind, upd = node.input[:3]
         reduction = next(a.s for a in node.attribute if a.name == "reduction").decode()
         t = f"{node.name or 'scatter'}.as_elements{k}"
@@ -136,6 +136,18 @@ def scatter_as_elements(model: onnx.ModelProto) -> onnx.ModelProto:
     del out.graph.node[:]
     out.graph.node.extend(nodes)
     return out
+
+
+def _index_depth(node: onnx.NodeProto, known: Mapping[str, list]) -> int | None:
+    """The k of a ScatterND's indices [..., k]: their last dim where it is known, else from the
+    ranks (updates = indices[:-1] + data[k:], so k = rank(indices) - 1 + rank(data) -
+    rank(updates): a microbatch's slice of the indices has unknown dims but a known rank)."""
+    data, idx, upd = (known.get(name) for name in node.input[:3])
+    if not idx:
+        return None
+    if idx[-1] is not None:
+        return idx[-1]
+    return len(idx) - 1 + len(data) - len(upd) if data is not None and upd is not None else None
 
 
 class _Ort:

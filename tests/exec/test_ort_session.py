@@ -76,3 +76,58 @@ def test_scatter_as_elements_keeps_the_threads_and_the_sum():
     want = ort.InferenceSession(model.SerializeToString(), one, providers=["CPUExecutionProvider"]).run(None, feeds)[0]
     got = ort_session(model.SerializeToString(), 2).run(None, feeds)[0]
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+
+
+def test_constant_indices_are_rewritten_too():
+    """A folded index tensor (GPT-2's position ids: an initializer [1, seq, 1], no value_info) is
+    rewritten like one computed in the module; before, it was left as a ScatterND and the whole
+    module ran on one thread (a one-rank GPT-2 export step took twice its two-thread time)."""
+    import onnx
+
+    from parc.exec.runner import scatter_as_elements
+
+    node = helper.make_node("ScatterND", ["data", "pos", "upd"], ["out"], reduction="add", name="grad")
+    g = helper.make_graph([node], "g", [helper.make_tensor_value_info("data", TensorProto.FLOAT, [16, 3]),
+                                        helper.make_tensor_value_info("upd", TensorProto.FLOAT, [1, 6, 3])],
+                          [helper.make_tensor_value_info("out", TensorProto.FLOAT, [16, 3])],
+                          initializer=[helper.make_tensor("pos", TensorProto.INT64, [1, 6, 1], [0, 1, 2, 2, 5, 1])])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
+    rewritten = scatter_as_elements(model)
+    assert not racy_scatter(rewritten.graph)
+    rng = np.random.default_rng(2)
+    feeds = {"data": rng.standard_normal((16, 3)).astype(np.float32),
+             "upd": rng.standard_normal((1, 6, 3)).astype(np.float32)}
+    want = feeds["data"].astype(np.float64)
+    np.add.at(want, np.array([0, 1, 2, 2, 5, 1]), feeds["upd"][0].astype(np.float64))
+    got = ort_session(onnx.load_model_from_string(model.SerializeToString()), 2).run(None, feeds)[0]
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+
+
+def test_a_microbatch_slice_of_the_indices_is_rewritten_by_the_ranks():
+    """A pipeline stage slices the indices per microbatch with starts and ends fed at run time:
+    shape inference then knows their rank, not their dims. updates = indices[:-1] + data[k:]
+    gives k = 1 from the ranks, so the node is still rewritten (BERT's token-type embedding)."""
+    import onnx
+
+    from parc.exec.runner import scatter_as_elements
+
+    nodes = [helper.make_node("Slice", ["ids", "start", "end", "axes"], ["idx"]),
+             helper.make_node("ScatterND", ["data", "idx", "upd"], ["out"], reduction="add", name="grad")]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("data", TensorProto.FLOAT, [2, 5]),
+                                       helper.make_tensor_value_info("ids", TensorProto.INT64, [8, 3, 1]),
+                                       helper.make_tensor_value_info("start", TensorProto.INT64, [1]),
+                                       helper.make_tensor_value_info("end", TensorProto.INT64, [1]),
+                                       helper.make_tensor_value_info("upd", TensorProto.FLOAT, [4, 3, 5])],
+                          [helper.make_tensor_value_info("out", TensorProto.FLOAT, [2, 5])],
+                          initializer=[helper.make_tensor("axes", TensorProto.INT64, [1], [0])])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
+    rewritten = scatter_as_elements(model)
+    assert not racy_scatter(rewritten.graph)
+    rng = np.random.default_rng(3)
+    ids = rng.integers(0, 2, (8, 3, 1)).astype(np.int64)
+    feeds = {"data": np.zeros((2, 5), np.float32), "ids": ids, "start": np.array([4], np.int64),
+             "end": np.array([8], np.int64), "upd": rng.standard_normal((4, 3, 5)).astype(np.float32)}
+    want = np.zeros((2, 5))
+    np.add.at(want, ids[4:, :, 0].ravel(), feeds["upd"].reshape(12, 5).astype(np.float64))
+    got = ort_session(onnx.load_model_from_string(model.SerializeToString()), 2).run(None, feeds)[0]
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
