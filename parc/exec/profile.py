@@ -11,7 +11,9 @@ memory than its L2: `POOL_BYTES`); the mean is kept:
 
 - the launch floor (the slope of a chain of tiny Adds over its length) and the task overhead
   (what one `session.run` costs beyond its node);
-- memory bandwidth: the memory-bound ops as training graphs have them (`MEMORY_OPS`), 1-16 MiB;
+- memory bandwidth: the memory-bound ops as training graphs have them (`MEMORY_OPS`), 1-16 MiB,
+  and on a CPU an Add at more sizes, to tell the caches' rate from memory's (`fit_cache`): the
+  rates written are memory's, which a step's tensors stream at;
 - on a CPU, short pieces and small nodes: the ops that walk short pieces (`PIECE_OPS`: a
   Transpose's runs, a row, a broadcast's span; `parc.ops.node_pieces`) again on narrow tensors,
   each class's rate and cost per piece fitted together (`fit_pieces`); then every memory-bound op
@@ -57,12 +59,11 @@ from parc.errors import UsageError
 
 BUDGET = 0.6  # default seconds each benchmark runs (per rank, all ranks at once)
 CHAIN = 16  # nodes in a chain of tiny Adds (and 1): the slope is the per-node floor
-# A CPU benchmark feeds the same inputs every run: they stay in the caches where they fit, as a
-# step's tensors do when the op before has just written them (a 1-4 MiB bias gradient's ReduceSum
-# ran 6 times faster so on this project's 2-core host than with inputs rotating through 96 MiB,
-# and gpt-tiny's memory-bound classes in onnxruntime's own profile of a step matched the warm
-# rates: docs/benchmarks.md); larger tensors leave the caches by themselves. A GPU's benchmarks
-# rotate through GPU_SIZES' pool (its tensors are larger than an L2).
+# A CPU benchmark feeds the same inputs every run: they stay in the caches where they fit, and
+# larger tensors leave them by themselves. `fit_cache` finds where the caches end (SWEEP_ROWS),
+# and every rate written is memory's: a step's memory-bound nodes streamed at it whatever their
+# size (docs/benchmarks.md, 2026-11-28). A GPU's benchmarks rotate through GPU_SIZES' pool (its
+# tensors are larger than an L2).
 POOL_BYTES = 0
 # memory-bound ops as training graphs have them, on [rows, 256] float32 tensors: plain and
 # broadcast elementwise; a transpose that keeps the last axis (whole rows move) and one that moves
@@ -108,6 +109,7 @@ class Sizes:
     small: tuple[int, int] | None = None  # [rows, cols] of the memory-bound ops again, for their floors
     small_matmuls: tuple = ()  # products of a small model's sizes, for their classes' floors
     piece_cols: int = 0  # columns of the memory-bound ops again on short pieces (`PIECE_OPS`), 0: none
+    sweep_rows: tuple[int, ...] = ()  # x 256 columns: an Add again at these sizes, for the caches' reach (`fit_cache`)
 
 
 # a small model's tensors ([64, 64] float32: 16 KiB, as a GPT-2 export's [128, 32] bias gradient)
@@ -123,7 +125,17 @@ SMALL_MATMULS = (((), 128, 64, 64), ((8, 4), 16, 16, 16))
 # built-in sizes' pieces, each class's rate and piece cost are fitted together (`fit`)
 PIECE_OPS = ("Transpose", "TransposeLastAxis", "Softmax", "LayerNorm", "SubRows")
 PIECE_ROWS, PIECE_COLS = 4096, 32
-CPU_SIZES = Sizes(MEMORY_ROWS, MATMULS, CONVS, POOL_BYTES, SMALL, SMALL_MATMULS, PIECE_COLS)
+# an Add again on [rows, 256] (0.75, 1.5, 6 and 24 MiB moved, between the memory rows' 3, 12 and
+# 48): where its rate falls from the caches' to memory's (`fit_cache`). On this project's 2-core
+# host one rank's Add streamed 144 GB/s at 3 MiB and 52-55 GB/s at 12 and 48 MiB; a single rate
+# fitted over both (94 GB/s) priced a GPT-2 export's elementwise nodes on 8 MiB activations at
+# half the time they took in its step. Pricing the nodes that fit the caches at the caches' rate
+# instead predicted steps lower still (gpt-tiny on 4 ranks: 49 ms, against 60 ms and 77 measured):
+# in a step, the caches hold other tensors
+SWEEP_ROWS = (256, 512, 2048, 8192)
+# a rate counts as the caches' where it is at least this many times memory's
+CACHE_RATIO = 1.5
+CPU_SIZES = Sizes(MEMORY_ROWS, MATMULS, CONVS, POOL_BYTES, SMALL, SMALL_MATMULS, PIECE_COLS, SWEEP_ROWS)
 # a GPU's training step: gpt-medium's products at batch 8 x 1024 tokens (QKV, attention output,
 # MLP down, a weight gradient, attention scores and context over 8 x 16 heads), tensors of 16-256
 # MiB (an H100's L2 holds 50 MiB: the rotation leaves it), convolutions of a ResNet's middle stages
@@ -572,6 +584,11 @@ def measure_rank(comm, threads: int, budget: float = BUDGET, engine: tuple[str, 
             t = timed(model) - overhead
             rows["memory"].append({"op": op, "bytes": nbytes, "s": t, "bytes_per_s": nbytes / max(t - floor, 1e-9),
                                    "pieces": _pieces(model)})
+    rows["sweep"] = []
+    for r in sizes.sweep_rows:
+        model, nbytes = _memory_op("Add", r)
+        t = timed(model) - overhead
+        rows["sweep"].append({"op": "Add", "bytes": nbytes, "s": t, "bytes_per_s": nbytes / max(t - floor, 1e-9)})
     rows["pieces"] = []
     for op in PIECE_OPS if sizes.piece_cols else ():
         model, nbytes = _memory_op(op, PIECE_ROWS, sizes.piece_cols)
@@ -695,10 +712,37 @@ def fit_collectives(measured: list[dict]) -> dict:
     return {"call": c.get("call", 0.0), "latency": c.get("latency", 1e-7), "bandwidth": 1.0 / c["inv_beta"]}
 
 
-def fit_pieces(rows: dict, streams: dict) -> dict[str, float]:
+def fit_cache(rows: dict) -> tuple[float, float]:
+    """(cache_bytes, cache_speedup) from one rank count's Adds (the memory rows' and the
+    sweep's): the largest size up to which every Add streamed at least `CACHE_RATIO` times the
+    rate of the two largest (memory's), and the geometric mean of those Adds' rates over memory's.
+    A plain stream: the other classes' rows mix in their pieces and floors, which `fit_pieces` and
+    the floors take apart. (0, 1) where no sweep was measured (a GPU's inputs rotate through more
+    than its caches) or the smallest Add is not that much faster."""
+    if not rows.get("sweep"):
+        return 0.0, 1.0
+    adds = sorted((r["bytes"], r["bytes_per_s"]) for r in rows["memory"] + rows["sweep"] if r["op"] == "Add")
+    slow = _geomean([rate for _, rate in adds[-2:]])
+    within = []
+    for nbytes, rate in adds[:-2]:
+        if rate < CACHE_RATIO * slow:
+            break
+        within.append((nbytes, rate))
+    if not within:
+        return 0.0, 1.0
+    return float(within[-1][0]), _geomean([rate for _, rate in within]) / slow
+
+
+def _from_memory(nbytes: float, cache: tuple[float, float]) -> float:
+    """The share of a row's rate that is memory's: 1 / cache_speedup within the cache, else 1."""
+    return 1.0 / cache[1] if 0 < nbytes <= cache[0] else 1.0
+
+
+def fit_pieces(rows: dict, streams: dict, cache: tuple[float, float] = (0.0, 1.0)) -> dict[str, float]:
     """Per class with piece cases (`PIECE_OPS`): seconds per piece, fitted with the class's rate
     to its rows (the built-in sizes' and the piece case: t - launch floor = bytes / rate + pieces *
-    cost, least squares on the relative error). `streams` (bytes/s per class) takes the fitted
+    cost, least squares on the relative error; a row within the cache, `fit_cache`, streams
+    cache_speedup times the rate). `streams` (bytes/s per class) takes the fitted
     rates. A class whose fit needs a negative coefficient keeps its rate and has a piece cost of 0
     (not none: a k-rank section of the file laid over one rank's would inherit that one's)."""
     out: dict[str, float] = {}
@@ -707,7 +751,8 @@ def fit_pieces(rows: dict, streams: dict) -> dict[str, float]:
         cls = MEMORY_CLASSES.get(op)
         measured = [r for r in rows["memory"] + rows["pieces"] if MEMORY_CLASSES.get(r["op"]) == cls]
         t = np.array([max(r["s"] - floor, 1e-9) for r in measured])
-        a = np.array([[r["bytes"], r.get("pieces", 0.0)] for r in measured]) / t[:, None]
+        a = np.array([[r["bytes"] * _from_memory(r["bytes"], cache), r.get("pieces", 0.0)]
+                      for r in measured]) / t[:, None]
         (inv_rate, cost), *_ = np.linalg.lstsq(a, np.ones(len(t)), rcond=None)
         out[cls] = 0.0  # written as 0: a k-rank section must not inherit one rank's cost
         if inv_rate > 0 and cost > 0:
@@ -741,8 +786,10 @@ def fit(rows: dict, k: int) -> dict:
     rates.update({cls: flops / seconds for cls, (flops, seconds) in own.items()})
     peak = max(rates.values())  # efficiencies are fractions of the fastest class's rate
     main = rates.get("MatMul", peak)
-    streams = by_class((MEMORY_CLASSES.get(r["op"]), r["bytes_per_s"]) for r in rows["memory"])
-    piece = fit_pieces(rows, streams)
+    cache = fit_cache(rows)  # a row within the caches gives memory's rate as its own / cache_speedup
+    streams = by_class((MEMORY_CLASSES.get(r["op"]), r["bytes_per_s"] * _from_memory(r.get("bytes", 0), cache))
+                       for r in rows["memory"])
+    piece = fit_pieces(rows, streams, cache)
     bandwidth = max(streams.values())
     default = streams.get(None, bandwidth)
     # each class's floor: what its small cases take beyond the launch floor and what its rate
@@ -751,7 +798,8 @@ def fit(rows: dict, k: int) -> dict:
     for r in rows.get("small", []):
         if "op" in r:
             cls = MEMORY_CLASSES.get(r["op"])
-            work = r["bytes"] / streams.get(cls, default) + r.get("pieces", 0.0) * piece.get(cls, piece.get(None, 0.0))
+            work = r["bytes"] * _from_memory(r["bytes"], cache) / streams.get(cls, default) + \
+                r.get("pieces", 0.0) * piece.get(cls, piece.get(None, 0.0))
         else:
             cls = matmul_class(r["shape"])
             work = r["flops"] / rates.get(cls, main)
@@ -765,7 +813,7 @@ def fit(rows: dict, k: int) -> dict:
            "memory_op_efficiency": {cls: rate / bandwidth for cls, rate in streams.items() if cls is not None},
            "launch_floor": rows["launch_floor_s"], "task_overhead": rows["task_overhead_s"],
            "node_floor": floor.pop(None, 0.0), "op_floor": floor, "node_piece": piece.pop(None, 0.0),
-           "op_piece": piece}
+           "op_piece": piece, "cache_bytes": cache[0], "cache_speedup": cache[1]}
     if k > 1 and rows.get("all_reduce"):
         measured = rows["all_reduce"]
         out.update(fit_collectives(measured))
@@ -953,6 +1001,12 @@ def write_calibration(output: Path, fitted: dict[int, dict], measured: dict[int,
         head.append(f"#  {k} rank(s): floor {rows['launch_floor_s']:.3g}, run overhead {rows['task_overhead_s']:.3g}")
         head.append(f"#    memory-bound {mem}")
         head.append(f"#    MatMul {mm}")
+        if rows.get("sweep"):
+            head.append("#    sweep " + ", ".join(f"{r['op']} {r['bytes'] / 2**20:g} MiB: {r['s']:.3g}" for r in rows["sweep"]))
+            f = fitted.get(k, {})
+            if f.get("cache_bytes"):
+                head.append(f"#    from the caches up to {f['cache_bytes'] / 2**20:g} MiB, {f['cache_speedup']:.2f}x memory's "
+                            "rate; the rates below are memory's (`fit_cache`)")
         if rows.get("pieces"):
             head.append("#    short pieces " + ", ".join(f"{r['op']} {r['bytes'] >> 10} KiB, {r['pieces']:.0f} pieces: "
                                                         f"{r['s']:.3g}" for r in rows["pieces"]))

@@ -403,3 +403,65 @@ def test_a_k_rank_section_keeps_its_own_zero_floors_and_piece_costs(tmp_path):
     rows["memory"] = [{"op": "Transpose", "bytes": 1 << 20, "pieces": 1024.0, "s": 1e-4, "bytes_per_s": 1e10}]
     rows["pieces"] = [{"op": "Transpose", "bytes": 1 << 20, "pieces": 32768.0, "s": 2e-5}]
     assert prof.fit(rows, 1)["op_piece"] == {"Transpose": 0.0}
+
+
+def _stream_rows(cache: int, fast: float, slow: float, sweep: bool = True, k: int = 1) -> dict:
+    """Rows of a host whose Adds stream at `fast` bytes/s up to `cache` bytes and `slow` beyond,
+    and whose Transposes stream at half those rates."""
+    rows = _rows(20e-6, 3e9, 0.0, k)
+    launch = rows["launch_floor_s"]
+
+    def row(op, b, half=1.0):
+        rate = (fast if b <= cache else slow) * half
+        return {"op": op, "bytes": b, "s": launch + b / rate, "bytes_per_s": rate}
+
+    rows["memory"] = [row("Add", b) for b in (3 << 20, 12 << 20, 48 << 20)]
+    rows["memory"] += [row("Transpose", b, 0.5) for b in (2 << 20, 8 << 20, 32 << 20)]
+    rows["sweep"] = [row("Add", b) for b in (3 << 18, 3 << 19, 6 << 20, 24 << 20)] if sweep else []
+    return rows
+
+
+def test_the_caches_reach_and_speedup_are_fitted_from_the_adds(tmp_path):
+    """Adds at 150 GB/s up to 3 MiB and 50 GB/s beyond: the caches reach 3 MiB at 3x, and the
+    rates written are memory's (a Transpose's 2 MiB row, at 75 GB/s, gives 25 GB/s as its others):
+    a step's tensors stream at memory's rate whatever their size."""
+    rows = _stream_rows(3 << 20, 150e9, 50e9)
+    f = prof.fit(rows, 1)
+    assert (f["cache_bytes"], f["cache_speedup"]) == pytest.approx((3 << 20, 3.0))
+    assert f["memory_bandwidth"] * f["memory_efficiency"] == pytest.approx(50e9)
+    assert f["memory_op_efficiency"]["Transpose"] * f["memory_bandwidth"] == pytest.approx(25e9)
+    out = tmp_path / "c.yaml"
+    prof.write_calibration(out, {1: f}, {1: rows}, "cpu", "shm")
+    text = out.read_text()
+    assert "sweep Add 0.75 MiB" in text and "from the caches up to 3 MiB, 3.00x" in text
+    cpu = load_constants(out).apply(parse_devices("1xcpu")).devices[0]
+    assert cpu.memory_bandwidth * cpu.memory_efficiency == pytest.approx(50e9)
+    # the knee where it is: 6 MiB still fast -> 6 MiB
+    assert prof.fit(_stream_rows(6 << 20, 150e9, 50e9), 1)["cache_bytes"] == 6 << 20
+    # no faster small Adds, or no sweep measured (a GPU): every row as it was measured
+    for rows in (_stream_rows(3 << 20, 60e9, 50e9), _stream_rows(3 << 20, 150e9, 50e9, sweep=False)):
+        f = prof.fit(rows, 1)
+        assert (f["cache_bytes"], f["cache_speedup"]) == (0.0, 1.0)
+    f = prof.fit(_stream_rows(3 << 20, 150e9, 50e9, sweep=False), 1)
+    assert f["memory_bandwidth"] * f["memory_efficiency"] == pytest.approx((150e9 * 50e9 * 50e9) ** (1 / 3))
+
+
+def test_pieces_and_floors_measured_within_the_caches_are_fitted_at_the_caches_rate():
+    """A Transpose's piece case and small rows run from the caches (3x memory's rate there): its
+    piece cost and floor come out as the machine's, its rate as memory's."""
+    launch, rate, cost, speedup = 1e-6, 20e9, 15e-9, 3.0
+    rows = _stream_rows(3 << 20, 150e9, 50e9)
+
+    def t(b, pieces=0.0, extra=0.0):
+        return launch + b / (rate * (speedup if b <= 3 << 20 else 1.0)) + pieces * cost + extra
+
+    rows["memory"] = [r for r in rows["memory"] if r["op"] == "Add"]
+    rows["memory"] += [{"op": "Transpose", "bytes": b, "pieces": b / 1024, "s": t(b, b / 1024)}
+                       for b in (2 << 20, 8 << 20, 32 << 20)]
+    for r in rows["memory"]:
+        r["bytes_per_s"] = r["bytes"] / (r["s"] - launch)
+    rows["pieces"] = [{"op": "Transpose", "bytes": 1 << 20, "pieces": 32768.0, "s": t(1 << 20, 32768)}]
+    rows["small"] = [{"op": "Transpose", "bytes": 131072, "pieces": 64.0, "s": t(131072, 64, 3e-6)}]
+    f = prof.fit(rows, 1)
+    assert f["memory_op_efficiency"]["Transpose"] * f["memory_bandwidth"] == pytest.approx(rate)
+    assert f["op_piece"]["Transpose"] == pytest.approx(cost) and f["op_floor"]["Transpose"] == pytest.approx(3e-6)
