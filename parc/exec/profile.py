@@ -74,9 +74,12 @@ POOL_BYTES = 0
 # mask (a mask broadcast over the scores): onnxruntime's CPU kernel runs the first at a tenth of an
 # Add's rate and the second at about a fifth; Pow (x ** 3.0, a tanh GELU's), Tanh and Erf (the two
 # GELUs') compute per element: on this project's host onnxruntime's Pow ran a GPT-2 export's
-# [8, 16, 128] at a third of an Add's rate
+# [8, 16, 128] at a third of an Add's rate; an embedding's gradient (a ScatterND adding rows into
+# a table), as the executor runs it (`runner.scatter_as_elements`: element by element, int64
+# indices expanded to the rows' size): a GPT-style step's embedding gradient took 2-4 ms of 65-76
+# ms on this project's host, priced at about nothing as a stream
 MEMORY_OPS = ("Add", "MulBroadcast", "Transpose", "TransposeLastAxis", "ReduceSumFirst", "ReduceMeanLast", "Softmax",
-              "LayerNorm", "Div", "Sqrt", "Where", "WhereMasked", "Pow", "Tanh", "Erf")
+              "LayerNorm", "Div", "Sqrt", "Where", "WhereMasked", "Pow", "Tanh", "Erf", "ScatterAdd")
 MEMORY_ROWS = (1024, 4096, 16384)  # x 256 columns: 1, 4 and 16 MiB per tensor
 # matmuls as training graphs have them: ([batch...], m, k, n)
 MATMULS = (((), 2048, 256, 768), ((), 2048, 768, 256), ((), 256, 2048, 768), ((8, 4), 64, 64, 64),
@@ -110,6 +113,7 @@ class Sizes:
     small_matmuls: tuple = ()  # products of a small model's sizes, for their classes' floors
     piece_cols: int = 0  # columns of the memory-bound ops again on short pieces (`PIECE_OPS`), 0: none
     sweep_rows: tuple[int, ...] = ()  # x 256 columns: an Add again at these sizes, for the caches' reach (`fit_cache`)
+    gemms: tuple = ()  # (a, b, attributes) of Gemms as a weight's gradient has them (the `Gemm` class)
 
 
 # a small model's tensors ([64, 64] float32: 16 KiB, as a GPT-2 export's [128, 32] bias gradient)
@@ -135,7 +139,11 @@ PIECE_ROWS, PIECE_COLS = 4096, 32
 SWEEP_ROWS = (256, 512, 2048, 8192)
 # a rate counts as the caches' where it is at least this many times memory's
 CACHE_RATIO = 1.5
-CPU_SIZES = Sizes(MEMORY_ROWS, MATMULS, CONVS, POOL_BYTES, SMALL, SMALL_MATMULS, PIECE_COLS, SWEEP_ROWS)
+# a weight's gradient as `parc grad` writes it: Gemm(x, dy, transA=1), the rows contracted (x^T dy:
+# [256, 768] and [768, 256] from 2048 rows). onnxruntime's CPU Gemm ran these 1.3x as long as the
+# MatMuls of the same FLOPs in gpt-tiny's step on this project's host; `Gemm` is its own class
+GEMMS = (((2048, 256), (2048, 768), {"transA": 1}), ((2048, 768), (2048, 256), {"transA": 1}))
+CPU_SIZES = Sizes(MEMORY_ROWS, MATMULS, CONVS, POOL_BYTES, SMALL, SMALL_MATMULS, PIECE_COLS, SWEEP_ROWS, GEMMS)
 # a GPU's training step: gpt-medium's products at batch 8 x 1024 tokens (QKV, attention output,
 # MLP down, a weight gradient, attention scores and context over 8 x 16 heads), tensors of 16-256
 # MiB (an H100's L2 holds 50 MiB: the rotation leaves it), convolutions of a ResNet's middle stages
@@ -219,6 +227,11 @@ def _memory_op(op: str, rows: int, cols: int = 256):
         mask = numpy_helper.from_array(np.random.default_rng(0).random((rows, cols), dtype=np.float32) > 0.5, "mask")
         zero = numpy_helper.from_array(np.zeros((), np.float32), "zero")
         return _model([helper.make_node("Where", ["mask", "x", "zero"], ["y"])], x, "y", [mask, zero]), 2 * n + n // 4
+    if op == "ScatterAdd":  # an embedding's gradient: rows added into a table at int64 indices
+        table = 512
+        idx = numpy_helper.from_array(np.random.default_rng(0).integers(0, table, (rows, 1)), "idx")
+        return _model([helper.make_node("ScatterND", ["table", "idx", "x"], ["y"], reduction="add")],
+                      {"table": (table, cols), **x}, "y", [idx]), n + rows * 8 + 2 * table * cols * 4
     if op == "WhereMasked":  # attention's causal mask: one [64, cols] mask broadcast over the scores
         shape = (rows // 64, 64, cols)
         mask = numpy_helper.from_array(np.tri(64, cols, dtype=bool), "mask")
@@ -612,8 +625,8 @@ def measure_rank(comm, threads: int, budget: float = BUDGET, engine: tuple[str, 
         flops = 2 * int(np.prod(batch, dtype=np.int64)) * m * k * n
         rows["matmul"].append({"shape": [*batch, m, k, n], "s": t, "flops_per_s": flops / max(t - floor, 1e-9)})
     rows["conv"] = []
-    runs = [(cls, x, w, attrs, None) for cls, items in sizes.convs.items() if cls not in own
-            for x, w, attrs in items]
+    runs = [(cls, x, w, attrs, None) for cls, items in (*sizes.convs.items(), ("Gemm", sizes.gemms))
+            if cls not in own for x, w, attrs in items]
     runs += [(cls, x, w, attrs, count) for cls, items in own.items() for x, w, attrs, count in items]
     for cls, x, w, attrs, count in runs:
         model, flops = _case(cls, x, w, attrs)
@@ -679,7 +692,7 @@ MEMORY_CLASSES = {"Add": None, "MulBroadcast": None, "Transpose": "Transpose", "
                   "ReduceSumFirst": "ReduceSum", "Div": "Div", "Sqrt": "Sqrt",
                   "ReduceMeanLast": "ReduceMean", "Softmax": "Softmax", "LayerNorm": "LayerNormalization",
                   "Where": "Where", "WhereMasked": "Where", "Pow": "Pow", "Tanh": "Tanh", "Erf": "Erf",
-                  "SubRows": None}
+                  "SubRows": None, "ScatterAdd": "ScatterND"}
 
 
 def fit_collectives(measured: list[dict]) -> dict:
@@ -772,7 +785,8 @@ def fit(rows: dict, k: int) -> dict:
             groups.setdefault(cls, []).append(rate)
         return {cls: _geomean(rates) for cls, rates in groups.items()}
 
-    rates = by_class((matmul_class(r["shape"]), r["flops_per_s"]) for r in rows["matmul"] if "count" not in r)
+    rates = by_class((r["class"] if "class" in r else matmul_class(r["shape"]), r["flops_per_s"])
+                     for r in rows["matmul"] if "count" not in r)
     convs = rows.get("conv", [])
     rates.update(by_class((r["class"], r["flops_per_s"]) for r in convs if "count" not in r))
     # a model's own products and convolutions: its total FLOPs over its total time, each shape as

@@ -86,9 +86,14 @@ def test_a_rank_alone_measures_every_class_of_op(engine):
     rows = prof.measure_rank(prof._Solo(), 1, budget=0.005, engine=engine)
     assert rows["launch_floor_s"] > 0 and rows["task_overhead_s"] >= 0
     assert {r["op"] for r in rows["memory"]} == set(prof.MEMORY_OPS)
-    assert len(rows["matmul"]) == len(prof.MATMULS) and all(r["flops_per_s"] > 0 for r in rows["matmul"])
+    assert len(rows["matmul"]) == len(prof.MATMULS) + len(prof.GEMMS) and all(r["flops_per_s"] > 0 for r in rows["matmul"])
+    assert [r["class"] for r in rows["matmul"] if "class" in r] == ["Gemm"] * len(prof.GEMMS)
     assert {r["class"] for r in rows["conv"]} == set(prof.CONVS) and all(r["flops_per_s"] > 0 for r in rows["conv"])
+    assert {r["op"] for r in rows["sweep"]} == {"Add"} and len(rows["sweep"]) == len(prof.SWEEP_ROWS)
     assert "all_reduce" not in rows
+    # the Gemm class is fitted as its own (a weight's gradient), a fraction of the fastest rate
+    f = prof.fit(rows, 1)
+    assert 0 < f["op_efficiency"]["Gemm"] <= 1 and 0 < f["memory_op_efficiency"]["ScatterND"] <= 1
 
 
 @needs_mpiexec
