@@ -142,8 +142,9 @@ SWEEP_ROWS = (256, 512, 2048, 8192)
 # a rate counts as the caches' where it is at least this many times memory's
 CACHE_RATIO = 1.5
 # a weight's gradient as `parc grad` writes it: Gemm(x, dy, transA=1), the rows contracted (x^T dy:
-# [256, 768] and [768, 256] from 2048 rows). onnxruntime's CPU Gemm ran these 1.3x as long as the
-# MatMuls of the same FLOPs in gpt-tiny's step on this project's host; `Gemm` is its own class
+# [256, 768] and [768, 256] from 2048 rows). On this project's host onnxruntime's CPU Gemm took 1.3x
+# the MatMul rate's price in gpt-tiny's step (1.1x a MatMul of the same FLOPs alone); `Gemm` is
+# its own class
 GEMMS = (((2048, 256), (2048, 768), {"transA": 1}), ((2048, 768), (2048, 256), {"transA": 1}))
 CPU_SIZES = Sizes(MEMORY_ROWS, MATMULS, CONVS, POOL_BYTES, SMALL, SMALL_MATMULS, PIECE_COLS, SWEEP_ROWS, GEMMS)
 # a GPU's training step: gpt-medium's products at batch 8 x 1024 tokens (QKV, attention output,
