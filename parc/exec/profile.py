@@ -598,18 +598,15 @@ def measure_rank(comm, threads: int, budget: float = BUDGET, engine: tuple[str, 
     one, many = timed(_chain(1), fuse=False), timed(_chain(CHAIN), fuse=False)
     floor = max((many - one) / (CHAIN - 1), 1e-9)
     overhead = max(one - floor, 0.0)
-    rows = {"launch_floor_s": floor, "task_overhead_s": overhead, "memory": [], "matmul": []}
-    for op in MEMORY_OPS:
-        for r in sizes.memory_rows:
-            model, nbytes = _memory_op(op, r)
-            t = timed(model) - overhead
-            rows["memory"].append({"op": op, "bytes": nbytes, "s": t, "bytes_per_s": nbytes / max(t - floor, 1e-9),
-                                   "pieces": _pieces(model)})
-    rows["sweep"] = []
-    for r in sizes.sweep_rows:
-        model, nbytes = _memory_op("Add", r)
+
+    def stream(op: str, r: int) -> dict:
+        model, nbytes = _memory_op(op, r)
         t = timed(model) - overhead
-        rows["sweep"].append({"op": "Add", "bytes": nbytes, "s": t, "bytes_per_s": nbytes / max(t - floor, 1e-9)})
+        return {"op": op, "bytes": nbytes, "s": t, "bytes_per_s": nbytes / max(t - floor, 1e-9), "pieces": _pieces(model)}
+
+    rows = {"launch_floor_s": floor, "task_overhead_s": overhead, "matmul": [],
+            "memory": [stream(op, r) for op in MEMORY_OPS for r in sizes.memory_rows],
+            "sweep": [stream("Add", r) for r in sizes.sweep_rows]}
     rows["pieces"] = []
     for op in PIECE_OPS if sizes.piece_cols else ():
         model, nbytes = _memory_op(op, PIECE_ROWS, sizes.piece_cols)
@@ -759,7 +756,7 @@ def _from_memory(nbytes: float, cache: tuple[float, float]) -> float:
     return 1.0 / cache[1] if 0 < nbytes <= cache[0] else 1.0
 
 
-def fit_pieces(rows: dict, streams: dict, cache: tuple[float, float] = (0.0, 1.0)) -> dict[str, float]:
+def fit_pieces(rows: dict, streams: dict, cache: tuple[float, float]) -> dict[str, float]:
     """Per class with piece cases (`PIECE_OPS`): seconds per piece, fitted with the class's rate
     to its rows (the built-in sizes' and the piece case: t - launch floor = bytes / rate + pieces *
     cost, least squares on the relative error; a row within the cache, `fit_cache`, streams

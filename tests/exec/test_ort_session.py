@@ -82,7 +82,6 @@ def test_constant_indices_are_rewritten_too():
     """A folded index tensor (GPT-2's position ids: an initializer [1, seq, 1], no value_info) is
     rewritten like one computed in the module; before, it was left as a ScatterND and the whole
     module ran on one thread (a one-rank GPT-2 export step took twice its two-thread time)."""
-    import onnx
 
     from parc.exec.runner import scatter_as_elements
 
@@ -99,7 +98,7 @@ def test_constant_indices_are_rewritten_too():
              "upd": rng.standard_normal((1, 6, 3)).astype(np.float32)}
     want = feeds["data"].astype(np.float64)
     np.add.at(want, np.array([0, 1, 2, 2, 5, 1]), feeds["upd"][0].astype(np.float64))
-    got = ort_session(onnx.load_model_from_string(model.SerializeToString()), 2).run(None, feeds)[0]
+    got = ort_session(model, 2).run(None, feeds)[0]
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
 
 
@@ -107,7 +106,6 @@ def test_a_microbatch_slice_of_the_indices_is_rewritten_by_the_ranks():
     """A pipeline stage slices the indices per microbatch with starts and ends fed at run time:
     shape inference then knows their rank, not their dims. updates = indices[:-1] + data[k:]
     gives k = 1 from the ranks, so the node is still rewritten (BERT's token-type embedding)."""
-    import onnx
 
     from parc.exec.runner import scatter_as_elements
 
@@ -129,5 +127,5 @@ def test_a_microbatch_slice_of_the_indices_is_rewritten_by_the_ranks():
              "end": np.array([8], np.int64), "upd": rng.standard_normal((4, 3, 5)).astype(np.float32)}
     want = np.zeros((2, 5))
     np.add.at(want, ids[4:, :, 0].ravel(), feeds["upd"].reshape(12, 5).astype(np.float64))
-    got = ort_session(onnx.load_model_from_string(model.SerializeToString()), 2).run(None, feeds)[0]
+    got = ort_session(model, 2).run(None, feeds)[0]
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
