@@ -21,6 +21,10 @@ class Node:
     devices: tuple[DeviceSpec, ...]
     intra_link: LinkSpec
     nics: int = 1  # ports of the inter-node link; the node's devices share them
+    # a host whose ranks outnumber its cores (CPU ranks; `Calibration.apply`, from a calibration's
+    # `cpus` and `sharing`): (a, the devices as priced when only a of them compute at once) for
+    # counts a below the node's size; `devices` are priced for all of them at once
+    sharing: tuple[tuple[int, tuple[DeviceSpec, ...]], ...] = ()
 
     def __post_init__(self) -> None:
         devices = tuple(self.devices)
@@ -78,6 +82,13 @@ class Cluster:
         if not 0 <= rank < self.num_devices:
             raise ValueError(f"rank {rank} out of range for {self.num_devices} devices")
         return bisect.bisect_right(self._node_starts, rank) - 1
+
+    def shared_devices(self, rank: int) -> tuple[tuple[int, DeviceSpec], ...]:
+        """Device `rank` as priced when only a of its host's ranks compute at once: (a, spec)
+        for each count of its node's `sharing` (empty where the node's ranks fit its cores)."""
+        node = self.nodes[self.node_of(rank)]
+        i = rank - self._node_starts[self.node_of(rank)]
+        return tuple((a, devices[i]) for a, devices in node.sharing)
 
     @property
     def memory_bytes(self) -> tuple[int, ...]:

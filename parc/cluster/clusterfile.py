@@ -75,6 +75,7 @@ class Calibration:
     # (n, overrides) for a node of n devices sharing one host (CPU ranks): what each gets when
     # its neighbours run too (`parc profile` measures it); applied over the rest
     sharing: tuple[tuple[int, Calibration], ...] = ()
+    cpus: int = 0  # the profiled host's CPUs (0: not known): which counts oversubscribe it
 
     def section(self, name: str) -> dict[str, float]:
         """The overrides of constants section `name` (empty if the file has none)."""
@@ -97,14 +98,29 @@ class Calibration:
         def link(spec: LinkSpec) -> LinkSpec:
             return override_fields(spec, links.get(spec.name, {}), f"{self.source}: links.{spec.name}")
 
+        def shared_node(node: Node, n: int) -> Node:
+            shared = self.shared(n)
+            return node if shared is None else shared.apply(Cluster((node,), cluster.inter_link)).nodes[0]
+
         nodes = []
         for node in cluster.nodes:
             node = Node(tuple(device(d) for d in node.devices), link(node.intra_link), node.nics)
-            shared = self.shared(len(node.devices))
-            if shared is not None:
-                node = shared.apply(Cluster((node,), cluster.inter_link)).nodes[0]
-            nodes.append(node)
+            n = len(node.devices)
+            sharing = tuple((a, shared_node(node, a).devices) for a in self.busy_counts(n))
+            nodes.append(dataclasses.replace(shared_node(node, n), sharing=sharing))
         return Cluster(tuple(nodes), link(cluster.inter_link))
+
+    def busy_counts(self, n: int) -> tuple[int, ...]:
+        """The measured counts below n at which a host of n ranks runs its ranks faster than with
+        all n computing: where n ranks of `rank_threads(n)` threads each outnumber the host's
+        `cpus`, a count from the most ranks those threads fit up to n (each of a < n ranks
+        computing at once gets a larger share of the cores: `parc simulate` prices a compute
+        task by how many of its host's ranks compute beside it). Empty where the ranks fit, or
+        where the file does not say its host's CPUs."""
+        if not self.cpus or not self.sharing:
+            return ()
+        fit = self.cpus // max(1, self.cpus // n)  # ranks whose threads fill the cores
+        return tuple(k for k, _ in self.sharing if fit <= k < n) if n > fit else ()
 
     def shared(self, n: int) -> Calibration | None:
         """The overrides for a node of n devices: the measured count nearest n (the larger of
@@ -266,7 +282,7 @@ def _link_overrides(fields: dict[str, Entry]) -> dict[str, float]:
 
 
 def _calibration(entry: Entry, extra: Mapping[str, DeviceSpec], nested: bool = False) -> Calibration:
-    fields = entry.mapping(("devices", "links") if nested else ("devices", "links", "constants", "sharing"))
+    fields = entry.mapping(("devices", "links") if nested else ("devices", "links", "constants", "sharing", "cpus"))
     devices, links, constants = [], [], []
     for name, spec in (fields["devices"].items() if "devices" in fields else {}).items():
         device = lookup_device(name, _where(spec), extra)
@@ -289,7 +305,8 @@ def _calibration(entry: Entry, extra: Mapping[str, DeviceSpec], nested: bool = F
         if not str(count).isdigit() or int(count) < 2:
             raise body.fail(f"sharing: '{count}' should be a count of devices sharing a node (an int >= 2)")
         sharing.append((int(count), _calibration(body, extra, nested=True)))
-    return Calibration(tuple(devices), tuple(links), tuple(constants), entry.file, tuple(sorted(sharing)))
+    cpus = fields["cpus"].integer() if "cpus" in fields else 0
+    return Calibration(tuple(devices), tuple(links), tuple(constants), entry.file, tuple(sorted(sharing)), cpus)
 
 
 def _check(entry: Entry, spec, overrides: dict[str, object]) -> None:

@@ -935,7 +935,7 @@ def profile(output: Path, max_ranks: int | None, budget: float = BUDGET, device:
              f"mix of its speeds; profile again when it is quieter, or with a longer --seconds")
     write_calibration(output, {k: fit(rows, k) for k, rows in measured.items()}, measured, device, link,
                       _engine_text(kind), f"{', '.join(map(str, models))} ({own or 'no float32 products or convolutions'})"
-                      if models else "", speeds)
+                      if models else "", speeds, (os.cpu_count() or 0) if kind[1] == "cpu" else 0)
     return measured
 
 
@@ -991,11 +991,14 @@ def _case_text(r: dict) -> str:
 
 
 def write_calibration(output: Path, fitted: dict[int, dict], measured: dict[int, dict], device: str,
-                      link: str, engine: str = "", models: str = "", speeds: Sequence[float] = ()) -> None:
-    """The calibration YAML (`parc.cluster.clusterfile` reads it), atomically."""
+                      link: str, engine: str = "", models: str = "", speeds: Sequence[float] = (),
+                      cpus: int = 0) -> None:
+    """The calibration YAML (`parc.cluster.clusterfile` reads it), atomically; `cpus`: the host's
+    CPUs when its ranks ran on them (what tells `parc simulate` which counts of ranks share its
+    cores: `Calibration.busy_counts`), 0 on a GPU."""
     import yaml
 
-    body: dict = {"devices": {device: _device_yaml(fitted[1])}}
+    body: dict = {**({"cpus": cpus} if cpus else {}), "devices": {device: _device_yaml(fitted[1])}}
     pair = min((k for k in fitted if k > 1 and "latency" in fitted[k]), default=None)
     if pair is not None:
         body["links"] = {link: _link_yaml(fitted[pair])}

@@ -13,7 +13,9 @@ task's `time_s` from `parc plan` (`parc.passes.timing`):
   waits for them at the end of the step);
 - sources and sinks take no time;
 - a rank with microbatches folds each into the step's sums after its last task of it
-  (`TaskGraph.folds`), as compute.
+  (`TaskGraph.folds`), as compute;
+- on a host whose ranks share its cores (`TaskGraph.hosts`), a compute task runs at the rate
+  of the count of that host's ranks computing beside it (`shared_times`).
 
 So communication overlaps compute only where the task graph lets it: a send's transfer runs while
 its sender computes (hidden); a collective or a recv holds its rank (exposed).
@@ -35,6 +37,8 @@ from collections import defaultdict, deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
 
 from parc.errors import PlanFormatError
 from parc.exec.taskgraph import TaskGraph, last_of_micro
@@ -118,7 +122,74 @@ def _key(src: int, dst: int, t: Mapping) -> tuple:
 
 def simulate(graph: TaskGraph, keep_spans: bool = True) -> Simulation:
     """Replay one step of `graph` (see the module docstring); `keep_spans`: record every task's
-    span."""
+    span. On hosts whose ranks share their cores (`graph.hosts`), each compute task takes the
+    time its host's concurrency gives it (`shared_times`)."""
+    times = shared_times(graph) if graph.hosts else None
+    return _replay(graph, keep_spans, times)
+
+
+SHARING_ROUNDS = 24  # replays at most to settle the compute times on shared hosts
+SHARING_SETTLED = 1e-4  # ... until no task's time moves by more than this fraction
+
+
+def shared_times(graph: TaskGraph) -> dict[str, float]:
+    """The seconds of every compute task on a host whose ranks share its cores, as processor
+    sharing gives them: while a ranks of its host compute (itself included) a task runs at the
+    rate of its time at a, interpolated linearly between the counts its `shared_s` has (below
+    the least of them, that one's time) and its `time_s` at the host's full count. A rank
+    that waits for a message or a collective gives its core up (`parc.exec.comm` yields and
+    sleeps between polls), so a pipeline stage computing while the other waits runs faster
+    than with every rank computing, which is what `time_s` is priced at.
+
+    Which tasks overlap depends on their times, so the times are found by replaying the step
+    with the last ones, finding the time each task's share of the work takes at the rates that
+    replay gave it, and moving halfway there, until they settle (`SHARING_ROUNDS`,
+    `SHARING_SETTLED`)."""
+    host_of = {r: h for h, ranks in enumerate(graph.hosts) for r in ranks}
+    curves: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    for tid, t in graph.tasks.items():
+        if t["kind"] == "compute" and t["rank"] in host_of and t.get("shared_s"):
+            n = len(graph.hosts[host_of[t["rank"]]])
+            points = sorted((int(a), float(v)) for a, v in t["shared_s"].items() if int(a) < n) + [(n, float(t["time_s"]))]
+            curves[tid] = (np.array([a for a, _ in points], float), np.array([v for _, v in points]))
+    times = {tid: float(graph.tasks[tid]["time_s"]) for tid in curves}
+    if not curves:
+        return times
+    for _ in range(SHARING_ROUNDS):
+        busy: dict[int, list[tuple[float, float, str | None]]] = defaultdict(list)
+        _replay(graph, False, times, busy)
+        moved = 0.0
+        for ranks in graph.hosts:
+            spans = [(a, b, tid) for r in ranks for a, b, tid in busy.get(r, ()) if b > a]  # folds: tid None
+            if not spans:
+                continue
+            # how many of the host's ranks compute in each interval between two span ends
+            edges = np.array(sorted({x for a, b, _ in spans for x in (a, b)}))
+            count = np.zeros(len(edges))
+            for a, b, _ in spans:
+                count[np.searchsorted(edges, a):np.searchsorted(edges, b)] += 1
+            widths = np.diff(edges)
+            for a, b, tid in spans:
+                if tid not in curves:
+                    continue
+                # the share of the task done over its span at each interval's rate (1 / its time
+                # at that count): the time that does the whole of it at those rates
+                i, j = np.searchsorted(edges, a), np.searchsorted(edges, b)
+                xs, ys = curves[tid]
+                done = float(np.sum(widths[i:j] / np.interp(count[i:j], xs, ys)))
+                new = (b - a) / done
+                moved = max(moved, abs(new - times[tid]) / times[tid])
+                times[tid] = (times[tid] + new) / 2
+        if moved <= SHARING_SETTLED:
+            break
+    return times
+
+
+def _replay(graph: TaskGraph, keep_spans: bool, times: Mapping[str, float] | None = None,
+            busy: dict[int, list] | None = None) -> Simulation:
+    """`simulate`'s replay: compute task `tid` takes `times[tid]` where given, else its
+    `time_s`; `busy` (rank -> list) collects each rank's compute spans (start, end, task id, or
+    None for a fold)."""
     tasks = graph.tasks
     for tid, t in tasks.items():
         if "time_s" not in t:
@@ -147,6 +218,8 @@ def simulate(graph: TaskGraph, keep_spans: bool = True) -> Simulation:
         pos[r] += 1
         if fold:
             span(r, clock[r], clock[r] + fold, COMPUTE, f"{last[r]} (fold)")
+            if busy is not None:
+                busy[r].append((clock[r], clock[r] + fold, None))
             stats[r].compute_s += fold
             clock[r] += fold
 
@@ -230,10 +303,12 @@ def simulate(graph: TaskGraph, keep_spans: bool = True) -> Simulation:
                     finish_recv(peer, tasks[rt_id], rt_id)
                     ready.append(peer)
                 continue
-            d = t["time_s"]
+            d = t["time_s"] if times is None else times.get(tid, t["time_s"])
             if kind == "compute":
                 span(r, clock[r], clock[r] + d, COMPUTE, tid)
                 stats[r].compute_s += d
+                if busy is not None:
+                    busy[r].append((clock[r], clock[r] + d, tid))
             cause[tid] = last[r]
             clock[r] += d
             last[r] = tid

@@ -71,6 +71,9 @@ class TaskGraph:
     # rank -> seconds it spends after each of its microbatches folding it into the step's sums
     # (`parc.passes.timing.fold_seconds`); {} without microbatches
     folds: Mapping[int, float] = field(default_factory=dict)
+    # the ranks of each host whose ranks outnumber its cores: a compute task there takes its
+    # `shared_s` time when fewer of them compute at once (`parc.passes.timing`); () if none
+    hosts: tuple[tuple[int, ...], ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         return {"format": FORMAT, "ranks": self.ranks, "micro_batches": self.micro_batches,
@@ -79,7 +82,8 @@ class TaskGraph:
                 "order": {str(r): list(ids) for r, ids in sorted(self.order.items())},
                 **({"mesh": list(self.mesh)} if self.mesh else {}),
                 **({"granularity": self.granularity} if self.granularity != TASK else {}),
-                **({"folds": {str(r): s for r, s in sorted(self.folds.items())}} if self.folds else {})}
+                **({"folds": {str(r): s for r, s in sorted(self.folds.items())}} if self.folds else {}),
+                **({"hosts": [list(h) for h in self.hosts]} if self.hosts else {})}
 
     def represents(self) -> dict[int, list[int]]:
         """A stage-level graph's simulated rank -> the devices it stands for ({} if task-level)."""
@@ -166,8 +170,18 @@ def check_taskgraph(doc: Any, where: str = TASKGRAPH_FILE) -> TaskGraph:
             isinstance(k, str) and k.isdigit() and int(k) < ranks and isinstance(v, (int, float)) and v >= 0
             for k, v in folds.items()):
         raise fail(f"folds: expected {{rank: seconds >= 0}} for ranks 0..{ranks - 1}, found {folds!r}")
+    hosts = doc.get("hosts", [])
+    flat = [r for h in hosts for r in h] if isinstance(hosts, list) and all(isinstance(h, list) for h in hosts) else None
+    if flat is None or not all(isinstance(r, int) and 0 <= r < ranks for r in flat) or len(set(flat)) != len(flat):
+        raise fail(f"hosts: expected lists of distinct ranks 0..{ranks - 1}, each rank on one host, found {hosts!r}")
+    for tid, t in tasks.items():
+        shared = t.get("shared_s")
+        if shared is not None and not (isinstance(shared, dict) and all(
+                isinstance(k, str) and k.isdigit() and int(k) >= 1 and isinstance(v, (int, float)) and v >= 0
+                for k, v in shared.items())):
+            raise fail(f"task {tid!r}: shared_s: expected {{count of ranks computing: seconds >= 0}}, found {shared!r}")
     return TaskGraph(ranks, micro, stages, tasks, tuple(edges), order, tuple(mesh), granularity,
-                     {int(k): float(v) for k, v in folds.items()})
+                     {int(k): float(v) for k, v in folds.items()}, tuple(tuple(h) for h in hosts))
 
 
 def _check_acyclic(tasks, edges, fail) -> None:

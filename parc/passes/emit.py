@@ -26,6 +26,7 @@ import onnx
 from onnx import helper
 
 from parc import plandir
+from parc.cluster.cluster import Cluster
 from parc.cluster.devices import DEVICES, DeviceSpec
 from parc.cluster.links import LINKS, LinkSpec
 from parc.exec.taskgraph import FORMAT, TaskGraph, check_taskgraph
@@ -34,7 +35,7 @@ from parc.ir.graph import Graph
 from parc.ir.state import step_state
 from parc.passes.lower import APPLY, MICRO, Comm, RankProgram, bindings, loss_name, lower_rank, rules_of
 from parc.passes.spmd.pool import run_jobs
-from parc.passes.timing import annotate, fold_seconds, module_times
+from parc.passes.timing import annotate, fold_seconds, module_times, shared_hosts
 from parc.sharding.layout import shard_index
 from parc.sharding.spec import ShardSpec
 
@@ -183,14 +184,20 @@ def _write_sparse(f, offset: int, shard: np.ndarray) -> None:
             f.write(chunk.tobytes())
 
 
-def write_rank_files(p: RankProgram, graph: Graph, rank_dir: Path, device: DeviceSpec) -> list[dict]:
+def write_rank_files(p: RankProgram, graph: Graph, rank_dir: Path, device: DeviceSpec,
+                     shared: Sequence[tuple[int, DeviceSpec]] = ()) -> list[dict]:
     """A rank's modules, init.onnx and weights.bin in `rank_dir`; its module tasks, each with
-    its time on `device` and its outputs' bytes (`timing.module_times`)."""
+    its time on `device` and its outputs' bytes (`timing.module_times`), and, on a host whose
+    ranks outnumber its cores, its time when only a of them compute (`shared_s`, by a: the
+    device as `Cluster.shared_devices` prices it then)."""
     rank_dir.mkdir(parents=True, exist_ok=True)
     mod_tasks, models = build_modules(p, graph)
     times = module_times(models, device, p.info)
+    fewer = {a: module_times(models, spec, p.info) for a, spec in shared}
     for t in mod_tasks:
         t["time_s"] = times[t["name"]]["time_s"]
+        if fewer:
+            t["shared_s"] = {str(a): at[t["name"]]["time_s"] for a, at in fewer.items()}
         t["out_bytes"] = [times[t["name"]]["out_bytes"].get(o, 0) for o in t["outputs"]]
     for name, model in models.items():
         onnx.save(model, rank_dir / f"{name}.onnx")
@@ -213,17 +220,20 @@ def write_programs(plan, out: Path) -> TaskGraph:
     (returned)."""
     mesh = plan.best.mesh
     return write_programs_for(*plan_inputs(plan), out, devices=[plan.cluster.devices[d] for d in mesh.devices],
-                              links=mesh.links, buckets=plan.best.model.buckets)
+                              links=mesh.links, buckets=plan.best.model.buckets,
+                              cluster=plan.cluster, device_ids=[int(d) for d in mesh.devices])
 
 
 def write_programs_for(graph: Graph, mesh: tuple[int, ...], strategies: list, specs: dict[str, ShardSpec],
                        micro: int, out: Path, devices: Sequence[DeviceSpec] | None = None,
-                       links: Sequence[LinkSpec] | None = None, buckets: tuple[bool, ...] = ()) -> TaskGraph:
+                       links: Sequence[LinkSpec] | None = None, buckets: tuple[bool, ...] = (),
+                       cluster: Cluster | None = None, device_ids: Sequence[int] = ()) -> TaskGraph:
     """`write_programs` from its parts: the graph, the model's mesh, a Strategy per node, each
     source's layout and the microbatch count; `devices` (per rank) and `links` (per device mesh
     axis) price the tasks (default: CPU ranks over shared memory); `buckets`: per axis of the
     model's mesh, whether gradient all-reduces run in buckets (`CostModel.buckets`; default
-    none)."""
+    none); `cluster` and `device_ids` (each rank's device in it): the hosts whose ranks share
+    their cores (`timing.shared_hosts`)."""
     device_mesh = mesh[1:] if micro > 1 else mesh
     ranks = int(np.prod(device_mesh))
     devices = list(devices) if devices is not None else [DEVICES["cpu"]] * ranks
@@ -238,7 +248,8 @@ def write_programs_for(graph: Graph, mesh: tuple[int, ...], strategies: list, sp
 
     def write_rank(g: Graph, r: int) -> tuple[RankProgram, list[dict]]:
         p = lower_rank(g, mesh, r, strategies, specs, micro, rules, buckets=buckets)
-        mod_tasks = write_rank_files(p, g, plandir.rank_dir(out, r), devices[r])
+        mod_tasks = write_rank_files(p, g, plandir.rank_dir(out, r), devices[r],
+                                     cluster.shared_devices(device_ids[r]) if cluster is not None else ())
         plandir.write_program(out, plandir.Program(
             rank=r, coords=p.coords, mesh=mesh, micro_batches=micro, residents=residents_json(p, stats),
             outputs=p.outputs, accumulate=p.accumulate, bindings=binds, loss=loss_name(g)))
@@ -255,7 +266,8 @@ def write_programs_for(graph: Graph, mesh: tuple[int, ...], strategies: list, sp
            "stages": [{"id": 0, "ranks": list(range(ranks))}],
            "tasks": tasks, "edges": edges, "order": order,
            **({"folds": {str(r): fold_seconds(p.accumulate, p.info, devices[r]) for r, (p, _) in enumerate(written)}}
-              if micro > 1 else {})}
+              if micro > 1 else {}),
+           **shared_hosts(cluster, device_ids)}
     annotate(doc, lambda t: links[t["axis"]], lambda a, b: links[0])
     return write_taskgraph(doc, out)
 
@@ -349,8 +361,8 @@ def _part_tasks(r, p, part, mod_tasks, comms_at, device_mesh, shift, suffix, mb,
                 tid = f"r{g(r)}.{t['name']}{suffix}"
                 tasks.append({"id": tid, "kind": "compute", "rank": g(r), "module": f"rank_{g(r)}/{t['name']}.onnx",
                               "phase": part, "inputs": t["inputs"], "outputs": t["outputs"],
-                              "time_s": t["time_s"], "out_bytes": t["out_bytes"],
-                              **({"pass": phase} if phase else {}), **extra})
+                              "time_s": t["time_s"], **({"shared_s": t["shared_s"]} if "shared_s" in t else {}),
+                              "out_bytes": t["out_bytes"], **({"pass": phase} if phase else {}), **extra})
                 add_edges(tid, t["inputs"])
                 ids.append(tid)
                 for o in t["outputs"]:

@@ -20,6 +20,13 @@ adding that microbatch's values into the step's sums (`fold_seconds`).
 
 A compute task also gets `out_bytes`: the bytes of each value it hands on (the module's
 outputs), which the simulator needs for memory.
+
+On a host whose ranks outnumber its cores (CPU ranks, a calibration that says its host's CPUs:
+`Calibration.busy_counts`), `time_s` is what a task takes with every rank of the host computing,
+as `parc profile` measured them all at once; a compute task also gets `shared_s`, its time when
+only a of them compute (by a), and the task graph `hosts`, the ranks of each such host. A rank
+waiting on a message or a collective gives its core up (`parc.exec.comm`), so a pipeline stage
+that computes while the other waits runs faster than its `time_s` (`parc.exec.stepsim`).
 """
 
 from __future__ import annotations
@@ -175,6 +182,18 @@ def fold_seconds(accumulate: Mapping[str, list], info: Mapping[str, tuple[int, t
         dtype = np.dtype(helper.tensor_dtype_to_np_dtype(onnx_type))
         total += compute_time(elements, 3 * elements * dtype.itemsize, device, dtype.name, "Add", queued=True)
     return total
+
+
+def shared_hosts(cluster, device_ids) -> dict:
+    """The task graph's `hosts` entry: the ranks (each on device `device_ids[rank]` of `cluster`)
+    of every host whose ranks share its cores (`Cluster.shared_devices`), or {} if none do."""
+    if cluster is None:
+        return {}
+    hosts: dict[int, list[int]] = {}
+    for rank, d in enumerate(device_ids):
+        if cluster.shared_devices(int(d)):
+            hosts.setdefault(cluster.node_of(int(d)), []).append(rank)
+    return {"hosts": [ranks for _, ranks in sorted(hosts.items())]} if hosts else {}
 
 
 def output_bytes(model: onnx.ModelProto) -> dict[str, int]:

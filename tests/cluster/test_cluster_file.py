@@ -220,7 +220,7 @@ ERRORS = [
     ("nodes: [{gpus: t4}]\ncalibration:\n  links:\n    100gbe: {latency_us: 1}\n    net-100g: {latency_us: 2}\n",
      ":5: calibration.links.net-100g: link net-100g is calibrated twice"),
     ("nodes: [{gpus: t4}]\ncalibration:\n  link: {}\n",
-     ":3: calibration.link: unknown key (expected one of devices, links, constants, sharing)"),
+     ":3: calibration.link: unknown key (expected one of devices, links, constants, sharing, cpus)"),
     ("nodes: [{gpus: t4}]\ncalibration:\n  constants:\n    memory: {factor: big}\n",
      ":4: calibration.constants.memory.factor: expected a number, found 'big'"),
 ]
@@ -293,7 +293,23 @@ def test_sharing_applies_the_figures_of_the_nearest_count_of_devices_per_node(tm
     assert {d.peak("float32") for d in mixed.devices} == {0.1e12}
 
 
+def test_a_host_whose_ranks_outnumber_its_cpus_keeps_the_figures_of_fewer_ranks_computing(tmp_path):
+    calibration = load_constants(write(tmp_path, "cpus: 2\n" + SHARED, "calib.yaml"))
+    four = calibration.apply(parse_devices("4xcpu"))  # 4 ranks of 1 thread on 2 CPUs
+    assert [(a, [d.peak("float32") for d in devices]) for a, devices in four.nodes[0].sharing] == [(2, [0.1e12] * 4)]
+    assert four.shared_devices(3) == ((2, four.nodes[0].sharing[0][1][3]),)
+    assert four.devices[0].peak("float32") == 0.05e12  # all 4 at once: the 4 ranks' figures
+    assert calibration.apply(parse_devices("3xcpu")).nodes[0].sharing[0][0] == 2
+    for fits in ("1xcpu", "2xcpu", "2x2xcpu"):  # the ranks' threads fit the CPUs
+        assert all(not node.sharing for node in calibration.apply(parse_devices(fits)).nodes)
+    assert not load_constants(write(tmp_path, SHARED, "c.yaml")).apply(parse_devices("4xcpu")).nodes[0].sharing
+    many = load_constants(write(tmp_path, "cpus: 16\n" + SHARED, "c16.yaml"))
+    assert not many.apply(parse_devices("4xcpu")).nodes[0].sharing  # 4 ranks of 4 threads fit 16 CPUs
+
+
 @pytest.mark.parametrize(("text", "message"), [
+    ("cpus: 0\n", "cpus: expected an integer from 1"),
+    ("cpus: two\n", "cpus: expected an integer from 1"),
     ('sharing:\n  "1": {devices: {cpu: {fp32_tflops: 1}}}\n', "an int >= 2"),
     ('sharing:\n  two: {devices: {cpu: {fp32_tflops: 1}}}\n', "an int >= 2"),
     ('sharing:\n  "2": {constants: {x: {y: 1}}}\n', "unknown key"),

@@ -79,6 +79,11 @@ def test_the_file_written_is_the_calibration_plan_reads(tmp_path):
     assert (link.latency, link.bandwidth, link.handoff, link.call) == pytest.approx((40e-6, 1e9, 1e-3, 2e-4))
     two = calibration.apply(parse_devices("2xcpu")).nodes[0].intra_link
     assert (two.handoff, two.call) == pytest.approx((5e-4, 0.0))
+    assert calibration.cpus == 0 and not four.nodes[0].sharing  # the host's CPUs not given
+    prof.write_calibration(out, fitted, measured, "cpu", "shm", cpus=2)
+    four = load_constants(out).apply(parse_devices("4xcpu"))  # 4 ranks on 2 CPUs: 2 computing run faster
+    assert [a for a, _ in four.nodes[0].sharing] == [2]
+    assert four.nodes[0].sharing[0][1][0] == load_constants(out).apply(parse_devices("2xcpu")).devices[0]
 
 
 @pytest.mark.parametrize("engine", [("ort", "cpu"), ("cupy", "cpu")], ids=["ort", "numpy"])

@@ -115,6 +115,56 @@ def test_bad_folds_are_refused(folds):
         check_taskgraph(doc)
 
 
+def _shared_pipeline(hosts: list[list[int]] | None) -> object:
+    """Two ranks, a send between them: rank 1 computes only after rank 0 is done. Each compute
+    task takes 2 s with both ranks computing, 1 s alone."""
+    tasks = [{**_compute("f", 0, 2.0), "shared_s": {"1": 1.0}},
+             {"id": "s", "kind": "send", "rank": 0, "peer": 1, "tensor": "x", "time_s": 0.0},
+             {"id": "r", "kind": "recv", "rank": 1, "peer": 0, "tensor": "x", "time_s": 0.5},
+             {**_compute("g", 1, 2.0), "shared_s": {"1": 1.0}}]
+    doc = {"format": FORMAT, "ranks": 2, "tasks": tasks, "edges": [["f", "s"], ["s", "r"], ["r", "g"]],
+           "order": {"0": ["f", "s"], "1": ["r", "g"]}, **({"hosts": hosts} if hosts is not None else {})}
+    return check_taskgraph(doc)
+
+
+def test_a_rank_computing_alone_on_a_shared_host_takes_its_time_alone():
+    assert simulate(_shared_pipeline([[0, 1]])).step_time_s == pytest.approx(1.0 + 0.5 + 1.0, rel=1e-3)
+    # without hosts the task graph's times stand: every rank computing at once
+    assert simulate(_shared_pipeline(None)).step_time_s == pytest.approx(2.0 + 0.5 + 2.0)
+
+
+def test_ranks_computing_at_once_on_a_shared_host_take_their_full_time():
+    def both(hosts):
+        tasks = [{**_compute("a", 0, 2.0), "shared_s": {"1": 1.0}}, {**_compute("b", 1, 2.0), "shared_s": {"1": 1.0}},
+                 _all_reduce("c", [0, 1], 0.5)]
+        return check_taskgraph({"format": FORMAT, "ranks": 2, "tasks": tasks, "hosts": hosts,
+                                "order": {"0": ["a", "c"], "1": ["b", "c"]}})
+
+    assert simulate(both([[0, 1]])).step_time_s == pytest.approx(2.5)
+
+
+def test_a_task_overlapping_part_of_its_neighbours_work_settles_between_its_times():
+    # rank 1 computes 1 s (2 s shared) while rank 0 computes longer: rank 0's task has a
+    # neighbour for part of its span, so it ends between its time alone and its shared time
+    tasks = [{**_compute("long", 0, 4.0), "shared_s": {"1": 2.0}}, {**_compute("short", 1, 2.0), "shared_s": {"1": 1.0}},
+             _all_reduce("c", [0, 1], 0.0)]
+    g = check_taskgraph({"format": FORMAT, "ranks": 2, "tasks": tasks, "hosts": [[0, 1]],
+                         "order": {"0": ["long", "c"], "1": ["short", "c"]}})
+    # processor sharing: both at half speed until "short" is done (2 s, 1/2 of "long"), then
+    # "long" alone: 1 s more
+    assert simulate(g).step_time_s == pytest.approx(3.0, rel=1e-3)
+
+
+@pytest.mark.parametrize(("hosts", "shared"), [([[0, 0]], None), ([[0], [3]], None), ([0, 1], None),
+                                               (None, {"0": 1.0}), (None, {"1": -1.0}), (None, [1.0])])
+def test_bad_hosts_or_shared_times_are_refused(hosts, shared):
+    tasks = [{**_compute("a", 0, 1.0), **({"shared_s": shared} if shared is not None else {})}, _compute("b", 1, 1.0)]
+    doc = {"format": FORMAT, "ranks": 2, "tasks": tasks, "order": {"0": ["a"], "1": ["b"]},
+           **({"hosts": hosts} if hosts is not None else {})}
+    with pytest.raises(PlanFormatError, match="hosts: expected" if hosts is not None else "shared_s: expected"):
+        check_taskgraph(doc)
+
+
 def test_a_task_without_time_is_refused_with_how_to_fix():
     g = _graph([{"id": "a", "kind": "compute", "rank": 0, "module": ""}], {0: ["a"]})
     with pytest.raises(PlanFormatError, match="plan it again"):
@@ -177,6 +227,23 @@ def test_plans_carry_task_times_and_their_simulation(gpt_train, tmp_path, args):
     # the same cost model, replayed instead of summed: close to the planner's own figure
     assert sim["step_time_s"] == pytest.approx(plan["predicted"]["step_time_s"], rel=0.15)
     assert sim["critical_path"] and sim["granularity"] == "task"
+
+
+def test_a_pipeline_on_a_host_of_fewer_cpus_prices_its_stages_computing_alone(gpt_train, tmp_path):
+    from tests.cluster.test_cluster_file import SHARED
+
+    calib = tmp_path / "calib.yaml"
+    calib.write_text("cpus: 2\n" + SHARED)  # 4 ranks of 1 thread each on 2 CPUs
+    plan = _plan(gpt_train, tmp_path / "p", "--devices", "4xcpu", "--pipeline", "2", "--calibration", str(calib))
+    doc = json.loads((tmp_path / "p" / "taskgraph.json").read_text())
+    assert doc["hosts"] == [[0, 1, 2, 3]]
+    computes = [t for t in doc["tasks"] if t["kind"] == "compute"]
+    # 2 ranks computing get twice the FLOP/s of 4 in that calibration
+    assert computes and all(0 < t["shared_s"]["2"] < t["time_s"] for t in computes)
+    shared = simulate(check_taskgraph(doc))
+    del doc["hosts"]
+    assert shared.step_time_s < simulate(check_taskgraph(doc)).step_time_s
+    assert plan["simulation"]["step_time_s"] == pytest.approx(shared.step_time_s)
 
 
 def test_a_plan_without_programs_simulates_per_stage_and_does_not_run(gpt_train, tmp_path):

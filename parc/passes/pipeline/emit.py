@@ -39,7 +39,7 @@ from parc.passes.emit import (
 from parc.passes.lower import APPLY, MICRO, PASSES, bindings, layout_key, loss_name, lower_rank, rules_of
 from parc.passes.pipeline.plan import PipelinePlan, p2p_link, transfer_routes
 from parc.passes.pipeline.stages import stage_outputs
-from parc.passes.timing import annotate, fold_seconds
+from parc.passes.timing import annotate, fold_seconds, shared_hosts
 
 TAG_LIMIT = 32767  # the largest MPI tag every implementation accepts
 
@@ -63,7 +63,8 @@ def write_pipeline_programs(pp: PipelinePlan, out: Path) -> TaskGraph:
         for local, rank in enumerate(st.ranks):
             p = lower_rank(graph, mesh, local, strategies, specs, micro, rules, sends, received, not_outputs,
                            st.plan.best.model.buckets)
-            progs[rank] = (st, p, write_rank_files(p, graph, plandir.rank_dir(out, rank), pp.cluster.devices[rank]))
+            progs[rank] = (st, p, write_rank_files(p, graph, plandir.rank_dir(out, rank), pp.cluster.devices[rank],
+                                                   pp.cluster.shared_devices(rank)))
     tasks: list[dict] = []
     edges: list[list[str]] = []
     collectives: dict[str, dict] = {}
@@ -94,7 +95,8 @@ def write_pipeline_programs(pp: PipelinePlan, out: Path) -> TaskGraph:
                       for st in pp.stages],
            "tasks": tasks, "edges": edges, "order": order,
            **({"folds": {str(rank): fold_seconds(p.accumulate, p.info, pp.cluster.devices[rank])
-                         for rank, (_, p, _) in sorted(progs.items())}} if m > 1 else {})}
+                         for rank, (_, p, _) in sorted(progs.items())}} if m > 1 else {}),
+           **shared_hosts(pp.cluster, range(pp.ranks))}
     stage_of = {rank: st for st in pp.stages for rank in st.ranks}
     annotate(doc, lambda t: stage_of[t["group"][0]].plan.best.mesh.links[t["axis"]],
              lambda a, b: p2p_link(pp.cluster, stage_of[a].ranks, stage_of[b].ranks,
