@@ -257,9 +257,11 @@ def _write_trace(path: str, runner, mpi, reporter: int, step: int) -> None:
     """Every rank's tasks of the last step (`runner.spans`) gathered to the reporter, which
     writes them to `path` (`parc.exec.trace`)."""
     from parc.exec import trace
+    from parc.exec.stepsim import shared_times
 
+    simulated = shared_times(runner.graph) if runner.graph.hosts else {}  # the simulation's on a shared host
     mine = (runner.span_start, trace.rank_events(runner.rank, runner.stage, runner.order, runner.spans or [],
-                                                            runner.graph.folds.get(runner.rank, 0.0)))
+                                                 runner.graph.folds.get(runner.rank, 0.0), simulated))
     every = mpi.comm.gather(mine, root=reporter) if mpi.size > 1 else [mine]
     if runner.rank == reporter:
         trace.write(path, every, step)

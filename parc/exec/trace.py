@@ -5,8 +5,9 @@ The file is the Chrome trace event format (a JSON object with `traceEvents`), wh
 complete event ("ph": "X") per task of the rank's static order, in microseconds from the
 earliest rank's start of the step. Each event's `args` hold what `parc simulate` priced the same
 task at (`predicted_ms`, the task graph's `time_s`; a first communication after compute also
-its `handoff_ms`) and its micro-batch, so a task the cost model misjudges shows beside its
-measured length; the rank's wait for its sends at the end of the step is one more event
+its `handoff_ms`; a compute task on a host whose ranks share its cores, its time at the count
+of ranks the simulation has computing beside it) and its micro-batch, so a task the cost model
+misjudges shows beside its measured length; the rank's wait for its sends at the end of the step is one more event
 (`send completion`), and so is each microbatch's fold into the step's sums (`fold mbK`).
 
 A run on several hosts places each rank by its own wall clock: events compare within a rank, and
@@ -16,7 +17,7 @@ across hosts only as well as their clocks agree.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from parc.errors import UsageError
@@ -46,12 +47,14 @@ def _is_trace(p: Path) -> bool:
 
 
 def rank_events(rank: int, stage: int | None, order: Sequence[dict], spans: Sequence[tuple],
-                fold_s: float = 0.0) -> list[dict]:
+                fold_s: float = 0.0, simulated: Mapping[str, float] | None = None) -> list[dict]:
     """One rank's events: `spans` are (position in `order`, start, end) in seconds from the
     rank's start of the step (position -1: the wait for the sends), or (position, start, end,
     FOLD): the fold of the microbatch that ended at that task, which the task graph prices at
-    `fold_s` (`TaskGraph.folds`). Times stay in seconds from the rank's start here; `write`
-    places the ranks on one clock."""
+    `fold_s` (`TaskGraph.folds`). `simulated`: compute tasks' seconds as the simulation runs
+    them where they differ from `time_s` (a host whose ranks share its cores:
+    `stepsim.shared_times`). Times stay in seconds from the rank's start here; `write` places
+    the ranks on one clock."""
     events = [{"name": "process_name", "ph": "M", "pid": rank,
                "args": {"name": f"rank {rank}" + (f" (stage {stage})" if stage is not None else "")}}]
     for pos, t0, t1, *what in spans:
@@ -66,7 +69,7 @@ def rank_events(rank: int, stage: int | None, order: Sequence[dict], spans: Sequ
                            "ts": t0, "dur": t1 - t0, "args": {}})
             continue
         task = order[pos]
-        args = {"predicted_ms": round(task.get("time_s", 0.0) * 1e3, 6)}
+        args = {"predicted_ms": round((simulated or {}).get(task["id"], task.get("time_s", 0.0)) * 1e3, 6)}
         if task.get("handoff_s"):
             args["handoff_ms"] = round(task["handoff_s"] * 1e3, 6)
         if task.get("micro_batch") is not None:

@@ -67,3 +67,10 @@ def test_a_trace_path_parc_cannot_or_should_not_write_is_one_line(pipeline, tmp_
         res = parc("run", str(pipeline), "--steps", "1", "--trace", str(path))
         assert_one_line_error(res, says)
     assert mine.read_text() == '{"mine": true}'
+
+
+def test_a_compute_task_on_a_shared_host_shows_the_simulations_time():
+    order = [{"id": "a", "kind": "compute", "rank": 0, "module": "", "time_s": 2.0},
+             {"id": "b", "kind": "compute", "rank": 0, "module": "", "time_s": 3.0}]
+    events = trace.rank_events(0, None, order, [(0, 0.0, 1.0), (1, 1.0, 2.0)], simulated={"a": 1.25})
+    assert [e["args"]["predicted_ms"] for e in events if e["ph"] == "X"] == [1250.0, 3000.0]
