@@ -38,6 +38,10 @@ def dtype_key(dtype: object) -> str:
     return _DTYPE_ALIASES.get(name, name)
 
 
+# an op class (`parc.ops.op_class`) -> the class a device without its figures prices it as
+CLASS_FALLBACK = {"SoftmaxMasked": "Softmax"}
+
+
 @dataclass(frozen=True)
 class DeviceSpec:
     """One device type: peak FLOP/s per dtype, memory, memory bandwidth, and cost constants.
@@ -127,8 +131,12 @@ class DeviceSpec:
         return {t: dict(getattr(self, t)) for t in ("op_efficiency", "memory_op_efficiency", "op_floor", "op_piece")}
 
     def _per_class(self, table: str, default: float, op_class: str) -> float:
-        """`table`'s value for `op_class`, or `default` where it has none."""
-        return self._tables[table].get(op_class, default) if op_class else default
+        """`table`'s value for `op_class` (or for the class it falls back to, `CLASS_FALLBACK`),
+        or `default` where it has none."""
+        if not op_class:
+            return default
+        values = self._tables[table]
+        return values.get(op_class, values.get(CLASS_FALLBACK.get(op_class, ""), default))
 
     def efficiency(self, op_class: str = "") -> float:
         """The fraction of peak FLOP/s an op of `op_class` reaches (compute_efficiency unless

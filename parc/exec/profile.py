@@ -81,7 +81,13 @@ POOL_BYTES = 0
 # axis (a fused QKV projection's parts and their gradients joined again), which onnxruntime copies
 # run by run: gpt-tiny's took 2.3 ms of a 62 ms two-rank module against 0.9 ms priced as Adds
 MEMORY_OPS = ("Add", "MulBroadcast", "Transpose", "TransposeLastAxis", "ReduceSumFirst", "ReduceMeanLast", "Softmax",
-              "LayerNorm", "Div", "Sqrt", "Where", "WhereMasked", "Pow", "Tanh", "Erf", "ScatterAdd", "Concat", "Split")
+              "SoftmaxMasked", "LayerNorm", "Div", "Sqrt", "Where", "WhereMasked", "Pow", "Tanh", "Erf", "ScatterAdd",
+              "Concat", "Split")
+# a benchmark input of this name holds attention's scores after a causal mask's fill (`_feeds`):
+# onnxruntime's Softmax takes a slow path where exp underflows, 7-8x its time on [32, 4, 64, 64]
+# on this project's host (random scores 102 us, a -1e4, -1e9 or -inf fill above the diagonal
+# 801-813 us, on 2 threads); a fill of -30 runs as fast as random scores
+MASKED = "scores"
 MEMORY_ROWS = (1024, 4096, 16384)  # x 256 columns: 1, 4 and 16 MiB per tensor
 # matmuls as training graphs have them: ([batch...], m, k, n)
 MATMULS = (((), 2048, 256, 768), ((), 2048, 768, 256), ((), 256, 2048, 768), ((8, 4), 64, 64, 64),
@@ -221,6 +227,9 @@ def _memory_op(op: str, rows: int, cols: int = 256):
         return _model([helper.make_node("ReduceMean", ["x"], ["y"], axes=[-1])], x, "y"), n
     if op == "Softmax":
         return _model([helper.make_node("Softmax", ["x"], ["y"], axis=-1)], x, "y"), 2 * n
+    if op == "SoftmaxMasked":  # over [cols, cols] scores with a causal mask's fill (`MASKED`): half filled
+        return _model([helper.make_node("Softmax", [MASKED], ["y"], axis=-1)],
+                      {MASKED: (rows // cols, cols, cols)}, "y"), 2 * n
     if op == "LayerNorm":
         w = numpy_helper.from_array(np.ones(cols, np.float32), "w")
         b = numpy_helper.from_array(np.zeros(cols, np.float32), "b")
@@ -555,8 +564,13 @@ def _feeds(session, pool_bytes: int = POOL_BYTES) -> list[dict]:
     rng = np.random.default_rng(0)
     one = sum(int(np.prod(s)) * 4 for s in session.shapes.values())
     copies = max(1, min(64, pool_bytes // max(one, 1)))
-    return [{n: session.place(rng.standard_normal(s, dtype=np.float32)) for n, s in session.shapes.items()}
-            for _ in range(copies)]
+    def values(name: str, shape: tuple) -> np.ndarray:
+        x = rng.standard_normal(shape, dtype=np.float32)
+        if name == MASKED:  # above the diagonal of its last two dims: a causal mask's fill
+            x[..., ~np.tri(shape[-2], shape[-1], dtype=bool)] = -1e9
+        return x
+
+    return [{n: session.place(values(n, s)) for n, s in session.shapes.items()} for _ in range(copies)]
 
 
 def host_probe(threads: int, engine: tuple[str, str] = ("ort", "cpu"), budget: float = 0.3) -> float:
@@ -695,7 +709,8 @@ def matmul_class(shape: Sequence[int]) -> str:
 # (every elementwise op, and a fused tree of them)
 MEMORY_CLASSES = {"Add": None, "MulBroadcast": None, "Transpose": "Transpose", "TransposeLastAxis": "TransposeLastAxis",
                   "ReduceSumFirst": "ReduceSum", "Div": "Div", "Sqrt": "Sqrt",
-                  "ReduceMeanLast": "ReduceMean", "Softmax": "Softmax", "LayerNorm": "LayerNormalization",
+                  "ReduceMeanLast": "ReduceMean", "Softmax": "Softmax", "SoftmaxMasked": "SoftmaxMasked",
+                  "LayerNorm": "LayerNormalization",
                   "Where": "Where", "WhereMasked": "Where", "Pow": "Pow", "Tanh": "Tanh", "Erf": "Erf",
                   "SubRows": None, "ScatterAdd": "ScatterND", "Concat": "Concat", "Split": "Split"}
 

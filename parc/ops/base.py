@@ -294,7 +294,13 @@ def op_class(node: Node) -> str:
     small products, as attention's; a weight's [k, n] makes one 2-D product of the rows), and a
     Transpose that moves the last axis (`TransposeLastAxis`: attention's K^T and the gradients'
     transposes, which copy element by element; onnxruntime's CPU kernel runs [32, 4, 16, 16] with
-    perm [0, 1, 3, 2] at a tenth of the rate of one that keeps the last axis, moving whole rows)."""
+    perm [0, 1, 3, 2] at a tenth of the rate of one that keeps the last axis, moving whole rows),
+    and a Softmax of what a Where made (`SoftmaxMasked`: attention's scores after a causal
+    mask's fill, whose exp underflows: onnxruntime's CPU kernel takes a slow path there,
+    `parc.exec.profile.MASKED`; a device without the class prices it as a Softmax)."""
+    if node.op_type == "Softmax" and node.inputs and node.inputs[0] is not None \
+            and node.inputs[0].producer is not None and node.inputs[0].producer.op_type == "Where":
+        return "SoftmaxMasked"
     if node.op_type == "Conv" and len(node.inputs) > 1 and node.inputs[1] is not None:
         w, y = node.inputs[1].shape, node.outputs[0].shape if node.outputs else None
         if w is not None and y is not None and len(w) > 2 and math.prod(w[2:]) > math.prod(y[2:]):

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from parc.cluster import load_constants, parse_devices
@@ -295,6 +296,22 @@ def test_where_is_measured_as_its_own_class():
     # an optimizer's computed division and square root, and a transpose that moves the last axis
     own = prof.fit(rows, 1)["memory_op_efficiency"]
     assert all(0 < own[cls] <= 1 for cls in ("Div", "Sqrt", "TransposeLastAxis"))
+    # attention's softmax after a causal mask's fill: onnxruntime's slow path where exp underflows
+    assert own["SoftmaxMasked"] < own["Softmax"] / 3
+
+
+def test_a_masked_benchmark_input_holds_a_causal_fill_above_its_diagonal():
+    class Session:
+        shapes = {prof.MASKED: (2, 4, 4), "x": (2, 4, 4)}
+
+        @staticmethod
+        def place(x):
+            return x
+
+    feeds = prof._feeds(Session(), pool_bytes=1)[0]
+    upper = ~np.tri(4, 4, dtype=bool)
+    assert (feeds[prof.MASKED][:, upper] == -1e9).all() and (feeds[prof.MASKED][:, ~upper] > -1e3).all()
+    assert (feeds["x"] > -1e3).all()
 
 
 def test_the_array_engine_pays_for_a_transpose_it_returns_as_a_view():
