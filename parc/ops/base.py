@@ -286,6 +286,43 @@ def node_work(node: Node) -> tuple[float, float, Any]:
     return flops, read + written, dtype
 
 
+MASK_OPS = ("Add", "Where", "Expand", "And", "Or", "Not", "Cast", "Unsqueeze", "Reshape", "Mul", "Sub")
+MASK_DEPTH = 5  # producers walked back from a Softmax's input to find the mask it was filled by
+UNDERFLOW = -87.0  # float32's exp is 0 or denormal below about this
+
+
+def masked_softmax(node: Node) -> bool:
+    """Whether a Softmax's input was filled by a mask that hides some scores: within
+    `MASK_DEPTH` producers of `MASK_OPS` back from its input there is a constant that masks part
+    of a tensor, a boolean one with both values (a causal triangle: parc's models' Where, a Llama
+    export's And) or a float one with entries below `UNDERFLOW` and entries above (a GPT-2
+    export's additive mask, folded). A mask made from data alone (a BERT export's padding mask,
+    all ones in a batch without padding) is not one: what it hides is not known."""
+    if node.op_type != "Softmax" or not node.inputs or node.inputs[0] is None:
+        return False
+    seen: set[int] = set()
+
+    def holds(v, depth: int) -> bool:
+        if v is None or id(v) in seen:
+            return False
+        seen.add(id(v))
+        if v.const is not None:
+            return v.size > 1 and _masks_part(v.const.numpy())
+        p = v.producer
+        return depth > 0 and p is not None and p.op_type in MASK_OPS and any(holds(i, depth - 1) for i in p.inputs)
+
+    return holds(node.inputs[0], MASK_DEPTH)
+
+
+def _masks_part(a) -> bool:
+    if a.dtype == bool:
+        return bool(a.any()) and not bool(a.all())
+    if a.dtype.kind == "f":
+        low = a < UNDERFLOW
+        return bool(low.any()) and not bool(low.all())
+    return False
+
+
 def op_class(node: Node) -> str:
     """The class a device's calibration prices the node by (`DeviceSpec.op_efficiency` and
     `memory_op_efficiency`): its op type, except a convolution whose kernel is larger than its
@@ -295,11 +332,10 @@ def op_class(node: Node) -> str:
     Transpose that moves the last axis (`TransposeLastAxis`: attention's K^T and the gradients'
     transposes, which copy element by element; onnxruntime's CPU kernel runs [32, 4, 16, 16] with
     perm [0, 1, 3, 2] at a tenth of the rate of one that keeps the last axis, moving whole rows),
-    and a Softmax of what a Where made (`SoftmaxMasked`: attention's scores after a causal
-    mask's fill, whose exp underflows: onnxruntime's CPU kernel takes a slow path there,
+    and a Softmax of attention's scores after a mask's fill (`SoftmaxMasked`, `masked_softmax`:
+    exp underflows there, and onnxruntime's CPU kernel takes a slow path,
     `parc.exec.profile.MASKED`; a device without the class prices it as a Softmax)."""
-    if node.op_type == "Softmax" and node.inputs and node.inputs[0] is not None \
-            and node.inputs[0].producer is not None and node.inputs[0].producer.op_type == "Where":
+    if masked_softmax(node):
         return "SoftmaxMasked"
     if node.op_type == "Conv" and len(node.inputs) > 1 and node.inputs[1] is not None:
         w, y = node.inputs[1].shape, node.outputs[0].shape if node.outputs else None

@@ -1,5 +1,7 @@
 """`op_class`: the class a calibration prices a node's FLOPs by."""
 
+import numpy as np
+
 from parc.ir.graph import Node, Value
 from parc.ops import op_class
 
@@ -30,18 +32,46 @@ def test_a_transpose_that_moves_the_last_axis_is_its_own_class():
     assert op_class(_transpose(None, [1, 0])) == "Transpose"  # unknown rank: the op
 
 
-def test_a_softmax_of_a_masks_fill_is_its_own_class_and_falls_back_to_softmax():
+def _const(name, array) -> Value:
+    from parc.ir.tensor import TensorData
+
+    return Value(name, const=TensorData.from_array(np.asarray(array)))
+
+
+def _softmax_of(op: str, *inputs: Value) -> Node:
+    scores = Value("s", shape=(2, 4, 8, 8))
+    Node(op, list(inputs), [scores])
+    return Node("Softmax", [scores], [Value("y")])
+
+
+def test_a_softmax_of_scores_a_mask_filled_is_its_own_class():
+    x, causal = Value("x", shape=(2, 4, 8, 8)), np.tri(8, 8, dtype=bool)
+    fill = _const("f", np.float32(-1e9))
+    assert op_class(_softmax_of("Where", _const("m", causal), x, fill)) == "SoftmaxMasked"  # parc's models
+    additive = np.where(causal, 0.0, np.finfo(np.float32).min).astype(np.float32)
+    assert op_class(_softmax_of("Add", x, _const("m", additive))) == "SoftmaxMasked"  # a GPT-2 export's, folded
+    # a Llama export's: the causal triangle And-ed with the padding mask, then a Where's fill
+    pad = Value("pad", shape=(2, 1, 1, 8))
+    both = Value("both", shape=(2, 1, 8, 8))
+    Node("And", [_const("tri", causal[None, None]), pad], [both])
+    bias = Value("bias", shape=(2, 1, 8, 8))
+    Node("Where", [both, _const("zero", np.float32(0)), fill], [bias])
+    assert op_class(_softmax_of("Add", x, bias)) == "SoftmaxMasked"
+    # not masked: a padding mask alone (what it hides depends on the data), a bias of small
+    # values, a mask that hides nothing, a Softmax of a graph input
+    Node("And", [_const("all", np.ones((1, 1, 8, 1), bool)), pad], [both2 := Value("both2", shape=(2, 1, 8, 8))])
+    Node("Where", [both2, _const("zero", np.float32(0)), fill], [bias2 := Value("bias2", shape=(2, 1, 8, 8))])
+    assert op_class(_softmax_of("Add", x, bias2)) == "Softmax"
+    assert op_class(_softmax_of("Add", x, _const("b", np.full((8, 8), -3.0, np.float32)))) == "Softmax"
+    assert op_class(_softmax_of("Where", _const("m", np.ones((8, 8), bool)), x, fill)) == "Softmax"
+    assert op_class(Node("Softmax", [Value("x", shape=(2, 8))], [Value("y")])) == "Softmax"
+
+
+def test_a_device_without_the_masked_softmaxs_figures_prices_it_as_a_softmax():
     from parc.cluster.devices import DeviceSpec
 
-    scores = Value("s", shape=(2, 4, 8, 8))
-    Node("Where", [Value("m", shape=(8, 8)), Value("x", shape=(2, 4, 8, 8)), Value("f", shape=())], [scores])
-    assert op_class(Node("Softmax", [scores], [Value("y")])) == "SoftmaxMasked"
-    assert op_class(Node("Softmax", [Value("x", shape=(2, 8))], [Value("y")])) == "Softmax"  # a graph input
-    summed = Value("t", shape=(2, 8))
-    Node("Add", [Value("a", shape=(2, 8)), Value("b", shape=(2, 8))], [summed])
-    assert op_class(Node("Softmax", [summed], [Value("y")])) == "Softmax"
     cpu = DeviceSpec("c", {"float32": 1e11}, 1 << 30, 1e10, memory_efficiency=0.9,
                      memory_op_efficiency={"Softmax": 0.5})
-    assert cpu.memory_fraction("SoftmaxMasked") == 0.5  # as a Softmax where the device has no figure
+    assert cpu.memory_fraction("SoftmaxMasked") == 0.5
     measured = DeviceSpec("c", {"float32": 1e11}, 1 << 30, 1e10, memory_op_efficiency={"Softmax": 0.5, "SoftmaxMasked": 0.1})
     assert measured.memory_fraction("SoftmaxMasked") == 0.1 and measured.memory_fraction("Where") == 1.0

@@ -143,3 +143,15 @@ def test_a_fold_is_an_add_per_summed_value():
                          "y": ["g.mb", "concat", 0]}, info, cpu)
     assert both == pytest.approx(add + half)  # a `last` keeps its value; a `concat` joins once, at the end
     assert fold_seconds({}, info, cpu) == 0.0
+
+
+def test_a_softmax_the_graph_says_is_masked_is_priced_as_one():
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1024, 1024])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1024, 1024])
+    model = helper.make_model(helper.make_graph([helper.make_node("Softmax", ["x"], ["y"], name="sm")], "m", [x], [y]),
+                              opset_imports=[helper.make_opsetid("", 17)])
+    info = {n: (TensorProto.FLOAT, (1024, 1024)) for n in ("x", "y")}
+    cpu = replace(DEVICES["cpu"], memory_op_efficiency={"Softmax": 0.5, "SoftmaxMasked": 0.05})
+    plain = module_seconds(model, cpu, info)
+    assert module_seconds(model, cpu, info, frozenset({"sm", "other"})) > 5 * plain
+    assert module_seconds(model, cpu, info, frozenset({"other"})) == plain
