@@ -564,6 +564,7 @@ def _feeds(session, pool_bytes: int = POOL_BYTES) -> list[dict]:
     rng = np.random.default_rng(0)
     one = sum(int(np.prod(s)) * 4 for s in session.shapes.values())
     copies = max(1, min(64, pool_bytes // max(one, 1)))
+
     def values(name: str, shape: tuple) -> np.ndarray:
         x = rng.standard_normal(shape, dtype=np.float32)
         if name == MASKED:  # above the diagonal of its last two dims: a causal mask's fill

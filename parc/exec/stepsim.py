@@ -146,15 +146,49 @@ def shared_times(graph: TaskGraph) -> dict[str, float]:
     replay gave it, and moving halfway there, until they settle (`SHARING_ROUNDS`,
     `SHARING_SETTLED`)."""
     host_of = {r: h for h, ranks in enumerate(graph.hosts) for r in ranks}
-    curves: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    curves: dict[str, np.ndarray] = {}  # task -> its seconds with 1..n of its host's ranks computing
     for tid, t in graph.tasks.items():
-        if t["kind"] == "compute" and t["rank"] in host_of and t.get("shared_s"):
+        if t["kind"] == "compute" and t["rank"] in host_of and t.get("shared_s") and t["time_s"] > 0:
             n = len(graph.hosts[host_of[t["rank"]]])
-            points = sorted((int(a), float(v)) for a, v in t["shared_s"].items() if int(a) < n) + [(n, float(t["time_s"]))]
-            curves[tid] = (np.array([a for a, _ in points], float), np.array([v for _, v in points]))
+            points = sorted((int(a), float(v)) for a, v in t["shared_s"].items() if int(a) < n and v > 0)
+            points.append((n, float(t["time_s"])))
+            curves[tid] = np.interp(np.arange(1, n + 1), [a for a, _ in points], [v for _, v in points])
     times = {tid: float(graph.tasks[tid]["time_s"]) for tid in curves}
     if not curves:
         return times
+    for _ in range(SHARING_ROUNDS):
+        busy: dict[int, list[tuple[float, float, str | None]]] = defaultdict(list)
+        _replay(graph, False, times, busy)
+        moved = 0.0
+        for ranks in graph.hosts:
+            spans = [(a, b, tid) for r in ranks for a, b, tid in busy.get(r, ()) if b > a]  # folds: tid None
+            mine = [(a, b, tid) for a, b, tid in spans if tid in curves]
+            if not mine:
+                continue
+            # how many of the host's ranks compute between two span ends, and how long the host
+            # has spent at each count up to each end (so that a task's span costs two lookups)
+            edges = np.array(sorted({x for a, b, _ in spans for x in (a, b)}))
+            delta = np.zeros(len(edges))
+            np.add.at(delta, np.searchsorted(edges, [a for a, _, _ in spans]), 1)
+            np.add.at(delta, np.searchsorted(edges, [b for _, b, _ in spans]), -1)
+            count = np.rint(np.cumsum(delta)[:-1]).astype(int)
+            widths = np.diff(edges)
+            at = np.zeros((len(ranks) + 1, len(edges)))
+            for c in range(1, len(ranks) + 1):
+                at[c, 1:] = np.cumsum(np.where(count == c, widths, 0.0))
+            i = np.searchsorted(edges, [a for a, _, _ in mine])
+            j = np.searchsorted(edges, [b for _, b, _ in mine])
+            spent = (at[1:, j] - at[1:, i]).T  # per task, its span's time at each count 1..n
+            rates = 1.0 / np.stack([curves[tid] for _, _, tid in mine])
+            # the share of each task done over its span at those rates: the time that does it all
+            done = np.sum(spent * rates, axis=1)
+            for (a, b, tid), d in zip(mine, done):
+                new = (b - a) / d
+                moved = max(moved, abs(new - times[tid]) / times[tid])
+                times[tid] = (times[tid] + new) / 2
+        if moved <= SHARING_SETTLED:
+            break
+    return times
     for _ in range(SHARING_ROUNDS):
         busy: dict[int, list[tuple[float, float, str | None]]] = defaultdict(list)
         _replay(graph, False, times, busy)
