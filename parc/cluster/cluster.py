@@ -86,9 +86,8 @@ class Cluster:
     def shared_devices(self, rank: int) -> tuple[tuple[int, DeviceSpec], ...]:
         """Device `rank` as priced when only a of its host's ranks compute at once: (a, spec)
         for each count of its node's `sharing` (empty where the node's ranks fit its cores)."""
-        node = self.nodes[self.node_of(rank)]
-        i = rank - self._node_starts[self.node_of(rank)]
-        return tuple((a, devices[i]) for a, devices in node.sharing)
+        k = self.node_of(rank)
+        return tuple((a, devices[rank - self._node_starts[k]]) for a, devices in self.nodes[k].sharing)
 
     @property
     def memory_bytes(self) -> tuple[int, ...]:

@@ -189,34 +189,6 @@ def shared_times(graph: TaskGraph) -> dict[str, float]:
         if moved <= SHARING_SETTLED:
             break
     return times
-    for _ in range(SHARING_ROUNDS):
-        busy: dict[int, list[tuple[float, float, str | None]]] = defaultdict(list)
-        _replay(graph, False, times, busy)
-        moved = 0.0
-        for ranks in graph.hosts:
-            spans = [(a, b, tid) for r in ranks for a, b, tid in busy.get(r, ()) if b > a]  # folds: tid None
-            if not spans:
-                continue
-            # how many of the host's ranks compute in each interval between two span ends
-            edges = np.array(sorted({x for a, b, _ in spans for x in (a, b)}))
-            count = np.zeros(len(edges))
-            for a, b, _ in spans:
-                count[np.searchsorted(edges, a):np.searchsorted(edges, b)] += 1
-            widths = np.diff(edges)
-            for a, b, tid in spans:
-                if tid not in curves:
-                    continue
-                # the share of the task done over its span at each interval's rate (1 / its time
-                # at that count): the time that does the whole of it at those rates
-                i, j = np.searchsorted(edges, a), np.searchsorted(edges, b)
-                xs, ys = curves[tid]
-                done = float(np.sum(widths[i:j] / np.interp(count[i:j], xs, ys)))
-                new = (b - a) / done
-                moved = max(moved, abs(new - times[tid]) / times[tid])
-                times[tid] = (times[tid] + new) / 2
-        if moved <= SHARING_SETTLED:
-            break
-    return times
 
 
 def _replay(graph: TaskGraph, keep_spans: bool, times: Mapping[str, float] | None = None,
