@@ -40,6 +40,9 @@ def dtype_key(dtype: object) -> str:
 
 # an op class (`parc.ops.op_class`) -> the class a device without its figures prices it as
 CLASS_FALLBACK = {"SoftmaxMasked": "Softmax"}
+# classes whose pieces (`parc.ops.node_pieces`) count elements of a lowering, not short runs: a
+# device without their own piece cost charges them none (not `node_piece`, a run's cost)
+OWN_PIECES = frozenset({"Conv", "ConvWeightGrad", "ConvTranspose"})
 
 
 @dataclass(frozen=True)
@@ -155,8 +158,8 @@ class DeviceSpec:
 
     def piece_cost(self, op_class: str = "") -> float:
         """Seconds per short piece (`parc.ops.node_pieces`) a node of `op_class` walks
-        (`node_piece` unless the class has its own `op_piece`)."""
-        return self._per_class("op_piece", self.node_piece, op_class)
+        (`node_piece` unless the class has its own `op_piece`; 0 for a class of `OWN_PIECES`)."""
+        return self._per_class("op_piece", 0.0 if op_class in OWN_PIECES else self.node_piece, op_class)
 
     def peak(self, dtype: object) -> float:
         """Peak FLOP/s for `dtype`; types the device has no fast path for run at its float32 rate."""

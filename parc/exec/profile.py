@@ -102,9 +102,20 @@ CONVS = {
              ((16, 32, 16, 16), (64, 32, 1, 1), {})),
     "ConvWeightGrad": (((8, 16, 32, 32), (8, 16, 32, 32), {"pads": [1, 1, 1, 1]}),
                        ((16, 16, 16, 16), (16, 16, 16, 16), {"pads": [1, 1, 1, 1]}),
-                       ((32, 16, 8, 8), (32, 16, 8, 8), {"pads": [1, 1, 1, 1]})),
+                       ((32, 16, 8, 8), (32, 16, 8, 8), {"pads": [1, 1, 1, 1]}),
+                       ((16, 16, 32, 32), (8, 16, 32, 32), {})),
     "ConvTranspose": (((16, 32, 16, 16), (32, 16, 2, 2), {"strides": [2, 2]}),
                       ((16, 64, 8, 8), (64, 32, 2, 2), {"strides": [2, 2]})),
+}
+# on a CPU, the same classes again with few channels (8 of them in or out) and as an input's
+# gradient (a 3x3 ConvTranspose), so that each class's rate and piece cost can be fitted together
+# (`fit_conv_pieces`): the time of a product with few rows goes with its lowering's elements
+NARROW_CONVS = {
+    "Conv": (((16, 8, 32, 32), (8, 8, 3, 3), {"pads": [1, 1, 1, 1]}),
+             ((16, 32, 16, 16), (8, 32, 3, 3), {"pads": [1, 1, 1, 1]})),
+    "ConvTranspose": (((16, 8, 32, 32), (8, 8, 3, 3), {"pads": [1, 1, 1, 1]}),
+                      ((16, 32, 8, 8), (32, 32, 3, 3), {"pads": [1, 1, 1, 1]}),
+                      ((16, 16, 16, 16), (16, 32, 3, 3), {"pads": [1, 1, 1, 1]})),
 }
 ALL_REDUCE_BYTES = (64, 65536, 1 << 20, 4 << 20)
 
@@ -122,6 +133,7 @@ class Sizes:
     piece_cols: int = 0  # columns of the memory-bound ops again on short pieces (`PIECE_OPS`), 0: none
     sweep_rows: tuple[int, ...] = ()  # x 256 columns: an Add again at these sizes, for the caches' reach (`fit_cache`)
     gemms: tuple = ()  # (a, b, attributes) of Gemms as a weight's gradient has them (the `Gemm` class)
+    conv_pieces: bool = False  # fit each convolution class's piece cost with its rate (`fit_conv_pieces`)
 
 
 # a small model's tensors ([64, 64] float32: 16 KiB, as a GPT-2 export's [128, 32] bias gradient)
@@ -152,7 +164,8 @@ CACHE_RATIO = 1.5
 # the MatMul rate's price in gpt-tiny's step (1.1x a MatMul of the same FLOPs alone); `Gemm` is
 # its own class
 GEMMS = (((2048, 256), (2048, 768), {"transA": 1}), ((2048, 768), (2048, 256), {"transA": 1}))
-CPU_SIZES = Sizes(MEMORY_ROWS, MATMULS, CONVS, POOL_BYTES, SMALL, SMALL_MATMULS, PIECE_COLS, SWEEP_ROWS, GEMMS)
+CPU_SIZES = Sizes(MEMORY_ROWS, MATMULS, {cls: cases + NARROW_CONVS.get(cls, ()) for cls, cases in CONVS.items()},
+                  POOL_BYTES, SMALL, SMALL_MATMULS, PIECE_COLS, SWEEP_ROWS, GEMMS, conv_pieces=True)
 # a GPU's training step: gpt-medium's products at batch 8 x 1024 tokens (QKV, attention output,
 # MLP down, a weight gradient, attention scores and context over 8 x 16 heads), tensors of 16-256
 # MiB (an H100's L2 holds 50 MiB: the rotation leaves it), convolutions of a ResNet's middle stages
@@ -655,6 +668,8 @@ def measure_rank(comm, threads: int, budget: float = BUDGET, engine: tuple[str, 
                "flops_per_s": flops / max(t - floor, 1e-9)}
         if count is not None:  # a model's own: its nodes of this shape
             row["count"] = count
+        elif sizes.conv_pieces and cls not in PRODUCTS:
+            row["pieces"] = _pieces(model)
         rows["matmul" if cls in PRODUCTS else "conv"].append(row)
     if comm.size > 1:
         rows["all_reduce"] = _all_reduces(comm, threads, engine)
@@ -794,6 +809,31 @@ def fit_pieces(rows: dict, streams: dict, cache: tuple[float, float]) -> dict[st
     return out
 
 
+def fit_conv_pieces(convs: list[dict], rates: dict, cap: float, floor: float) -> dict[str, float]:
+    """Per convolution class whose built-in rows carry pieces (`parc.ops.node_pieces`: the elements
+    of the lowering): seconds per piece, fitted with the class's rate (t - launch floor = FLOPs /
+    rate + pieces * cost, least squares on the relative error), the rate going into `rates`. A rate
+    above `cap` (the 2-D product's: a convolution is one) is held at it and the cost fitted alone; a
+    class whose cost comes out negative keeps its mean rate and a cost of 0, as does a class
+    measured at a model's own shapes (rows with a `count`: their total rate is the model's step)."""
+    out: dict[str, float] = {}
+    for cls in {r["class"] for r in convs}:
+        out[cls] = 0.0  # written as 0: a k-rank section must not inherit one rank's cost
+        measured = [r for r in convs if r["class"] == cls and "pieces" in r]
+        if len(measured) < 2 or any("count" in r for r in convs if r["class"] == cls):
+            continue
+        t = np.array([max(r["s"] - floor, 1e-9) for r in measured])
+        a = np.array([[r["flops"], r["pieces"]] for r in measured]) / t[:, None]
+        (inv_rate, cost), *_ = np.linalg.lstsq(a, np.ones(len(t)), rcond=None)
+        if inv_rate < 1.0 / cap:
+            inv_rate = 1.0 / cap
+            rest = 1.0 - a[:, 0] * inv_rate
+            cost = float(a[:, 1] @ rest / (a[:, 1] @ a[:, 1]))
+        if cost > 0:
+            rates[cls], out[cls] = float(1.0 / inv_rate), float(cost)
+    return out
+
+
 def fit(rows: dict, k: int) -> dict:
     """Calibration fields (SI) from one rank's measured rows. Each class's rate is the geometric
     mean of its sizes' (a model's own products and convolutions, rows with a `count`: its FLOPs
@@ -819,12 +859,13 @@ def fit(rows: dict, k: int) -> dict:
             acc[0] += r["count"] * r["flops"]
             acc[1] += r["count"] * r["flops"] / r["flops_per_s"]
     rates.update({cls: flops / seconds for cls, (flops, seconds) in own.items()})
+    conv_piece = fit_conv_pieces(convs, rates, rates.get("MatMul", max(rates.values())), rows["launch_floor_s"])
     peak = max(rates.values())  # efficiencies are fractions of the fastest class's rate
     main = rates.get("MatMul", peak)
     cache = fit_cache(rows)  # a row within the caches gives memory's rate as its own / cache_speedup
     streams = by_class((MEMORY_CLASSES.get(r["op"]), r["bytes_per_s"] * _from_memory(r.get("bytes", 0), cache))
                        for r in rows["memory"])
-    piece = fit_pieces(rows, streams, cache)
+    piece = {**fit_pieces(rows, streams, cache), **conv_piece}
     bandwidth = max(streams.values())
     default = streams.get(None, bandwidth)
     # each class's floor: what its small cases take beyond the launch floor and what its rate

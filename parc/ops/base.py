@@ -355,7 +355,8 @@ def op_class(node: Node) -> str:
 
 
 CACHE_LINE = 64  # bytes: a piece shorter than this costs a whole piece to walk (`node_pieces`)
-ROW_OPS = ("Softmax", "LogSoftmax", "LayerNormalization")  # ops that walk their input row by row
+ROW_OPS = ("Softmax", "LogSoftmax", "LayerNormalization")
+CONV_OPS = ("Conv", "ConvTranspose")  # their pieces are the elements of their lowering (`_conv_pieces`)  # ops that walk their input row by row
 # elementwise ops that broadcast their inputs against each other (span by span: `node_pieces`)
 BROADCAST_OPS = ("Add", "Sub", "Mul", "Div", "Pow", "Where", "Max", "Min", "Sum", "Mean", "Equal", "Greater",
                  "Less", "GreaterOrEqual", "LessOrEqual", "And", "Or", "Xor", "Mod", "PRelu", "BitShift")
@@ -366,7 +367,8 @@ def node_pieces(node: Node) -> float:
     bytes): a Transpose's runs (the trailing input dims it keeps last, in order; where it moves
     the last axis, the input's rows), the rows a Softmax, LogSoftmax or LayerNormalization
     normalises, and the spans of a broadcast (`_broadcast_span`: x[8, 16, 32] - mean[8, 16, 1]
-    walks 128 spans of 32). 0 for every other op, for a broadcast of a scalar, or where a shape is
+    walks 128 spans of 32); a convolution's are instead the elements of the matrices its lowering
+    builds (`_conv_pieces`). 0 for every other op, for a broadcast of a scalar, or where a shape is
     unknown. A CPU engine pays a fixed cost per piece (`DeviceSpec.piece_cost`): onnxruntime
     copies a Transpose's runs of 4-16 float32 at about 19 ns each on one thread of this project's
     host whatever their length (1.6-7 GB/s, against 60 GB/s for runs of 256), and runs of 32 and 64
@@ -375,6 +377,8 @@ def node_pieces(node: Node) -> float:
     subtraction (spans of 16) 13 us. The roofline's rates are measured on long pieces."""
     if not node.inputs or node.inputs[0] is None:
         return 0.0
+    if node.op_type in CONV_OPS:
+        return _conv_pieces(node)
     if node.op_type in BROADCAST_OPS:
         y = node.outputs[0] if node.outputs else None
         if y is None or not _known(y):
@@ -410,6 +414,28 @@ def node_pieces(node: Node) -> float:
     else:
         return 0.0
     return size / span * min(1.0, CACHE_LINE / (span * item))
+
+
+def _conv_pieces(node: Node) -> float:
+    """The elements of the matrices onnxruntime's CPU convolution builds around its products, per
+    image and group: a Conv expands its input into columns (im2col: C/g x kernel rows by the
+    output's positions) and reads its weights again for each image; a ConvTranspose writes its
+    product's columns (M/g x kernel rows by the input's positions) and folds them into the output
+    (col2im). Their cost per element is the class's piece cost (`DeviceSpec.piece_cost`), fitted
+    with its rate (`parc.exec.profile.fit_conv_pieces`): onnxruntime ran unet-tiny's 3x3
+    convolutions with 8 output channels at 75 GFLOP/s and those with 32 at 120 on this project's
+    host, two threads; a GEMM with few rows is bound by the expanded operand, not its FLOPs. 0
+    where a shape is unknown."""
+    if len(node.inputs) < 2 or node.inputs[1] is None or not node.outputs or node.outputs[0] is None:
+        return 0.0
+    x, w, y = node.inputs[0], node.inputs[1], node.outputs[0]
+    if not (_known(x) and _known(w) and _known(y)) or len(x.shape) < 3 or len(w.shape) != len(x.shape):
+        return 0.0
+    batch, channels, kernel = x.shape[0], x.shape[1], math.prod(w.shape[2:])
+    if node.op_type == "ConvTranspose":
+        return float(batch * w.shape[1] * node.attr("group", 1) * kernel * math.prod(x.shape[2:]))
+    rows = w.shape[1] * kernel  # C/g x kernel: one group's expanded input rows
+    return float(batch * channels * kernel * math.prod(y.shape[2:]) + batch * w.shape[0] * rows)
 
 
 def _known(v) -> bool:

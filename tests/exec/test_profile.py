@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -492,3 +494,49 @@ def test_pieces_and_floors_measured_within_the_caches_are_fitted_at_the_caches_r
     f = prof.fit(rows, 1)
     assert f["memory_op_efficiency"]["Transpose"] * f["memory_bandwidth"] == pytest.approx(rate)
     assert f["op_piece"]["Transpose"] == pytest.approx(cost) and f["op_floor"]["Transpose"] == pytest.approx(3e-6)
+
+
+def test_a_convolution_class_rate_and_piece_cost_are_fitted_together(tmp_path):
+    """Rows of a machine whose 2-D products run 100 GFLOP/s, where a Conv runs 80 GFLOP/s plus 0.12 ns
+    an element of its lowering and a ConvTranspose 40 GFLOP/s plus 0.3 ns: both recovered, and the
+    calibration prices a node with both."""
+    launch = 1e-6
+    rows = _rows(0, 1, 0, 1)
+    rows["launch_floor_s"] = launch
+    truth = {"Conv": (80e9, 0.12e-9), "ConvTranspose": (40e9, 0.3e-9)}
+    cases = {"Conv": [(75e6, 2.4e6), (75e6, 1.2e6), (19e6, 1.2e6), (17e6, 0.16e6)],
+             "ConvTranspose": [(19e6, 1.2e6), (19e6, 0.3e6), (38e6, 1.2e6)]}
+    rows["conv"] = [{"class": cls, "flops": f, "pieces": p, "s": launch + f / truth[cls][0] + p * truth[cls][1],
+                     "input": [1], "weight": [1]} for cls, items in cases.items() for f, p in items]
+    for r in rows["conv"]:
+        r["flops_per_s"] = r["flops"] / (r["s"] - launch)
+    f = prof.fit(rows, 1)
+    peak = f["peak_float32"]
+    for cls, (rate, cost) in truth.items():
+        assert f["op_efficiency"][cls] * peak == pytest.approx(rate, rel=1e-6)
+        assert f["op_piece"][cls] == pytest.approx(cost, rel=1e-6)
+    out = tmp_path / "c.yaml"
+    prof.write_calibration(out, {1: f}, {1: rows}, "cpu", "shm")
+    cpu = load_constants(out).apply(parse_devices("1xcpu")).devices[0]
+    assert cpu.piece_cost("ConvTranspose") == pytest.approx(0.3e-9)
+    # a rate above the 2-D product's is held at it, and the cost carries the rest
+    fast = {**rows, "conv": [{**r, "s": launch + r["flops"] / 1e15 + r["pieces"] * 1e-9}
+                             for r in rows["conv"] if r["class"] == "Conv"]}
+    for r in fast["conv"]:
+        r["flops_per_s"] = r["flops"] / (r["s"] - launch)
+    g = prof.fit(fast, 1)
+    assert g["op_efficiency"]["Conv"] * g["peak_float32"] == pytest.approx(g["peak_float32"] * g["compute_efficiency"])
+    assert g["op_piece"]["Conv"] > 0
+    # a model's own shapes (rows with a count): their rate as measured, no piece cost
+    own = {**rows, "conv": [{**r, "count": 2} for r in rows["conv"]]}
+    h = prof.fit(own, 1)
+    assert h["op_piece"]["Conv"] == 0.0 and h["op_piece"]["ConvTranspose"] == 0.0
+
+
+def test_a_device_without_a_convolutions_piece_cost_charges_its_pieces_nothing():
+    from parc.cluster.devices import OWN_PIECES
+
+    cpu = dataclasses.replace(parse_devices("1xcpu").devices[0], node_piece=1e-8)  # a run's cost
+    assert cpu.piece_cost("Transpose") == 1e-8
+    assert all(cpu.piece_cost(cls) == 0.0 for cls in OWN_PIECES)
+    assert dataclasses.replace(cpu, op_piece={"Conv": 2e-10}).piece_cost("Conv") == 2e-10
