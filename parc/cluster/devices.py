@@ -40,9 +40,10 @@ def dtype_key(dtype: object) -> str:
 
 # an op class (`parc.ops.op_class`) -> the class a device without its figures prices it as
 CLASS_FALLBACK = {"SoftmaxMasked": "Softmax"}
-# classes whose pieces (`parc.ops.node_pieces`) count elements of a lowering, not short runs: a
-# device without their own piece cost charges them none (not `node_piece`, a run's cost)
-OWN_PIECES = frozenset({"Conv", "ConvWeightGrad", "ConvTranspose"})
+# classes whose pieces (`parc.ops.node_pieces`) count something other than short runs of memory
+# (a convolution's lowering's elements, a Where's runs of its condition): a device without their
+# own piece cost charges them none (not `node_piece`, a run's cost)
+OWN_PIECES = frozenset({"Conv", "ConvWeightGrad", "ConvTranspose", "Where"})
 
 
 @dataclass(frozen=True)

@@ -149,6 +149,9 @@ SMALL_MATMULS = (((), 128, 64, 64), ((8, 4), 16, 16, 16))
 # built-in sizes' pieces, each class's rate and piece cost are fitted together (`fit`)
 PIECE_OPS = ("Transpose", "TransposeLastAxis", "Softmax", "LayerNorm", "SubRows")
 PIECE_ROWS, PIECE_COLS = 4096, 32
+# memory-bound ops whose built-in rows already differ in pieces per byte (a Where over a random
+# mask and over a causal triangle: `parc.ops.base._where_runs`), fitted like `PIECE_OPS`
+RUN_OPS = ("Where", "WhereMasked")
 # an Add again on [rows, 256] (0.75, 1.5, 6 and 24 MiB moved, between the memory rows' 3, 12 and
 # 48): where its rate falls from the caches' to memory's (`fit_cache`). On this project's 2-core
 # host one rank's Add streamed 144 GB/s at 3 MiB and 52-55 GB/s at 12 and 48 MiB; a single rate
@@ -182,7 +185,12 @@ GPU_SIZES = Sizes(
     512 << 20)
 PROBE = ((), 2048, 256, 768)  # the product whose time says how fast the host runs now (`host_probe`)
 STEADY = 1.15  # a profile whose probes differ by more than this factor warns that the host moved
-ARRIVALS, ARRIVAL_STEP, BURST = 12, 1e-3, 6  # rounds per size, seconds between arrivals, all-reduces per round
+# rounds per size, seconds between arrivals, all-reduces per round. With 12 rounds, five profiles
+# of this project's 4-rank host put the handoff at 0.49-0.90 ms and split the small all-reduce's
+# cost between a call and alpha in three different ways (moe-tiny's pipeline, whose stages' 2-rank
+# collectives pay both, was predicted -2% and +62% off its runs); with 36, two profiles in a row
+# gave 0.47 and 0.49 ms, calls of 0.16 and 0.12 ms, for 4 s more a profile
+ARRIVALS, ARRIVAL_STEP, BURST = 36, 1e-3, 6
 
 
 def _model(nodes, inputs: dict[str, tuple], output: str, inits=()):
@@ -796,9 +804,13 @@ def fit_pieces(rows: dict, streams: dict, cache: tuple[float, float]) -> dict[st
     (not none: a k-rank section of the file laid over one rank's would inherit that one's)."""
     out: dict[str, float] = {}
     floor = rows["launch_floor_s"]
-    for op in {r["op"] for r in rows.get("pieces", [])}:
-        cls = MEMORY_CLASSES.get(op)
-        measured = [r for r in rows["memory"] + rows["pieces"] if MEMORY_CLASSES.get(r["op"]) == cls]
+    classes = {MEMORY_CLASSES.get(r["op"]) for r in rows.get("pieces", [])}
+    if rows.get("pieces"):
+        classes |= {MEMORY_CLASSES.get(op) for op in RUN_OPS}  # their memory rows differ in runs
+    for cls in classes:
+        measured = [r for r in rows["memory"] + rows.get("pieces", []) if MEMORY_CLASSES.get(r["op"]) == cls]
+        if not measured:
+            continue
         t = np.array([max(r["s"] - floor, 1e-9) for r in measured])
         a = np.array([[r["bytes"] * _from_memory(r["bytes"], cache), r.get("pieces", 0.0)]
                       for r in measured]) / t[:, None]

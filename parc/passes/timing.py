@@ -78,12 +78,17 @@ def module_seconds(model: onnx.ModelProto, device: DeviceSpec, info: Mapping[str
     if key not in _MODULE_SECONDS:
         from parc.ir.dtypes import DType
         from parc.ir.graph import Node, Value
+        from parc.ir.tensor import TensorData
         from parc.ops.base import node_pieces, node_work, op_class
 
         shapes = dict(info)
         for init in model.graph.initializer:
             shapes[init.name] = (init.data_type, tuple(init.dims))
         values: dict[str, Value] = {}
+        # boolean constants (a Where's mask): the runs of a condition are its pieces (`node_pieces`)
+        for init in model.graph.initializer:
+            if init.data_type == onnx.TensorProto.BOOL:
+                values[init.name] = Value(init.name, const=TensorData.from_array(numpy_helper.to_array(init)))
 
         def value(name: str) -> Value | None:
             if not name:

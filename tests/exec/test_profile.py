@@ -540,3 +540,26 @@ def test_a_device_without_a_convolutions_piece_cost_charges_its_pieces_nothing()
     assert cpu.piece_cost("Transpose") == 1e-8
     assert all(cpu.piece_cost(cls) == 0.0 for cls in OWN_PIECES)
     assert dataclasses.replace(cpu, op_piece={"Conv": 2e-10}).piece_cost("Conv") == 2e-10
+
+
+def test_a_wheres_rate_and_cost_a_run_are_fitted_from_its_two_masks():
+    """A Where streams at 20 GB/s and pays 7 ns where its condition changes: the random mask's rows
+    and the causal triangle's differ in runs per byte, which tells the two apart."""
+    launch, rate, run = 1e-6, 20e9, 7e-9
+    rows = _rows(0, 1, 0, 1)
+    rows["launch_floor_s"] = launch
+    rows["memory"] = []
+    for op in prof.RUN_OPS:
+        for r in (1024, 4096):
+            model, nbytes = prof._memory_op(op, r)
+            pieces = prof._pieces(model)
+            rows["memory"].append({"op": op, "bytes": nbytes, "pieces": pieces, "s": launch + nbytes / rate + pieces * run})
+    rows["memory"] += [{"op": "Add", "bytes": b, "s": launch + b / 40e9} for b in (3 << 20, 12 << 20)]
+    for r in rows["memory"]:
+        r["bytes_per_s"] = r["bytes"] / (r["s"] - launch)
+    rows["pieces"] = [{"op": "SubRows", "bytes": 1 << 20, "pieces": 2048.0, "s": launch + (1 << 20) / 40e9 + 2048 * 8e-9}]
+    f = prof.fit(rows, 1)
+    assert f["memory_op_efficiency"]["Where"] * f["memory_bandwidth"] == pytest.approx(rate, rel=1e-6)
+    assert f["op_piece"]["Where"] == pytest.approx(run, rel=1e-6)
+    random, masked = (r["pieces"] / r["bytes"] for r in rows["memory"][::2][:2])
+    assert random > 30 * masked  # a random mask changes at every other element

@@ -49,8 +49,9 @@ def test_a_broadcast_walks_its_spans():
     assert node_pieces(_node("Mul", [(8, 4, 16, 16), (8, 4, 16, 1)], (8, 4, 16, 16))) == 512
     # a bias: spans of its 96
     assert node_pieces(_node("Add", [(128, 96), (96,)], (128, 96))) == pytest.approx(128 * 64 / 384)
-    # a mask shared by the heads: spans of 16, the innermost run over which every input is whole
-    assert node_pieces(_node("Where", [(8, 1, 16), (8, 4, 16), ()], (8, 4, 16))) == 32
+    # a factor shared by the heads: spans of 16, the innermost run over which every input is whole
+    # (a Where's pieces are its condition's runs instead: `test_a_wheres_pieces_are_...`)
+    assert node_pieces(_node("Mul", [(8, 1, 16), (8, 4, 16)], (8, 4, 16))) == 32
     # no broadcast, or a scalar's: one span, not priced
     assert node_pieces(_node("Add", [(128, 96), (128, 96)], (128, 96))) == 0
     assert node_pieces(_node("Mul", [(8, 16, 128), ()], (8, 16, 128))) == 0
@@ -106,3 +107,35 @@ def test_a_convolutions_pieces_are_the_elements_of_its_lowering():
     assert node_pieces(wgrad) == 8 * 16 * 1024 * 9 + 8 * 4 * 16 * 1024
     # an unknown shape: none
     assert node_pieces(_node("Conv", [(16, 8, 32, 32), (16, 8, 3, 3)], None)) == 0
+
+
+def _where(cond: Value, out_shape) -> Node:
+    return Node("Where", [cond, _v("a", out_shape), _v("b", ())], [_v("y", out_shape)])
+
+
+def test_a_wheres_pieces_are_the_runs_of_its_condition():
+    from parc.ir.tensor import TensorData
+
+    def const(name, a):
+        return Value(name, const=TensorData.from_array(a))
+
+    causal = np.tri(8, 8, dtype=bool)  # row i: i + 1 True then False; runs change at each row's end
+    runs = 1 + int(np.count_nonzero(causal.ravel()[1:] != causal.ravel()[:-1]))
+    assert runs == 15
+    # broadcast over the batch and heads: its runs once per copy
+    assert node_pieces(_where(const("m", causal), (2, 4, 8, 8))) == runs * 8
+    # the whole output: its runs exactly
+    full = np.random.default_rng(0).random((4, 64)) > 0.5
+    assert node_pieces(_where(const("m", full), (4, 64))) == 1 + np.count_nonzero(full.ravel()[1:] != full.ravel()[:-1])
+    # broadcast inside (a column mask over rows): counted on the broadcast output
+    column = np.array([[True], [False]])
+    assert node_pieces(_where(const("m", column), (2, 16))) == 2
+    # a condition from data (a ReLU's gradient): as a random one, half the elements
+    relu = Value("pos", F32, (4, 64))
+    Node("Greater", [_v("x", (4, 64)), _v("zero", ())], [relu])
+    assert node_pieces(_where(relu, (4, 64))) == 128
+    # a mask cast from a constant buffer: a causal triangle's two runs a row
+    cast = Value("cast", F32, (8, 8))
+    Node("Cast", [const("buf", causal.astype(np.uint8))], [cast])
+    assert node_pieces(_where(cast, (2, 4, 8, 8))) == 2 * 2 * 4 * 8
+    assert node_pieces(_where(relu, None)) == 0

@@ -155,3 +155,24 @@ def test_a_softmax_the_graph_says_is_masked_is_priced_as_one():
     plain = module_seconds(model, cpu, info)
     assert module_seconds(model, cpu, info, frozenset({"sm", "other"})) > 5 * plain
     assert module_seconds(model, cpu, info, frozenset({"other"})) == plain
+
+
+def test_a_wheres_constant_mask_is_priced_by_its_runs():
+    """A module's boolean initializer is the Where's condition: a causal triangle broadcast over the
+    batch changes rarely, a random mask at every other element."""
+    shape = (16, 64, 64)
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)
+    zero = helper.make_tensor("zero", TensorProto.FLOAT, [], [0.0])
+    info = {n: (TensorProto.FLOAT, shape) for n in ("x", "y")}
+    cpu = replace(DEVICES["cpu"], memory_op_efficiency={"Where": 0.5}, op_piece={"Where": 7e-9})
+
+    def priced(mask: np.ndarray) -> float:
+        m = helper.make_tensor("m", TensorProto.BOOL, mask.shape, mask.ravel().tolist())
+        graph = helper.make_graph([helper.make_node("Where", ["m", "x", "zero"], ["y"])], "g", [x], [y], [m, zero])
+        return module_seconds(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), cpu, info)
+
+    causal = priced(np.tri(64, 64, dtype=bool))
+    noisy = priced(np.random.default_rng(0).random((64, 64)) > 0.5)
+    runs = 16 * 64 * 64 / 2
+    assert noisy - causal == pytest.approx(7e-9 * (runs - 16 * 127), rel=0.05)
