@@ -104,6 +104,31 @@ def test_binary_broadcasting(data, op):
     check_op(op, inputs)
 
 
+@pytest.mark.parametrize("c", [1.0, 2.0, 3.0, 1.5, 2.5, -1.0, 0.5])
+def test_pow_by_a_constant_exponent(c):
+    """A constant exponent's gradient is written without a Pow where c - 1 is 1, 2 or 0.5; every
+    one matches finite differences, on a scalar exponent and on one broadcast as [1, 1]."""
+    rng = np.random.default_rng(int(c * 10) + 100)
+    x = rng.uniform(0.5, 2.0, (3, 4))
+    check_op("Pow", [P(x), np.array(c)])
+    check_op("Pow", [P(x), np.array([[c]])])
+
+
+def test_the_gradient_of_a_square_has_no_pow():
+    from onnx import TensorProto, helper, numpy_helper
+
+    from parc.autodiff import differentiate
+    from parc.ir.importer import from_model
+
+    x = numpy_helper.from_array(np.ones((4, 8), np.float32), "x")
+    two = numpy_helper.from_array(np.array(2.0, np.float32), "two")
+    nodes = [helper.make_node("Pow", ["x", "two"], ["y"]), helper.make_node("ReduceSum", ["y"], ["loss"], keepdims=0)]
+    graph = helper.make_graph(nodes, "g", [], [helper.make_tensor_value_info("loss", TensorProto.FLOAT, [])], [x, two])
+    g = from_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]))
+    differentiate(g, g.outputs[0], [g.constants["x"]])
+    assert [n.op_type for n in g.nodes].count("Pow") == 1  # the forward's only
+
+
 UNARY = {  # op: (input sampler, runtime)
     "Neg": (lambda rng, s: randn(rng, s), ORT),
     "Sqrt": (lambda rng, s: rng.uniform(0.2, 3, s), ORT),

@@ -104,12 +104,41 @@ def _pow(ctx: GradContext, node: Node, dys: Grads) -> Grads:
     a, b = _in(node, 0), _in(node, 1)
     da = db = None
     if ctx.need(0):  # b * a^(b-1), with b cast to a's type
-        bb = ctx.cast_like(b, a)
-        da = ctx.op("Mul", [dy, ctx.op("Mul", [bb, ctx.op("Pow", [a, ctx.op("Sub", [bb, ctx.scalar(1, a)])])])])
+        c = _constant_exponent(b)
+        if c is not None:
+            da = ctx.op("Mul", [dy, _pow_factor(ctx, a, c)]) if c != 1 else dy
+        else:
+            bb = ctx.cast_like(b, a)
+            da = ctx.op("Mul", [dy, ctx.op("Mul", [bb, ctx.op("Pow", [a, ctx.op("Sub", [bb, ctx.scalar(1, a)])])])])
         da = ctx.unbroadcast(da, a.shape)
     if ctx.need(1):  # y * log(a)
         db = ctx.unbroadcast(ctx.op("Mul", [dy, ctx.op("Mul", [y, ctx.op("Log", [a])])]), b.shape)
     return [da, db]
+
+
+def _constant_exponent(b: Value) -> float | None:
+    """A Pow's exponent where it is a constant of one element (RMSNorm's 2, a tanh GELU's 3)."""
+    if b.const is None or b.shape is None or int(np.prod(b.shape)) != 1:
+        return None
+    c = float(np.asarray(b.const.numpy()).reshape(()))
+    return c if np.isfinite(c) else None
+
+
+def _pow_factor(ctx: GradContext, a: Value, c: float) -> Value:
+    """c * a^(c-1) for a constant exponent c, with no Pow where c - 1 is 1, 2 or 0.5 (a, a * a,
+    Sqrt(a)): onnxruntime's CPU Pow takes an exponent other than 2 or 3 element by element
+    through pow(), 0.48 ms against 0.025 ms for x^2 on [32, 64, 32] on this project's host, and
+    RMSNorm's and T5's x^2 had a gradient of 2 * x^1.0 that ran that way."""
+    e = c - 1.0
+    if e == 1:
+        power = a
+    elif e == 2:
+        power = ctx.op("Mul", [a, a])
+    elif e == 0.5:
+        power = ctx.op("Sqrt", [a])
+    else:
+        power = ctx.op("Pow", [a, ctx.scalar(e, a)])
+    return ctx.op("Mul", [power, ctx.scalar(c, a)])
 
 
 @grad("Sqrt")
