@@ -441,6 +441,10 @@ def _conv_pieces(node: Node) -> float:
 
 
 RUNS_EXACT = 1 << 22  # a broadcast condition of up to this many output elements has its runs counted exactly
+# (constant, output shape) -> runs: the planner asks for a node's pieces once per strategy, and a
+# [1024, 1024] mask takes a millisecond to count
+_RUNS: dict[tuple[int, tuple], tuple[object, float]] = {}
+RUNS_KEPT = 256
 
 
 def _where_runs(node: Node) -> float:
@@ -459,14 +463,21 @@ def _where_runs(node: Node) -> float:
     if cond is None:
         return 0.0
     if cond.const is not None and cond.shape is not None and len(cond.shape) <= len(shape):
-        a = np.asarray(cond.const.numpy()) != 0
-        a = a.reshape((1,) * (len(shape) - a.ndim) + a.shape)
-        lead = 0
-        while lead < len(shape) and a.shape[lead] == 1 and shape[lead] > 1:
-            lead += 1
-        if a.shape[lead:] == tuple(shape[lead:]) or size > RUNS_EXACT:  # copies of the whole (or as if)
-            return float(_runs(a.ravel()) * (size // max(a.size, 1)))
-        return float(_runs(np.broadcast_to(a, shape).ravel()))
+        key = (id(cond.const), tuple(shape))
+        if key not in _RUNS:
+            if len(_RUNS) >= RUNS_KEPT:
+                _RUNS.clear()
+            a = np.asarray(cond.const.numpy()) != 0
+            a = a.reshape((1,) * (len(shape) - a.ndim) + a.shape)
+            lead = 0
+            while lead < len(shape) and a.shape[lead] == 1 and shape[lead] > 1:
+                lead += 1
+            if a.shape[lead:] == tuple(shape[lead:]) or size > RUNS_EXACT:  # copies of the whole (or as if)
+                runs = float(_runs(a.ravel()) * (size // max(a.size, 1)))
+            else:
+                runs = float(_runs(np.broadcast_to(a, shape).ravel()))
+            _RUNS[key] = (cond.const, runs)  # the constant kept alive while its id is a key
+        return _RUNS[key][1]
     seen: set[int] = set()
 
     def from_const(v, depth: int) -> bool:

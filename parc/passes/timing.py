@@ -50,6 +50,14 @@ from parc.sharding.reshard import Collective
 # was also an output, and 4 us where it was not; a 4 MiB one whose input an Add also read added
 # 30-57 us (a copy is about 170 us). parc's array engine returns a view either way
 VIEW_OPS = ("Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity")
+# what onnxruntime's CPU graph optimizer folds into a product, run as part of it at no cost of its
+# own (`fused_into_products`): a 2-D Transpose read only by a MatMul (MatmulTransposeFusion: the
+# product packs its operand transposed), as `parc grad` writes a weight's gradient x^T dy. In
+# gpt-tiny's step on this project's host such products ran in 0.67-0.82 ms against 0.75 ms priced
+# for the MatMul alone; batched ones read transposed (attention's) took 0.36-0.41 ms against 0.20,
+# about the separate Transpose's price, and a bias Add folded into a Gemm 0.1-0.4 ms beyond the
+# MatMul, about the Add's: those stay priced
+FUSED_PRODUCT = "MatMul"
 # (module digest, device) -> seconds: the ranks of an even mesh (lowered in one process) share them
 _MODULE_SECONDS: dict[tuple[str, str], float] = {}
 _MODULE_SECONDS_MAX = 10_000
@@ -119,10 +127,39 @@ def module_seconds(model: onnx.ModelProto, device: DeviceSpec, info: Mapping[str
             consts = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer
                       if t.data_type == onnx.TensorProto.INT64 and len(t.dims) <= 1}
             work = _on_the_array_engine(nodes, work, [o.name for o in model.graph.output], consts)
+        else:
+            fused = fused_into_products(model)
+            work = [w for i, w in enumerate(work) if i not in fused]
         total = sum(compute_time(flops, nbytes, device, dtype, cls, queued=True, pieces=pieces)
                     for flops, nbytes, dtype, cls, pieces in work)
         _MODULE_SECONDS[key] = total
     return _MODULE_SECONDS[key]
+
+
+def fused_into_products(model: onnx.ModelProto) -> set[int]:
+    """The indices of a module's nodes that onnxruntime's CPU graph optimizer folds into a MatMul
+    at no cost of their own (`FUSED_PRODUCT`): a 2-D Transpose whose one reader is a MatMul and
+    whose result is not a module output, unless its input is a Transpose's (onnxruntime merges the
+    two into one that stays)."""
+    graph = model.graph
+    outputs = {o.name for o in graph.output}
+    readers: dict[str, list[int]] = {}
+    for i, n in enumerate(graph.node):
+        for name in n.input:
+            if name:
+                readers.setdefault(name, []).append(i)
+    producer = {o: i for i, n in enumerate(graph.node) for o in n.output}
+    nodes = graph.node
+    out: set[int] = set()
+    for i, n in enumerate(nodes):
+        if n.op_type != "Transpose" or n.domain not in ("", "ai.onnx") or not n.output or n.output[0] in outputs:
+            continue
+        perm = next((list(a.ints) for a in n.attribute if a.name == "perm"), None)
+        only = readers.get(n.output[0], [])
+        after_transpose = n.input[0] in producer and nodes[producer[n.input[0]]].op_type == "Transpose"
+        if perm == [1, 0] and not after_transpose and len(only) == 1 and nodes[only[0]].op_type == FUSED_PRODUCT:
+            out.add(i)
+    return out
 
 
 def _on_the_array_engine(nodes: list, work: list[tuple], graph_outputs: list[str],

@@ -31,6 +31,7 @@ def _module() -> tuple[onnx.ModelProto, dict]:
     outs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, shape[::-1] if n == "t" else shape)
             for n in ("t", "zz")]
     model = helper.make_model(helper.make_graph(nodes, "m", io, outs), opset_imports=[helper.make_opsetid("", 17)])
+
     info = {n: (TensorProto.FLOAT, tuple(shape)) for n in ("x", "w", "b", "z", "xw", "h", "r", "y", "zz")}
     info["t"] = (TensorProto.FLOAT, tuple(shape[::-1]))
     return model, info
@@ -89,6 +90,7 @@ def test_a_gpu_prices_a_softmax_gradient_as_one_pass():
     inits = [helper.make_tensor("axes", TensorProto.INT64, [1], [-1]), helper.make_tensor("two", TensorProto.FLOAT, [], [2.0])]
     model = helper.make_model(helper.make_graph(nodes, "m", io, [helper.make_tensor_value_info("out", TensorProto.FLOAT, shape)],
                                                 inits), opset_imports=[helper.make_opsetid("", 17)])
+
     info = {n: (TensorProto.FLOAT, tuple(shape)) for n in ("dy", "y", "p", "d", "dx", "out")}
     info["s"] = (TensorProto.FLOAT, (shape[0], 1))
     engine = ArrayEngine(model, device="cpu", fuse=True)
@@ -116,6 +118,7 @@ def test_onnxruntime_copies_a_view_into_or_out_of_a_module_output():
             nodes, "m", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1024, N // 1024])],
             [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in outputs], [shape]),
             opset_imports=[helper.make_opsetid("", 17)])
+
 
     info = {n: (TensorProto.FLOAT, (1024, N // 1024)) for n in ("x", "r", "a")}
     info.update({n: (TensorProto.FLOAT, (N,)) for n in ("v", "o")})
@@ -150,6 +153,7 @@ def test_a_softmax_the_graph_says_is_masked_is_priced_as_one():
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1024, 1024])
     model = helper.make_model(helper.make_graph([helper.make_node("Softmax", ["x"], ["y"], name="sm")], "m", [x], [y]),
                               opset_imports=[helper.make_opsetid("", 17)])
+
     info = {n: (TensorProto.FLOAT, (1024, 1024)) for n in ("x", "y")}
     cpu = replace(DEVICES["cpu"], memory_op_efficiency={"Softmax": 0.5, "SoftmaxMasked": 0.05})
     plain = module_seconds(model, cpu, info)
@@ -164,6 +168,7 @@ def test_a_wheres_constant_mask_is_priced_by_its_runs():
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)
     zero = helper.make_tensor("zero", TensorProto.FLOAT, [], [0.0])
+
     info = {n: (TensorProto.FLOAT, shape) for n in ("x", "y")}
     cpu = replace(DEVICES["cpu"], memory_op_efficiency={"Where": 0.5}, op_piece={"Where": 7e-9})
 
@@ -176,3 +181,40 @@ def test_a_wheres_constant_mask_is_priced_by_its_runs():
     noisy = priced(np.random.default_rng(0).random((64, 64)) > 0.5)
     runs = 16 * 64 * 64 / 2
     assert noisy - causal == pytest.approx(7e-9 * (runs - 16 * 127), rel=0.05)
+
+
+def test_a_weight_gradients_transpose_costs_nothing_on_a_cpu():
+    """MatMul(Transpose(x), dy), as `parc grad` writes a weight's gradient: onnxruntime's CPU
+    optimizer packs x transposed inside the product (MatmulTransposeFusion), so the module costs
+    its MatMul alone. A Transpose another node also reads, one whose result is a module output,
+    one of a Transpose (merged with it first) and a batched one (attention's) stay priced."""
+    from parc.cluster.cost import compute_time
+    from parc.passes.timing import fused_into_products
+
+    def module(extra_reader=False, of_transpose=False, as_output=False, batched=False):
+        shape = [4, 256, 512] if batched else [256, 512]
+        perm = [0, 2, 1] if batched else [1, 0]
+        nodes = [helper.make_node("Transpose", ["x0" if of_transpose else "x"], ["xt"], perm=perm),
+                 helper.make_node("MatMul", ["xt", "dy"], ["g"])]
+        if of_transpose:
+            nodes.insert(0, helper.make_node("Transpose", ["x"], ["x0"], perm=perm))
+        if extra_reader:
+            nodes.append(helper.make_node("Relu", ["xt"], ["r"]))
+        t = [*shape[:-2], shape[-1], shape[-2]]
+        io = [helper.make_tensor_value_info("x", TensorProto.FLOAT, t if of_transpose else shape),
+              helper.make_tensor_value_info("dy", TensorProto.FLOAT, [*shape[:-1], 512])]
+        outs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, None)
+                for n in ("g", *(("r",) if extra_reader else ()), *(("xt",) if as_output else ()))]
+        return helper.make_model(helper.make_graph(nodes, "m", io, outs), opset_imports=[helper.make_opsetid("", 17)])
+
+    assert fused_into_products(module()) == {0}
+    for kind in ("extra_reader", "as_output", "batched"):
+        assert fused_into_products(module(**{kind: True})) == set(), kind
+    assert fused_into_products(module(of_transpose=True)) == set()
+    info = {"x": (TensorProto.FLOAT, (256, 512)), "xt": (TensorProto.FLOAT, (512, 256)),
+            "dy": (TensorProto.FLOAT, (256, 512)), "g": (TensorProto.FLOAT, (512, 512)),
+            "r": (TensorProto.FLOAT, (512, 256))}
+    cpu = DEVICES["cpu"]
+    alone = compute_time(2 * 512 * 256 * 512, 4 * (2 * 256 * 512 + 512 * 512), cpu, "float32", "MatMul", queued=True)
+    assert module_seconds(module(), cpu, info) == pytest.approx(alone)
+    assert module_seconds(module(extra_reader=True), cpu, info) > alone
