@@ -300,18 +300,24 @@ def masked_softmax(node: Node) -> bool:
     all ones in a batch without padding) is not one: what it hides is not known."""
     if node.op_type != "Softmax" or not node.inputs or node.inputs[0] is None:
         return False
+    return _from_constant(node.inputs[0], lambda v: v.size > 1 and _masks_part(v.const.numpy()))
+
+
+def _from_constant(value, accept: Callable) -> bool:
+    """Whether within `MASK_DEPTH` producers of `MASK_OPS` back from `value` there is a constant
+    that `accept` takes (a mask, and what became of it)."""
     seen: set[int] = set()
 
-    def holds(v, depth: int) -> bool:
+    def walk(v, depth: int) -> bool:
         if v is None or id(v) in seen:
             return False
         seen.add(id(v))
         if v.const is not None:
-            return v.size > 1 and _masks_part(v.const.numpy())
+            return accept(v)
         p = v.producer
-        return depth > 0 and p is not None and p.op_type in MASK_OPS and any(holds(i, depth - 1) for i in p.inputs)
+        return depth > 0 and p is not None and p.op_type in MASK_OPS and any(walk(i, depth - 1) for i in p.inputs)
 
-    return holds(node.inputs[0], MASK_DEPTH)
+    return walk(value, MASK_DEPTH)
 
 
 def _masks_part(a) -> bool:
@@ -478,18 +484,7 @@ def _where_runs(node: Node) -> float:
                 runs = float(_runs(np.broadcast_to(a, shape).ravel()))
             _RUNS[key] = (cond.const, runs)  # the constant kept alive while its id is a key
         return _RUNS[key][1]
-    seen: set[int] = set()
-
-    def from_const(v, depth: int) -> bool:
-        if v is None or id(v) in seen:
-            return False
-        seen.add(id(v))
-        if v.const is not None:
-            return True
-        p = v.producer
-        return depth > 0 and p is not None and p.op_type in MASK_OPS and any(from_const(i, depth - 1) for i in p.inputs)
-
-    if from_const(cond, MASK_DEPTH):
+    if _from_constant(cond, lambda v: True):
         return 2.0 * size / shape[-1]
     return size / 2.0
 
