@@ -361,8 +361,8 @@ def op_class(node: Node) -> str:
 
 
 CACHE_LINE = 64  # bytes: a piece shorter than this costs a whole piece to walk (`node_pieces`)
-ROW_OPS = ("Softmax", "LogSoftmax", "LayerNormalization")
-CONV_OPS = ("Conv", "ConvTranspose")  # their pieces are the elements of their lowering (`_conv_pieces`)  # ops that walk their input row by row
+ROW_OPS = ("Softmax", "LogSoftmax", "LayerNormalization")  # ops that walk their input row by row
+CONV_OPS = ("Conv", "ConvTranspose")  # their pieces are the elements of their lowering (`_conv_pieces`)
 # elementwise ops that broadcast their inputs against each other (span by span: `node_pieces`)
 BROADCAST_OPS = ("Add", "Sub", "Mul", "Div", "Pow", "Where", "Max", "Min", "Sum", "Mean", "Equal", "Greater",
                  "Less", "GreaterOrEqual", "LessOrEqual", "And", "Or", "Xor", "Mod", "PRelu", "BitShift")
@@ -374,8 +374,8 @@ def node_pieces(node: Node) -> float:
     the last axis, the input's rows), the rows a Softmax, LogSoftmax or LayerNormalization
     normalises, and the spans of a broadcast (`_broadcast_span`: x[8, 16, 32] - mean[8, 16, 1]
     walks 128 spans of 32); a convolution's are instead the elements of the matrices its lowering
-    builds (`_conv_pieces`), a Where's the runs of its condition (`_where_runs`). 0 for every other op, for a broadcast of a scalar, or where a shape is
-    unknown. A CPU engine pays a fixed cost per piece (`DeviceSpec.piece_cost`): onnxruntime
+    builds (`_conv_pieces`), a Where's the runs of its condition (`_where_runs`). 0 for every
+    other op, for a broadcast of a scalar, or where a shape is unknown. A CPU engine pays a fixed cost per piece (`DeviceSpec.piece_cost`): onnxruntime
     copies a Transpose's runs of 4-16 float32 at about 19 ns each on one thread of this project's
     host whatever their length (1.6-7 GB/s, against 60 GB/s for runs of 256), and runs of 32 and 64
     at about a half and a quarter of that, which the weight gives; a GPT-2 export's attention

@@ -74,7 +74,8 @@ def _digest(model: onnx.ModelProto) -> str:
 def module_seconds(model: onnx.ModelProto, device: DeviceSpec, info: Mapping[str, tuple[int, tuple]],
                    masked: frozenset[str] = frozenset()) -> float:
     """Roofline seconds of every node of an ONNX module on `device` (on a CPU, a view op into or
-    out of a module output priced as the copy onnxruntime makes: `VIEW_OPS`); `info`: each value's (ONNX
+    out of a module output priced as the copy onnxruntime makes: `VIEW_OPS`, and what
+    onnxruntime folds into a product not at all: `fused_into_products`); `info`: each value's (ONNX
     type, local shape), as the lowering knows them (a module's slices of microbatches have
     shapes that depend on data, which shape inference cannot see); `masked`: the names of the
     graph's Softmax nodes over masked scores (`parc.ops.base.masked_softmax` needs the graph's
