@@ -363,8 +363,9 @@ def op_class(node: Node) -> str:
 CACHE_LINE = 64  # bytes: a piece shorter than this costs a whole piece to walk (`node_pieces`)
 ROW_OPS = ("Softmax", "LogSoftmax", "LayerNormalization")  # ops that walk their input row by row
 CONV_OPS = ("Conv", "ConvTranspose")  # their pieces are the elements of their lowering (`_conv_pieces`)
-# elementwise ops that broadcast their inputs against each other (span by span: `node_pieces`)
-BROADCAST_OPS = ("Add", "Sub", "Mul", "Div", "Pow", "Where", "Max", "Min", "Sum", "Mean", "Equal", "Greater",
+# elementwise ops that broadcast their inputs against each other (span by span: `node_pieces`; a
+# Where's pieces are its condition's runs instead, `_where_runs`)
+BROADCAST_OPS = ("Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Sum", "Mean", "Equal", "Greater",
                  "Less", "GreaterOrEqual", "LessOrEqual", "And", "Or", "Xor", "Mod", "PRelu", "BitShift")
 
 
