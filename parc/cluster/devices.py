@@ -39,7 +39,7 @@ def dtype_key(dtype: object) -> str:
 
 
 # an op class (`parc.ops.op_class`) -> the class a device without its figures prices it as
-CLASS_FALLBACK = {"SoftmaxMasked": "Softmax"}
+CLASS_FALLBACK = {"SoftmaxMasked": "Softmax", "SoftmaxPadded": "Softmax"}
 # classes whose pieces (`parc.ops.node_pieces`) count something other than short runs of memory
 # (a convolution's lowering's elements, a Where's runs of its condition): a device without their
 # own piece cost charges them none (not `node_piece`, a run's cost)

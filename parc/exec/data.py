@@ -4,7 +4,10 @@ Every rank builds the same whole batch for a step and keeps its piece (`Rank.dat
 the data a plan sees does not depend on how it is split. Synthetic data is a pool of `POOL`
 batches drawn from `numpy.random.default_rng((seed, k))` and cycled (step s uses batch
 s mod POOL): floats standard normal, integers uniform below the smallest table they index
-(token ids, class labels). A model can fit so few batches, so the loss falls: a smoke test of
+(token ids, class labels), and a boolean input, an integer one that indexes no table or a 0/1 one
+of two or more dims (an attention mask, which an export may look up in a table of two; token type
+ids) as padding: along its last axis ones and then zeros, with at most an eighth of each row
+padded (`padding`). A model can fit so few batches, so the loss falls: a smoke test of
 training, not a dataset. An npz file holds one array per data input
 with a leading step axis (``[steps, *shape]``) or exactly the input's shape (the same batch
 every step); names, shapes and dtypes are checked before any rank starts.
@@ -44,11 +47,26 @@ def synthetic(inputs: Sequence[Mapping], seed: int, step: int) -> dict[str, np.n
         shape = tuple(r["shape"])
         if np.issubdtype(dtype, np.floating):
             out[r["name"]] = rng.standard_normal(shape).astype(dtype)
-        elif dtype == np.bool_:
-            out[r["name"]] = rng.integers(0, 2, size=shape).astype(dtype)
+        elif dtype == np.bool_ or not r.get("high") or (r["high"] == 2 and len(shape) >= 2):
+            out[r["name"]] = padding(rng, shape).astype(dtype)
         else:
-            out[r["name"]] = rng.integers(0, r.get("high") or 2, size=shape).astype(dtype)
+            out[r["name"]] = rng.integers(0, r["high"], size=shape).astype(dtype)
     return out
+
+
+PADDED = 8  # a synthetic mask pads at most 1/PADDED of a row
+
+
+def padding(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
+    """A 0/1 mask as a batch's padding: each row (the last axis) holds ones, then zeros for up to
+    1/`PADDED` of its length. A mask drawn 0/1 at random, as these inputs were, hides scores in
+    the middle of every sentence, which no tokenizer writes, and onnxruntime's softmax runs about
+    five times as slow over one (every hidden score underflows) as over scores without padding."""
+    if not shape:
+        return np.ones((), dtype=np.int64)
+    n = shape[-1]
+    kept = n - rng.integers(0, n // PADDED + 1, size=shape[:-1])
+    return (np.arange(n) < np.maximum(kept, 1)[..., None]).astype(np.int64)
 
 
 class NpzData:

@@ -56,6 +56,7 @@ from pathlib import Path
 import numpy as np
 
 from parc.errors import UsageError
+from parc.exec.data import padding
 
 BUDGET = 0.6  # default seconds each benchmark runs (per rank, all ranks at once)
 CHAIN = 16  # nodes in a chain of tiny Adds (and 1): the slope is the per-node floor
@@ -81,13 +82,17 @@ POOL_BYTES = 0
 # axis (a fused QKV projection's parts and their gradients joined again), which onnxruntime copies
 # run by run: gpt-tiny's took 2.3 ms of a 62 ms two-rank module against 0.9 ms priced as Adds
 MEMORY_OPS = ("Add", "MulBroadcast", "Transpose", "TransposeLastAxis", "ReduceSumFirst", "ReduceMeanLast", "Softmax",
-              "SoftmaxMasked", "LayerNorm", "Div", "Sqrt", "Where", "WhereMasked", "Pow", "Tanh", "Erf", "ScatterAdd",
+              "SoftmaxMasked", "SoftmaxPadded", "LayerNorm", "Div", "Sqrt", "Where", "WhereMasked", "Pow", "Tanh", "Erf", "ScatterAdd",
               "Concat", "Split")
 # a benchmark input of this name holds attention's scores after a causal mask's fill (`_feeds`):
 # onnxruntime's Softmax takes a slow path where exp underflows, 7-8x its time on [32, 4, 64, 64]
 # on this project's host (random scores 102 us, a -1e4, -1e9 or -inf fill above the diagonal
 # 801-813 us, on 2 threads); a fill of -30 runs as fast as random scores
 MASKED = "scores"
+# and this one attention's scores after a padding mask's fill, the padding drawn as `parc run`'s
+# synthetic data draws it (`parc.exec.data.padding`): the slow path is taken by every block of a
+# row that holds a hidden score, so one padded score at a row's end costs the row about 4x
+PADDED = "padded_scores"
 MEMORY_ROWS = (1024, 4096, 16384)  # x 256 columns: 1, 4 and 16 MiB per tensor
 # matmuls as training graphs have them: ([batch...], m, k, n)
 MATMULS = (((), 2048, 256, 768), ((), 2048, 768, 256), ((), 256, 2048, 768), ((8, 4), 64, 64, 64),
@@ -147,7 +152,7 @@ SMALL_MATMULS = (((), 128, 64, 64), ((8, 4), 16, 16, 16))
 # the ops whose cost grows with the short pieces they walk (`parc.ops.node_pieces`), measured
 # again on [4096, 32] tensors (512 KiB; the transposes' runs 8 wide, the rows 32): with the
 # built-in sizes' pieces, each class's rate and piece cost are fitted together (`fit`)
-PIECE_OPS = ("Transpose", "TransposeLastAxis", "Softmax", "LayerNorm", "SubRows")
+PIECE_OPS = ("Transpose", "TransposeLastAxis", "Softmax", "SoftmaxPadded", "LayerNorm", "SubRows")
 PIECE_ROWS, PIECE_COLS = 4096, 32
 # memory-bound ops whose built-in rows already differ in pieces per byte (a Where over a random
 # mask and over a causal triangle: `parc.ops.base._where_runs`), fitted like `PIECE_OPS`
@@ -251,6 +256,9 @@ def _memory_op(op: str, rows: int, cols: int = 256):
     if op == "SoftmaxMasked":  # over [cols, cols] scores with a causal mask's fill (`MASKED`): half filled
         return _model([helper.make_node("Softmax", [MASKED], ["y"], axis=-1)],
                       {MASKED: (rows // cols, cols, cols)}, "y"), 2 * n
+    if op == "SoftmaxPadded":  # over [cols, cols] scores of a batch with padding (`PADDED`)
+        return _model([helper.make_node("Softmax", [PADDED], ["y"], axis=-1)],
+                      {PADDED: (rows // cols, cols, cols)}, "y"), 2 * n
     if op == "LayerNorm":
         w = numpy_helper.from_array(np.ones(cols, np.float32), "w")
         b = numpy_helper.from_array(np.zeros(cols, np.float32), "b")
@@ -590,6 +598,8 @@ def _feeds(session, pool_bytes: int = POOL_BYTES) -> list[dict]:
         x = rng.standard_normal(shape, dtype=np.float32)
         if name == MASKED:  # above the diagonal of its last two dims: a causal mask's fill
             x[..., ~np.tri(shape[-2], shape[-1], dtype=bool)] = -1e9
+        if name == PADDED:  # the keys a sequence's padding hides, for every query of it
+            x[~padding(rng, (*shape[:-2], shape[-1])).astype(bool)[..., None, :].repeat(shape[-2], -2)] = -1e9
         return x
 
     return [{n: session.place(values(n, s)) for n, s in session.shapes.items()} for _ in range(copies)]
@@ -734,6 +744,7 @@ def matmul_class(shape: Sequence[int]) -> str:
 MEMORY_CLASSES = {"Add": None, "MulBroadcast": None, "Transpose": "Transpose", "TransposeLastAxis": "TransposeLastAxis",
                   "ReduceSumFirst": "ReduceSum", "Div": "Div", "Sqrt": "Sqrt",
                   "ReduceMeanLast": "ReduceMean", "Softmax": "Softmax", "SoftmaxMasked": "SoftmaxMasked",
+                  "SoftmaxPadded": "SoftmaxPadded",
                   "LayerNorm": "LayerNormalization",
                   "Where": "Where", "WhereMasked": "Where", "Pow": "Pow", "Tanh": "Tanh", "Erf": "Erf",
                   "SubRows": None, "ScatterAdd": "ScatterND", "Concat": "Concat", "Split": "Split"}

@@ -289,6 +289,7 @@ def node_work(node: Node) -> tuple[float, float, Any]:
 MASK_OPS = ("Add", "Where", "Expand", "And", "Or", "Not", "Cast", "Unsqueeze", "Reshape", "Mul", "Sub")
 MASK_DEPTH = 5  # producers walked back from a Softmax's input to find the mask it was filled by
 UNDERFLOW = -87.0  # float32's exp is 0 or denormal below about this
+DATA_DEPTH = 10  # producers walked back from a mask to the data input it was made from
 
 
 def masked_softmax(node: Node) -> bool:
@@ -303,9 +304,45 @@ def masked_softmax(node: Node) -> bool:
     return _from_constant(node.inputs[0], lambda v: v.size > 1 and _masks_part(v.const.numpy()))
 
 
-def _from_constant(value, accept: Callable) -> bool:
+def masked_classes(graph) -> dict[str, str]:
+    """The class of each Softmax of `graph` over masked scores (`SoftmaxMasked` or
+    `SoftmaxPadded`), by node name: what a module of the graph, without its constants and data
+    inputs, is priced by (`parc.passes.timing.module_seconds`)."""
+    out = {}
+    for n in graph.nodes:
+        if n.op_type == "Softmax" and (cls := op_class(n)) in ("SoftmaxMasked", "SoftmaxPadded"):
+            out[n.name] = cls
+    return out
+
+
+def padded_softmax(node: Node) -> bool:
+    """Whether a Softmax's scores were filled by a mask made from data (`_made_from_data`: a
+    BERT export's padding mask, looked up or cast from its `attention_mask` input) and by no
+    constant mask (`masked_softmax`). What such a mask hides depends on the batch; the class
+    (`SoftmaxPadded`) is calibrated over padding as `parc.exec.data.padding` draws it, the synthetic
+    data `parc run` feeds: ones and then zeros at the end of each row."""
+    if node.op_type != "Softmax" or not node.inputs or node.inputs[0] is None or masked_softmax(node):
+        return False
+    return _from_constant(node.inputs[0], lambda v: False, also=_made_from_data)
+
+
+def _made_from_data(value, depth: int = DATA_DEPTH) -> bool:
+    """Whether `value` is an integer or boolean data input, or is computed from such inputs by ops
+    whose other operands are constants (a mask, not a shape: `Shape` and `Size` end the walk)."""
+    if value is None or value.const is not None:
+        return False
+    p = value.producer
+    if p is None:
+        return not value.is_param and value.dtype is not None and not value.dtype.is_float
+    if depth == 0 or p.op_type in ("Shape", "Size"):
+        return False
+    live = [i for i in p.inputs if i is not None and i.const is None]
+    return bool(live) and all(_made_from_data(i, depth - 1) for i in live)
+
+
+def _from_constant(value, accept: Callable, also: Callable | None = None) -> bool:
     """Whether within `MASK_DEPTH` producers of `MASK_OPS` back from `value` there is a constant
-    that `accept` takes (a mask, and what became of it)."""
+    that `accept` takes (a mask, and what became of it), or a value that `also` takes."""
     seen: set[int] = set()
 
     def walk(v, depth: int) -> bool:
@@ -314,6 +351,8 @@ def _from_constant(value, accept: Callable) -> bool:
         seen.add(id(v))
         if v.const is not None:
             return accept(v)
+        if also is not None and also(v):
+            return True
         p = v.producer
         return depth > 0 and p is not None and p.op_type in MASK_OPS and any(walk(i, depth - 1) for i in p.inputs)
 
@@ -340,9 +379,12 @@ def op_class(node: Node) -> str:
     perm [0, 1, 3, 2] at a tenth of the rate of one that keeps the last axis, moving whole rows),
     and a Softmax of attention's scores after a mask's fill (`SoftmaxMasked`, `masked_softmax`:
     exp underflows there, and onnxruntime's CPU kernel takes a slow path,
-    `parc.exec.profile.MASKED`; a device without the class prices it as a Softmax)."""
+    `parc.exec.profile.MASKED`; a device without the class prices it as a Softmax), or after the
+    fill of a mask made from data (`SoftmaxPadded`, `padded_softmax`: a padding mask)."""
     if masked_softmax(node):
         return "SoftmaxMasked"
+    if padded_softmax(node):
+        return "SoftmaxPadded"
     if node.op_type == "Conv" and len(node.inputs) > 1 and node.inputs[1] is not None:
         w, y = node.inputs[1].shape, node.outputs[0].shape if node.outputs else None
         if w is not None and y is not None and len(w) > 2 and math.prod(w[2:]) > math.prod(y[2:]):

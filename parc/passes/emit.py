@@ -33,7 +33,7 @@ from parc.exec.taskgraph import FORMAT, TaskGraph, check_taskgraph
 from parc.ir.dtypes import onnx_nbytes
 from parc.ir.graph import Graph
 from parc.ir.state import step_state
-from parc.ops.base import masked_softmax
+from parc.ops.base import masked_classes
 from parc.passes.lower import APPLY, MICRO, Comm, RankProgram, bindings, loss_name, lower_rank, rules_of
 from parc.passes.spmd.pool import run_jobs
 from parc.passes.timing import annotate, fold_seconds, module_times, shared_hosts
@@ -193,7 +193,7 @@ def write_rank_files(p: RankProgram, graph: Graph, rank_dir: Path, device: Devic
     device as `Cluster.shared_devices` prices it then)."""
     rank_dir.mkdir(parents=True, exist_ok=True)
     mod_tasks, models = build_modules(p, graph)
-    masked = frozenset(n.name for n in graph.nodes if masked_softmax(n))
+    masked = masked_classes(graph)
     times = module_times(models, device, p.info, masked)
     fewer = {a: module_times(models, spec, p.info, masked) for a, spec in shared}
     for t in mod_tasks:

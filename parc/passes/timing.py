@@ -72,16 +72,17 @@ def _digest(model: onnx.ModelProto) -> str:
 
 
 def module_seconds(model: onnx.ModelProto, device: DeviceSpec, info: Mapping[str, tuple[int, tuple]],
-                   masked: frozenset[str] = frozenset()) -> float:
+                   masked: Mapping[str, str] | None = None) -> float:
     """Roofline seconds of every node of an ONNX module on `device` (on a CPU, a view op into or
     out of a module output priced as the copy onnxruntime makes: `VIEW_OPS`, and what
     onnxruntime folds into a product not at all: `fused_into_products`); `info`: each value's (ONNX
     type, local shape), as the lowering knows them (a module's slices of microbatches have
-    shapes that depend on data, which shape inference cannot see); `masked`: the names of the
-    graph's Softmax nodes over masked scores (`parc.ops.base.masked_softmax` needs the graph's
-    constants, which a module may not hold), priced as class `SoftmaxMasked`."""
-    mine = masked.intersection(n.name for n in model.graph.node) if masked else frozenset()
-    key = (_digest(model), repr(device), tuple(sorted(mine)))
+    shapes that depend on data, which shape inference cannot see); `masked`: the class of each of
+    the graph's Softmax nodes over masked scores, by name (`parc.ops.base.masked_classes`:
+    telling needs the graph's constants and data inputs, which a module may not hold)."""
+    names = {n.name for n in model.graph.node}
+    mine = {k: v for k, v in (masked or {}).items() if k in names}
+    key = (_digest(model), repr(device), tuple(sorted(mine.items())))
     if len(_MODULE_SECONDS) > _MODULE_SECONDS_MAX:
         _MODULE_SECONDS.clear()
     if key not in _MODULE_SECONDS:
@@ -122,7 +123,7 @@ def module_seconds(model: onnx.ModelProto, device: DeviceSpec, info: Mapping[str
                     and (proto.input[0] in outputs or any(o in outputs for o in proto.output)):
                 nbytes = 2 * node.inputs[0].nbytes  # onnxruntime copies a view into or out of an output
             nodes.append(node)
-            work.append((flops, nbytes, dtype, "SoftmaxMasked" if proto.name in mine else op_class(node),
+            work.append((flops, nbytes, dtype, mine.get(proto.name) or op_class(node),
                          node_pieces(node)))
         if device.gpu:
             consts = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer
@@ -257,7 +258,7 @@ def collective_seconds(step: Mapping, link: LinkSpec) -> float:
 
 
 def module_times(models: Mapping[str, onnx.ModelProto], device: DeviceSpec,
-                 info: Mapping[str, tuple[int, tuple]], masked: frozenset[str] = frozenset()) -> dict[str, dict]:
+                 info: Mapping[str, tuple[int, tuple]], masked: Mapping[str, str] | None = None) -> dict[str, dict]:
     """Per module name: its `time_s` on `device` (its nodes and the executor's task overhead) and
     its outputs' bytes (`out_bytes`, by name); `masked` as `module_seconds` takes it."""
     return {name: {"time_s": module_seconds(model, device, info, masked) + device.task_overhead,

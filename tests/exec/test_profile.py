@@ -300,6 +300,26 @@ def test_where_is_measured_as_its_own_class():
     assert all(0 < own[cls] <= 1 for cls in ("Div", "Sqrt", "TransposeLastAxis"))
     # attention's softmax after a causal mask's fill: onnxruntime's slow path where exp underflows
     assert own["SoftmaxMasked"] < own["Softmax"] / 3
+    # and after a padding mask's fill: slower than a Softmax, faster than the causal fill
+    assert own["SoftmaxMasked"] < own["SoftmaxPadded"] < own["Softmax"]
+
+
+def test_a_padded_benchmark_input_hides_each_sequences_padding_from_every_query():
+    from parc.exec.data import PADDED
+
+    class Session:
+        shapes = {prof.PADDED: (64, 16, 16)}
+
+        @staticmethod
+        def place(x):
+            return x
+
+    x = prof._feeds(Session(), pool_bytes=1)[0][prof.PADDED]
+    hidden = x <= -1e9
+    assert (hidden == hidden[:, :1, :]).all()  # the same keys for every query of a sequence
+    kept = (~hidden[:, 0, :]).sum(-1)
+    assert kept.min() >= 16 - 16 // PADDED and kept.max() == 16 and (kept < 16).any()
+    assert all(((~hidden[i, 0, :k]).all() and hidden[i, 0, k:].all()) for i, k in enumerate(kept))  # at the end
 
 
 def test_a_masked_benchmark_input_holds_a_causal_fill_above_its_diagonal():

@@ -75,3 +75,40 @@ def test_a_device_without_the_masked_softmaxs_figures_prices_it_as_a_softmax():
     assert cpu.memory_fraction("SoftmaxMasked") == 0.5
     measured = DeviceSpec("c", {"float32": 1e11}, 1 << 30, 1e10, memory_op_efficiency={"Softmax": 0.5, "SoftmaxMasked": 0.1})
     assert measured.memory_fraction("SoftmaxMasked") == 0.1 and measured.memory_fraction("Where") == 1.0
+
+
+def test_a_softmax_of_scores_a_data_made_mask_filled_is_the_padded_class():
+    from parc.ir.dtypes import BOOL, FLOAT, INT64
+
+    x, fill = Value("x", shape=(2, 4, 8, 8)), _const("f", np.float32(-1e9))
+
+    def filled(cond: Value) -> Node:
+        bias = Value("bias", shape=(2, 1, 8, 8))
+        Node("Where", [cond, _const("zero", np.float32(0)), fill], [bias])
+        return _softmax_of("Add", x, bias)
+
+    # a BERT export's: the int64 attention mask looked up in a table of two, cast, expanded
+    ids = Value("attention_mask", INT64, (2, 8))
+    looked, cast, wide = Value("l", shape=(2, 1, 1, 8)), Value("c", BOOL, (2, 1, 1, 8)), Value("e", BOOL, (2, 1, 8, 8))
+    Node("Gather", [_const("table", np.array([0.0, 1.0], np.float32)), ids], [looked])
+    Node("Cast", [looked], [cast])
+    Node("Expand", [cast, _const("shape", np.array([2, 1, 8, 8]))], [wide])
+    assert op_class(filled(wide)) == "SoftmaxPadded"
+    # a boolean mask input And-ed with a mask that hides nothing
+    pad, both = Value("pad", BOOL, (2, 1, 1, 8)), Value("both", BOOL, (2, 1, 8, 8))
+    Node("And", [_const("all", np.ones((1, 1, 8, 1), bool)), pad], [both])
+    assert op_class(filled(both)) == "SoftmaxPadded"
+    # a constant mask as well: the causal class
+    tri = Value("tri", BOOL, (2, 1, 8, 8))
+    Node("And", [_const("causal", np.tri(8, 8, dtype=bool)[None, None]), pad], [tri])
+    assert op_class(filled(tri)) == "SoftmaxMasked"
+    # not from data: a mask of activations, of a parameter, of an input's shape
+    act, pos = Value("act", FLOAT, (2, 1, 8, 8)), Value("pos", BOOL, (2, 1, 8, 8))
+    Node("Greater", [act, _const("z", np.float32(0))], [pos])
+    assert op_class(filled(pos)) == "Softmax"
+    flag = Value("flag", BOOL, (2, 1, 8, 8), is_param=True)
+    assert op_class(filled(flag)) == "Softmax"
+    shape, dims = Value("shape_of", INT64, (2,)), Value("dims", BOOL, (2, 1, 8, 8))
+    Node("Shape", [ids], [shape])
+    Node("Expand", [_const("t", np.ones((1, 1, 8, 8), bool)), shape], [dims])
+    assert op_class(filled(dims)) == "Softmax"

@@ -155,10 +155,11 @@ def test_a_softmax_the_graph_says_is_masked_is_priced_as_one():
                               opset_imports=[helper.make_opsetid("", 17)])
 
     info = {n: (TensorProto.FLOAT, (1024, 1024)) for n in ("x", "y")}
-    cpu = replace(DEVICES["cpu"], memory_op_efficiency={"Softmax": 0.5, "SoftmaxMasked": 0.05})
+    cpu = replace(DEVICES["cpu"], memory_op_efficiency={"Softmax": 0.5, "SoftmaxMasked": 0.05, "SoftmaxPadded": 0.25})
     plain = module_seconds(model, cpu, info)
-    assert module_seconds(model, cpu, info, frozenset({"sm", "other"})) > 5 * plain
-    assert module_seconds(model, cpu, info, frozenset({"other"})) == plain
+    assert module_seconds(model, cpu, info, {"sm": "SoftmaxMasked", "other": "SoftmaxPadded"}) > 5 * plain
+    assert module_seconds(model, cpu, info, {"sm": "SoftmaxPadded"}) == pytest.approx(2 * plain, rel=0.01)
+    assert module_seconds(model, cpu, info, {"other": "SoftmaxMasked"}) == plain
 
 
 def test_a_wheres_constant_mask_is_priced_by_its_runs():
