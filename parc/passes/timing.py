@@ -75,7 +75,8 @@ def module_seconds(model: onnx.ModelProto, device: DeviceSpec, info: Mapping[str
                    masked: Mapping[str, str] | None = None) -> float:
     """Roofline seconds of every node of an ONNX module on `device` (on a CPU, a view op into or
     out of a module output priced as the copy onnxruntime makes: `VIEW_OPS`, and what
-    onnxruntime folds into a product not at all: `fused_into_products`); `info`: each value's (ONNX
+    onnxruntime folds into a product or removes not at all: `fused_into_products`,
+    `removed_by_onnxruntime`); `info`: each value's (ONNX
     type, local shape), as the lowering knows them (a module's slices of microbatches have
     shapes that depend on data, which shape inference cannot see); `masked`: the class of each of
     the graph's Softmax nodes over masked scores, by name (`parc.ops.base.masked_classes`:
@@ -130,7 +131,8 @@ def module_seconds(model: onnx.ModelProto, device: DeviceSpec, info: Mapping[str
                       if t.data_type == onnx.TensorProto.INT64 and len(t.dims) <= 1}
             work = _on_the_array_engine(nodes, work, [o.name for o in model.graph.output], consts)
         else:
-            fused = fused_into_products(model)
+            fused = fused_into_products(model) | removed_by_onnxruntime(
+                model, {name: dtype for name, (dtype, _) in shapes.items() if dtype})
             work = [w for i, w in enumerate(work) if i not in fused]
         total = sum(compute_time(flops, nbytes, device, dtype, cls, queued=True, pieces=pieces)
                     for flops, nbytes, dtype, cls, pieces in work)
@@ -161,6 +163,87 @@ def fused_into_products(model: onnx.ModelProto) -> set[int]:
         after_transpose = n.input[0] in producer and nodes[producer[n.input[0]]].op_type == "Transpose"
         if perm == [1, 0] and not after_transpose and len(only) == 1 and nodes[only[0]].op_type == FUSED_PRODUCT:
             out.add(i)
+    return out
+
+
+# ops that onnxruntime's common-subexpression elimination leaves alone: each run draws anew
+RANDOM_OPS = ("Dropout", "RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike", "Multinomial")
+SHARED_CONST = 1  # initializers of up to this many elements are one value wherever equal (ConstantSharing)
+
+
+def removed_by_onnxruntime(model: onnx.ModelProto, dtypes: Mapping[str, int]) -> set[int]:
+    """The indices of a module's nodes that onnxruntime's CPU graph optimizer removes, so that
+    they cost nothing: a node that computes what an earlier one computed (same op, attributes and
+    inputs, equal small initializers counted as one: CommonSubexpressionElimination after
+    ConstantSharing; `parc grad`'s recomputation repeats the forward nodes in a module that also
+    holds them), a Cast to the type its input has (CastElimination), and a Mul or Div by a scalar
+    constant of a MatMul's result or of an operand that only MatMuls read, none of them followed
+    by an Add alone (MatMulScaleFusion: the product scales as it goes; MatMulAddFusion has made
+    that one a Gemm before). A node whose result is a module output stays. `dtypes`: the
+    ONNX element type of each value, where known."""
+    graph = model.graph
+    outputs = {o.name for o in graph.output}
+    inits = {t.name: t for t in graph.initializer}
+    readers: dict[str, list[onnx.NodeProto]] = {}
+    for n in graph.node:
+        for name in n.input:
+            if name:
+                readers.setdefault(name, []).append(n)
+    producer = {o: n for n in graph.node for o in n.output}
+
+    def scalar(name: str) -> bool:
+        t = inits.get(name)
+        return t is not None and int(np.prod(t.dims)) == 1 and t.data_type in (
+            onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16)
+
+    def to_gemm(product: onnx.NodeProto) -> bool:  # MatMulAddFusion makes it a Gemm first, which takes no scale
+        after = readers.get(product.output[0], [])
+        return len(after) == 1 and after[0].op_type == "Add"
+
+    canon: dict[str, object] = {}
+
+    def key_of(name: str) -> object:
+        if name in canon:
+            return canon[name]
+        t = inits.get(name)
+        if t is not None and int(np.prod(t.dims)) <= SHARED_CONST:
+            return ("const", t.data_type, tuple(t.dims), numpy_helper.to_array(t).tobytes())
+        return name
+
+    seen: dict[tuple, list[str]] = {}
+    out: set[int] = set()
+    for i, n in enumerate(graph.node):
+        mine = [o for o in n.output if o]
+        if n.domain not in ("", "ai.onnx"):
+            continue
+        if any(o in outputs for o in mine):  # CSE and CastElimination keep such a node
+            pass
+        elif n.op_type not in RANDOM_OPS and not any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+                                                   for a in n.attribute):
+            key = (n.op_type, tuple(key_of(x) for x in n.input),
+                   tuple(sorted(a.SerializeToString() for a in n.attribute)))
+            if key in seen and len(seen[key]) == len(mine):
+                canon.update({o: canon.get(e, e) for o, e in zip(mine, seen[key])})
+                out.add(i)
+                continue
+            seen.setdefault(key, mine)
+        if n.op_type == "Cast" and n.input and dtypes.get(n.input[0]) is not None and not set(mine) & outputs:
+            to = next((a.i for a in n.attribute if a.name == "to"), None)
+            if to == dtypes[n.input[0]]:
+                out.add(i)
+        elif n.op_type in ("Mul", "Div") and len(n.input) == 2 and mine:
+            pairs = [(n.input[1], n.input[0])] if n.op_type == "Div" else \
+                [(n.input[1], n.input[0]), (n.input[0], n.input[1])]
+            for s, x in pairs:  # (the scalar, the tensor it scales)
+                if not scalar(s) or x in inits:
+                    continue
+                of_product = x in producer and producer[x].op_type == FUSED_PRODUCT and len(readers.get(x, [])) == 1 \
+                    and x not in outputs
+                into_products = all(r.op_type == FUSED_PRODUCT and not to_gemm(r) for r in readers.get(mine[0], [])) \
+                    and readers.get(mine[0])
+                if of_product or into_products:
+                    out.add(i)
+                    break
     return out
 
 

@@ -219,3 +219,96 @@ def test_a_weight_gradients_transpose_costs_nothing_on_a_cpu():
     alone = compute_time(2 * 512 * 256 * 512, 4 * (2 * 256 * 512 + 512 * 512), cpu, "float32", "MatMul", queued=True)
     assert module_seconds(module(), cpu, info) == pytest.approx(alone)
     assert module_seconds(module(extra_reader=True), cpu, info) > alone
+
+
+def _removal_module():
+    """A module with each rewrite `removed_by_onnxruntime` knows and a near miss of each."""
+    f = TensorProto.FLOAT
+    consts = [helper.make_tensor(n, f, [], [v]) for n, v in (("two", 2.0), ("two_b", 2.0), ("three", 3.0))]
+    consts.append(helper.make_tensor("row", f, [64], [2.0] * 64))
+    nodes = [
+        helper.make_node("Tanh", ["x"], ["t1"], name="tanh"),
+        helper.make_node("Tanh", ["x"], ["t2"], name="tanh_again"),  # computes what tanh did
+        helper.make_node("Mul", ["t1", "two"], ["m1"], name="mul"),
+        helper.make_node("Mul", ["t2", "two_b"], ["m2"], name="mul_again"),  # t2 is t1, two_b equals two
+        helper.make_node("Mul", ["t1", "three"], ["m3"], name="mul_by_three"),  # another constant
+        helper.make_node("Relu", ["m3"], ["m3r"], name="relu_of_m3"),  # and m3 is read by more than products
+        helper.make_node("Cast", ["m1"], ["c1"], to=f, name="cast_same"),
+        helper.make_node("Cast", ["m2"], ["c2"], to=TensorProto.DOUBLE, name="cast_other"),
+        helper.make_node("MatMul", ["c1", "w"], ["p"], name="product"),
+        helper.make_node("Mul", ["p", "three"], ["ps"], name="scale_after"),  # the product's only reader
+        helper.make_node("MatMul", ["m3", "w"], ["q"], name="product_read_twice"),
+        helper.make_node("Div", ["q", "two"], ["qs"], name="div_after_shared"),  # q is read twice
+        helper.make_node("Relu", ["q"], ["qr"], name="relu"),
+        helper.make_node("Div", ["x", "three"], ["xs"], name="div_before"),  # read only by a product
+        helper.make_node("MatMul", ["xs", "w"], ["r"], name="product_of_scaled"),
+        helper.make_node("Mul", ["x", "row"], ["xr"], name="mul_by_a_row"),  # not a scalar
+        helper.make_node("MatMul", ["xr", "w"], ["s"], name="product_of_row"),
+        helper.make_node("Tanh", ["x"], ["out_dup"], name="tanh_as_output"),  # a module output stays
+        helper.make_node("RandomNormalLike", ["x"], ["d1"], name="draw"),
+        helper.make_node("RandomNormalLike", ["x"], ["d2"], name="draw_again"),  # random: not merged
+        helper.make_node("Add", ["d1", "d2"], ["d"], name="add"),
+    ]
+    shape = [32, 64]
+    io = [helper.make_tensor_value_info("x", f, shape), helper.make_tensor_value_info("w", f, [64, 64])]
+    outs = [helper.make_tensor_value_info(n, TensorProto.DOUBLE if n == "c2" else f, None)
+            for n in ("c2", "ps", "qs", "qr", "r", "s", "out_dup", "d", "m3r")]
+    model = helper.make_model(helper.make_graph(nodes, "m", io, outs, consts),
+                              opset_imports=[helper.make_opsetid("", 17)])
+    dtypes = {n: f for n in ("x", "w", "t1", "t2", "m1", "m2", "m3", "c1", "p", "q", "xs", "xr")}
+    return model, dtypes
+
+
+def test_what_onnxruntime_removes_from_a_module_costs_nothing():
+    """Common subexpressions (equal small constants as one), a Cast to its input's type, a scalar
+    scale of a product's result or operand: gone from onnxruntime's optimized graph, priced at 0."""
+    from parc.passes.timing import removed_by_onnxruntime
+
+    model, dtypes = _removal_module()
+    removed = {model.graph.node[i].name for i in removed_by_onnxruntime(model, dtypes)}
+    assert removed == {"tanh_again", "mul_again", "cast_same", "scale_after", "div_before"}
+    info = {n: (TensorProto.FLOAT, (32, 64)) for n in dtypes}
+    info.update({"w": (TensorProto.FLOAT, (64, 64)), "c2": (TensorProto.DOUBLE, (32, 64))})
+    cpu = DEVICES["cpu"]
+    whole = module_seconds(model, cpu, info)
+    kept = helper.make_model(helper.make_graph([n for n in model.graph.node if n.name not in removed], "m",
+                                               model.graph.input, model.graph.output, model.graph.initializer),
+                             opset_imports=[helper.make_opsetid("", 17)])
+    assert whole == pytest.approx(module_seconds(kept, cpu, info))
+
+
+def test_onnxruntime_removes_every_node_priced_as_removed():
+    """The other way round: whatever `removed_by_onnxruntime` prices at 0 is absent from the graph
+    onnxruntime's CPU optimizer writes, for the module above and for gpt-tiny's one-rank step."""
+    import onnxruntime as ort
+
+    from parc.passes.timing import removed_by_onnxruntime
+
+    def optimized_names(model, tmp) -> set[str]:
+        opts = ort.SessionOptions()
+        opts.optimized_model_filepath = str(tmp)
+        opts.log_severity_level = 3
+        ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+        return {n.name for n in onnx.load(str(tmp)).graph.node}
+
+    import tempfile
+    from pathlib import Path
+
+    model, dtypes = _removal_module()
+    with tempfile.TemporaryDirectory() as d:
+        left = optimized_names(model, Path(d) / "a.onnx")
+        removed = {model.graph.node[i].name for i in removed_by_onnxruntime(model, dtypes)}
+        assert removed and not removed & left
+        assert {"mul_by_three", "cast_other", "div_after_shared", "mul_by_a_row", "draw", "draw_again"} <= left
+        # a training step whose recomputation repeats forward nodes
+        import subprocess
+        import sys
+
+        step = Path(d) / "g.train.onnx"
+        subprocess.run([sys.executable, "-m", "parc.cli.main", "models", "build", "gpt-tiny", "--train", "momentum",
+                        "-o", str(step)], check=True, capture_output=True)
+        model = onnx.load(str(step))
+        typed = onnx.shape_inference.infer_shapes(model).graph
+        dtypes = {v.name: v.type.tensor_type.elem_type for v in (*typed.value_info, *typed.input, *typed.output)}
+        removed = {model.graph.node[i].name for i in removed_by_onnxruntime(model, dtypes)}
+        assert len(removed) > 10 and not removed & optimized_names(model, Path(d) / "b.onnx")
