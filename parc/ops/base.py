@@ -403,7 +403,11 @@ def op_class(node: Node) -> str:
 
 
 CACHE_LINE = 64  # bytes: a piece shorter than this costs a whole piece to walk (`node_pieces`)
-ROW_OPS = ("Softmax", "LogSoftmax", "LayerNormalization")  # ops that walk their input row by row
+# ops that walk their input row by row: a LayerNormalization's rows are the dims from its axis on;
+# a Softmax's or LogSoftmax's (opset 13 on) run along its axis alone, and onnxruntime moves another
+# axis last before it walks them; a SoftmaxCrossEntropyLoss's along its class axis (1), the
+# LogSoftmax onnxruntime runs it as
+ROW_OPS = ("Softmax", "LogSoftmax", "LayerNormalization", "SoftmaxCrossEntropyLoss")
 CONV_OPS = ("Conv", "ConvTranspose")  # their pieces are the elements of their lowering (`_conv_pieces`)
 # elementwise ops that broadcast their inputs against each other (span by span: `node_pieces`; a
 # Where's pieces are its condition's runs instead, `_where_runs`)
@@ -414,8 +418,8 @@ BROADCAST_OPS = ("Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Sum", "Mean",
 def node_pieces(node: Node) -> float:
     """How many short contiguous pieces the node walks, each weighted min(1, CACHE_LINE / its
     bytes): a Transpose's runs (the trailing input dims it keeps last, in order; where it moves
-    the last axis, the input's rows), the rows a Softmax, LogSoftmax or LayerNormalization
-    normalises, and the spans of a broadcast (`_broadcast_span`: x[8, 16, 32] - mean[8, 16, 1]
+    the last axis, the input's rows), the rows a Softmax, LogSoftmax, SoftmaxCrossEntropyLoss or
+    LayerNormalization normalises (`ROW_OPS`), and the spans of a broadcast (`_broadcast_span`: x[8, 16, 32] - mean[8, 16, 1]
     walks 128 spans of 32); a convolution's are instead the elements of the matrices its lowering
     builds (`_conv_pieces`), a Where's the runs of its condition (`_where_runs`). 0 for every
     other op, for a broadcast of a scalar, or where a shape is unknown. A CPU engine pays a fixed cost per piece (`DeviceSpec.piece_cost`): onnxruntime
@@ -457,11 +461,11 @@ def node_pieces(node: Node) -> float:
                 return 0.0  # nothing moves
             span = math.prod(shape[len(shape) - kept:]) if kept else shape[-1]
         else:  # parc's graphs are at opset 13 or later (the importer upgrades): axis -1 by default
-            axis = node.attr("axis", -1)
+            axis = 1 if node.op_type == "SoftmaxCrossEntropyLoss" else node.attr("axis", -1)
             axis = axis + rank if axis < 0 else axis
             if not 0 <= axis < rank:
                 return 0.0
-            span = math.prod(x.shape[axis:])
+            span = math.prod(x.shape[axis:]) if node.op_type == "LayerNormalization" else x.shape[axis]
     else:
         return 0.0
     return size / span * min(1.0, CACHE_LINE / (span * item))

@@ -38,8 +38,12 @@ def test_a_transposes_runs_are_the_trailing_dims_it_keeps():
 def test_a_row_op_walks_its_rows():
     assert node_pieces(_node("Softmax", [(8, 4, 16, 16)], (8, 4, 16, 16), axis=-1)) == 512
     assert node_pieces(_node("LayerNormalization", [(128, 32)], (128, 32))) == 128 * 0.5
-    # a normalisation over the last two axes: rows of 16 x 16
-    assert node_pieces(_node("Softmax", [(8, 4, 16, 16)], (8, 4, 16, 16), axis=2)) == 32 * 64 / 1024
+    # a layer normalisation over the last two axes: rows of 16 x 16
+    assert node_pieces(_node("LayerNormalization", [(8, 4, 16, 16)], (8, 4, 16, 16), axis=2)) == 32 * 64 / 1024
+    # a softmax (opset 13 on) along one axis that is not the last: rows of 16 along it
+    assert node_pieces(_node("Softmax", [(8, 4, 16, 16)], (8, 4, 16, 16), axis=2)) == 512
+    # a segmentation loss over NCHW scores: a row of 10 classes at each pixel
+    assert node_pieces(_node("SoftmaxCrossEntropyLoss", [(16, 10, 32, 32), (16, 32, 32)], ())) == 16 * 32 * 32
 
 
 def test_a_broadcast_walks_its_spans():
