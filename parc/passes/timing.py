@@ -240,7 +240,7 @@ def removed_by_onnxruntime(model: onnx.ModelProto, dtypes: Mapping[str, int]) ->
                 of_product = x in producer and producer[x].op_type == FUSED_PRODUCT and len(readers.get(x, [])) == 1 \
                     and x not in outputs
                 into_products = all(r.op_type == FUSED_PRODUCT and not to_gemm(r) for r in readers.get(mine[0], [])) \
-                    and readers.get(mine[0])
+                    and bool(readers.get(mine[0])) and mine[0] not in outputs
                 if of_product or into_products:
                     out.add(i)
                     break

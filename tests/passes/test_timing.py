@@ -241,6 +241,8 @@ def _removal_module():
         helper.make_node("Div", ["q", "two"], ["qs"], name="div_after_shared"),  # q is read twice
         helper.make_node("Relu", ["q"], ["qr"], name="relu"),
         helper.make_node("Div", ["x", "three"], ["xs"], name="div_before"),  # read only by a product
+        helper.make_node("Div", ["x", "two"], ["xs_out"], name="div_before_an_output"),  # a module output too
+        helper.make_node("MatMul", ["xs_out", "w"], ["r2"], name="product_of_an_output"),
         helper.make_node("MatMul", ["xs", "w"], ["r"], name="product_of_scaled"),
         helper.make_node("Mul", ["x", "row"], ["xr"], name="mul_by_a_row"),  # not a scalar
         helper.make_node("MatMul", ["xr", "w"], ["s"], name="product_of_row"),
@@ -252,7 +254,7 @@ def _removal_module():
     shape = [32, 64]
     io = [helper.make_tensor_value_info("x", f, shape), helper.make_tensor_value_info("w", f, [64, 64])]
     outs = [helper.make_tensor_value_info(n, TensorProto.DOUBLE if n == "c2" else f, None)
-            for n in ("c2", "ps", "qs", "qr", "r", "s", "out_dup", "d", "m3r")]
+            for n in ("c2", "ps", "qs", "qr", "r", "s", "out_dup", "d", "m3r", "xs_out", "r2")]
     model = helper.make_model(helper.make_graph(nodes, "m", io, outs, consts),
                               opset_imports=[helper.make_opsetid("", 17)])
     dtypes = {n: f for n in ("x", "w", "t1", "t2", "m1", "m2", "m3", "c1", "p", "q", "xs", "xr")}
@@ -299,7 +301,8 @@ def test_onnxruntime_removes_every_node_priced_as_removed():
         left = optimized_names(model, Path(d) / "a.onnx")
         removed = {model.graph.node[i].name for i in removed_by_onnxruntime(model, dtypes)}
         assert removed and not removed & left
-        assert {"mul_by_three", "cast_other", "div_after_shared", "mul_by_a_row", "draw", "draw_again"} <= left
+        assert {"mul_by_three", "cast_other", "div_after_shared", "mul_by_a_row", "draw", "draw_again",
+                "div_before_an_output"} <= left
         # a training step whose recomputation repeats forward nodes
         import subprocess
         import sys
