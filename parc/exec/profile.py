@@ -253,12 +253,10 @@ def _memory_op(op: str, rows: int, cols: int = 256):
         return _model([helper.make_node("ReduceMean", ["x"], ["y"], axes=[-1])], x, "y"), n
     if op == "Softmax":
         return _model([helper.make_node("Softmax", ["x"], ["y"], axis=-1)], x, "y"), 2 * n
-    if op == "SoftmaxMasked":  # over [cols, cols] scores with a causal mask's fill (`MASKED`): half filled
-        return _model([helper.make_node("Softmax", [MASKED], ["y"], axis=-1)],
-                      {MASKED: (rows // cols, cols, cols)}, "y"), 2 * n
-    if op == "SoftmaxPadded":  # over [cols, cols] scores of a batch with padding (`PADDED`)
-        return _model([helper.make_node("Softmax", [PADDED], ["y"], axis=-1)],
-                      {PADDED: (rows // cols, cols, cols)}, "y"), 2 * n
+    if op in ("SoftmaxMasked", "SoftmaxPadded"):  # over [cols, cols] scores with a causal mask's fill
+        scores = MASKED if op == "SoftmaxMasked" else PADDED  # (half filled) or a padding mask's (`_feeds`)
+        return _model([helper.make_node("Softmax", [scores], ["y"], axis=-1)],
+                      {scores: (rows // cols, cols, cols)}, "y"), 2 * n
     if op == "LayerNorm":
         w = numpy_helper.from_array(np.ones(cols, np.float32), "w")
         b = numpy_helper.from_array(np.zeros(cols, np.float32), "b")

@@ -301,7 +301,7 @@ def masked_softmax(node: Node) -> bool:
     all ones in a batch without padding) is not one: what it hides is not known."""
     if node.op_type != "Softmax" or not node.inputs or node.inputs[0] is None:
         return False
-    return _from_constant(node.inputs[0], lambda v: v.size > 1 and _masks_part(v.const.numpy()))
+    return _mask_reaches(node.inputs[0], lambda v: v.const is not None and v.size > 1 and _masks_part(v.const.numpy()))
 
 
 def masked_classes(graph) -> dict[str, str]:
@@ -317,13 +317,14 @@ def masked_classes(graph) -> dict[str, str]:
 
 def padded_softmax(node: Node) -> bool:
     """Whether a Softmax's scores were filled by a mask made from data (`_made_from_data`: a
-    BERT export's padding mask, looked up or cast from its `attention_mask` input) and by no
-    constant mask (`masked_softmax`). What such a mask hides depends on the batch; the class
-    (`SoftmaxPadded`) is calibrated over padding as `parc.exec.data.padding` draws it, the synthetic
-    data `parc run` feeds: ones and then zeros at the end of each row."""
-    if node.op_type != "Softmax" or not node.inputs or node.inputs[0] is None or masked_softmax(node):
+    BERT export's padding mask, looked up or cast from its `attention_mask` input); `op_class`
+    asks `masked_softmax` first, a constant mask's class winning. What such a mask hides depends
+    on the batch; the class (`SoftmaxPadded`) is calibrated over padding as
+    `parc.exec.data.padding` draws it, the synthetic data `parc run` feeds: ones and then zeros
+    at the end of each row."""
+    if node.op_type != "Softmax" or not node.inputs or node.inputs[0] is None:
         return False
-    return _from_constant(node.inputs[0], lambda v: False, also=_made_from_data)
+    return _mask_reaches(node.inputs[0], _made_from_data)
 
 
 def _made_from_data(value, depth: int = DATA_DEPTH) -> bool:
@@ -340,18 +341,16 @@ def _made_from_data(value, depth: int = DATA_DEPTH) -> bool:
     return bool(live) and all(_made_from_data(i, depth - 1) for i in live)
 
 
-def _from_constant(value, accept: Callable, also: Callable | None = None) -> bool:
-    """Whether within `MASK_DEPTH` producers of `MASK_OPS` back from `value` there is a constant
-    that `accept` takes (a mask, and what became of it), or a value that `also` takes."""
+def _mask_reaches(value, found: Callable) -> bool:
+    """Whether within `MASK_DEPTH` producers of `MASK_OPS` back from `value` (a mask, and what
+    became of it) there is a value that `found` takes."""
     seen: set[int] = set()
 
     def walk(v, depth: int) -> bool:
         if v is None or id(v) in seen:
             return False
         seen.add(id(v))
-        if v.const is not None:
-            return accept(v)
-        if also is not None and also(v):
+        if found(v):
             return True
         p = v.producer
         return depth > 0 and p is not None and p.op_type in MASK_OPS and any(walk(i, depth - 1) for i in p.inputs)
@@ -531,7 +530,7 @@ def _where_runs(node: Node) -> float:
                 runs = float(_runs(np.broadcast_to(a, shape).ravel()))
             _RUNS[key] = (cond.const, runs)  # the constant kept alive while its id is a key
         return _RUNS[key][1]
-    if _from_constant(cond, lambda v: True):
+    if _mask_reaches(cond, lambda v: v.const is not None):
         return 2.0 * size / shape[-1]
     return size / 2.0
 

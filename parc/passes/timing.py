@@ -51,7 +51,7 @@ from parc.sharding.reshard import Collective
 # 30-57 us (a copy is about 170 us). parc's array engine returns a view either way
 VIEW_OPS = ("Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity")
 # what onnxruntime's CPU graph optimizer folds into a product, run as part of it at no cost of its
-# own (`fused_into_products`): a 2-D Transpose read only by a MatMul (MatmulTransposeFusion: the
+# own (`removed_by_onnxruntime`): a 2-D Transpose read only by a MatMul (MatmulTransposeFusion: the
 # product packs its operand transposed), as `parc grad` writes a weight's gradient x^T dy. In
 # gpt-tiny's step on this project's host such products ran in 0.67-0.82 ms against 0.75 ms priced
 # for the MatMul alone; batched ones read transposed (attention's) took 0.36-0.41 ms against 0.20,
@@ -75,8 +75,7 @@ def module_seconds(model: onnx.ModelProto, device: DeviceSpec, info: Mapping[str
                    masked: Mapping[str, str] | None = None) -> float:
     """Roofline seconds of every node of an ONNX module on `device` (on a CPU, a view op into or
     out of a module output priced as the copy onnxruntime makes: `VIEW_OPS`, and what
-    onnxruntime folds into a product or removes not at all: `fused_into_products`,
-    `removed_by_onnxruntime`); `info`: each value's (ONNX
+    onnxruntime folds into a product or removes not at all: `removed_by_onnxruntime`); `info`: each value's (ONNX
     type, local shape), as the lowering knows them (a module's slices of microbatches have
     shapes that depend on data, which shape inference cannot see); `masked`: the class of each of
     the graph's Softmax nodes over masked scores, by name (`parc.ops.base.masked_classes`:
@@ -131,39 +130,12 @@ def module_seconds(model: onnx.ModelProto, device: DeviceSpec, info: Mapping[str
                       if t.data_type == onnx.TensorProto.INT64 and len(t.dims) <= 1}
             work = _on_the_array_engine(nodes, work, [o.name for o in model.graph.output], consts)
         else:
-            fused = fused_into_products(model) | removed_by_onnxruntime(
-                model, {name: dtype for name, (dtype, _) in shapes.items() if dtype})
-            work = [w for i, w in enumerate(work) if i not in fused]
+            gone = removed_by_onnxruntime(model, {name: dtype for name, (dtype, _) in shapes.items() if dtype})
+            work = [w for i, w in enumerate(work) if i not in gone]
         total = sum(compute_time(flops, nbytes, device, dtype, cls, queued=True, pieces=pieces)
                     for flops, nbytes, dtype, cls, pieces in work)
         _MODULE_SECONDS[key] = total
     return _MODULE_SECONDS[key]
-
-
-def fused_into_products(model: onnx.ModelProto) -> set[int]:
-    """The indices of a module's nodes that onnxruntime's CPU graph optimizer folds into a MatMul
-    at no cost of their own (`FUSED_PRODUCT`): a 2-D Transpose whose one reader is a MatMul and
-    whose result is not a module output, unless its input is a Transpose's (onnxruntime merges the
-    two into one that stays)."""
-    graph = model.graph
-    outputs = {o.name for o in graph.output}
-    readers: dict[str, list[int]] = {}
-    for i, n in enumerate(graph.node):
-        for name in n.input:
-            if name:
-                readers.setdefault(name, []).append(i)
-    producer = {o: i for i, n in enumerate(graph.node) for o in n.output}
-    nodes = graph.node
-    out: set[int] = set()
-    for i, n in enumerate(nodes):
-        if n.op_type != "Transpose" or n.domain not in ("", "ai.onnx") or not n.output or n.output[0] in outputs:
-            continue
-        perm = next((list(a.ints) for a in n.attribute if a.name == "perm"), None)
-        only = readers.get(n.output[0], [])
-        after_transpose = n.input[0] in producer and nodes[producer[n.input[0]]].op_type == "Transpose"
-        if perm == [1, 0] and not after_transpose and len(only) == 1 and nodes[only[0]].op_type == FUSED_PRODUCT:
-            out.add(i)
-    return out
 
 
 # ops that onnxruntime's common-subexpression elimination leaves alone: each run draws anew
@@ -173,7 +145,9 @@ SHARED_CONST = 1  # initializers of up to this many elements are one value where
 
 def removed_by_onnxruntime(model: onnx.ModelProto, dtypes: Mapping[str, int]) -> set[int]:
     """The indices of a module's nodes that onnxruntime's CPU graph optimizer removes, so that
-    they cost nothing: a node that computes what an earlier one computed (same op, attributes and
+    they cost nothing: a 2-D Transpose whose one reader is a MatMul (`FUSED_PRODUCT`;
+    MatmulTransposeFusion), unless its input is a Transpose's (onnxruntime merges the two into one
+    that stays); a node that computes what an earlier one computed (same op, attributes and
     inputs, equal small initializers counted as one: CommonSubexpressionElimination after
     ConstantSharing; `parc grad`'s recomputation repeats the forward nodes in a module that also
     holds them), a Cast to the type its input has (CastElimination), and a Mul or Div by a scalar
@@ -216,10 +190,9 @@ def removed_by_onnxruntime(model: onnx.ModelProto, dtypes: Mapping[str, int]) ->
         mine = [o for o in n.output if o]
         if n.domain not in ("", "ai.onnx"):
             continue
-        if any(o in outputs for o in mine):  # CSE and CastElimination keep such a node
-            pass
-        elif n.op_type not in RANDOM_OPS and not any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
-                                                   for a in n.attribute):
+        is_output = bool(set(mine) & outputs)  # CSE, CastElimination and a folded Transpose keep it
+        if not is_output and n.op_type not in RANDOM_OPS and not any(
+                a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in n.attribute):
             key = (n.op_type, tuple(key_of(x) for x in n.input),
                    tuple(sorted(a.SerializeToString() for a in n.attribute)))
             if key in seen and len(seen[key]) == len(mine):
@@ -227,7 +200,13 @@ def removed_by_onnxruntime(model: onnx.ModelProto, dtypes: Mapping[str, int]) ->
                 out.add(i)
                 continue
             seen.setdefault(key, mine)
-        if n.op_type == "Cast" and n.input and dtypes.get(n.input[0]) is not None and not set(mine) & outputs:
+        if n.op_type == "Transpose" and mine and not is_output:
+            perm = next((list(a.ints) for a in n.attribute if a.name == "perm"), None)
+            only = readers.get(mine[0], [])
+            after_transpose = n.input[0] in producer and producer[n.input[0]].op_type == "Transpose"
+            if perm == [1, 0] and not after_transpose and len(only) == 1 and only[0].op_type == FUSED_PRODUCT:
+                out.add(i)
+        elif n.op_type == "Cast" and n.input and dtypes.get(n.input[0]) is not None and not is_output:
             to = next((a.i for a in n.attribute if a.name == "to"), None)
             if to == dtypes[n.input[0]]:
                 out.add(i)
@@ -240,7 +219,7 @@ def removed_by_onnxruntime(model: onnx.ModelProto, dtypes: Mapping[str, int]) ->
                 of_product = x in producer and producer[x].op_type == FUSED_PRODUCT and len(readers.get(x, [])) == 1 \
                     and x not in outputs
                 into_products = all(r.op_type == FUSED_PRODUCT and not to_gemm(r) for r in readers.get(mine[0], [])) \
-                    and bool(readers.get(mine[0])) and mine[0] not in outputs
+                    and bool(readers.get(mine[0])) and not is_output
                 if of_product or into_products:
                     out.add(i)
                     break
