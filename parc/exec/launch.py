@@ -275,8 +275,9 @@ def train(plan_dir: Path, *, steps: int, seed: int, engine: str, data: str | Non
     file the reporting rank writes every rank's tasks of the last step to (`parc.exec.trace`)."""
     from parc.exec.comm import MpiComm
     from parc.exec.engines.gpu import device_out_of_memory
-    from parc.exec.runner import Rank, pick_engine, to_host
+    from parc.exec.runner import Rank, keep_freed_memory, pick_engine, to_host
 
+    keep_freed_memory()
     comm = mpi = MpiComm(timeout=timeout)
     rank = comm.rank
     gpu = pick_engine(engine)[1] == "gpu"

@@ -928,8 +928,9 @@ def worker(out: str, budget: float, engine: str = "ort", cases: str | None = Non
     """One rank of a profiling job (run under mpiexec by `profile`): rank 0 writes the rows.
     `cases`: the file of a model's products and convolutions the parent wrote (`write_cases`)."""
     from parc.exec.comm import MpiComm
-    from parc.exec.runner import pick_engine, rank_threads
+    from parc.exec.runner import keep_freed_memory, pick_engine, rank_threads
 
+    keep_freed_memory()  # as `parc run` runs a rank
     comm = MpiComm(timeout=600.0)
     rows = measure_rank(comm, rank_threads(comm.size), budget, pick_engine(engine), read_cases(cases))
     if comm.rank == 0:

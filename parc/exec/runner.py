@@ -295,6 +295,27 @@ def held_bytes(*holders) -> int:
     return sum(seen.values())
 
 
+def keep_freed_memory() -> bool:
+    """Have the C allocator keep the memory a rank frees for its next allocations (glibc: no
+    mmap, no trimming), so a step's arrays reuse pages the last step faulted in. By default glibc
+    serves a large block with mmap (from 128 KiB, the threshold rising with the blocks freed up
+    to 32 MiB) and trims the heap's top, so a step's collectives and modules can fault their
+    outputs' pages in again every step: a 3.4 MB all-reduce between 2 ranks on 2 cores, into a
+    new array each call, took 2.5 ms, and 0.9 ms with the memory kept. A step's allocations
+    repeat, so the heap stops growing after the first. False where the C library is not glibc
+    (nothing changed)."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return False
+    m_trim_threshold, m_mmap_max = -1, -4  # glibc's malloc.h
+    return bool(mallopt(m_mmap_max, 0)) and bool(mallopt(m_trim_threshold, 2**31 - 1))
+
+
 def rank_threads(ranks: int) -> int:
     """Threads each of `ranks` ranks on this host gives its engine: the host's CPUs shared out."""
     return max(1, (os.cpu_count() or 1) // ranks)

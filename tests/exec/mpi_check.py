@@ -1,11 +1,12 @@
 """Run under mpiexec: checks MpiComm's collectives against NumPy on every rank.
 
     mpiexec -n 4 python tests/exec/mpi_check.py collectives
-    mpiexec -n 2 python tests/exec/mpi_check.py timeout
+    mpiexec -n 2 python tests/exec/mpi_check.py timeout [spin|nap]
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 
@@ -19,7 +20,14 @@ def data(rank: int) -> np.ndarray:
 
 
 def collectives() -> None:
-    comm = MpiComm(timeout=20)
+    world = MpiComm(timeout=20)
+    assert world.spin == (world.size <= (os.cpu_count() or 1)), (world.spin, world.size)  # all ranks on this host
+    for spin in (world.spin, not world.spin):  # both ways of waiting, whatever this host's cores
+        check(MpiComm(world.comm, timeout=20, spin=spin))
+    print(f"rank {world.rank}: ok", flush=True)
+
+
+def check(comm: MpiComm) -> None:
     r, n = comm.rank, comm.size
     every = [data(q) for q in range(n)]
     np.testing.assert_array_equal(comm.all_reduce(data(r)), sum(every))
@@ -40,12 +48,12 @@ def collectives() -> None:
         assert sub.size == 2 and sub.rank == group.index(r), (axis, sub.rank, group)
         np.testing.assert_array_equal(sub.all_reduce(data(r)), sum(every[q] for q in group))
         assert comm.for_axis((2, 2), axis) is sub  # cached
+        assert sub.spin == comm.spin and comm.for_ranks(tuple(group)).spin == comm.spin
     comm.barrier()
-    print(f"rank {r}: ok", flush=True)
 
 
-def timeout() -> None:
-    comm = MpiComm(timeout=2)
+def timeout(how: str) -> None:
+    comm = MpiComm(timeout=2, spin=how == "spin")
     if comm.rank == 1:
         time.sleep(30)  # a rank that never joins (as if it died)
         return
@@ -58,4 +66,7 @@ def timeout() -> None:
 
 
 if __name__ == "__main__":
-    {"collectives": collectives, "timeout": timeout}[sys.argv[1]]()
+    if sys.argv[1] == "timeout":
+        timeout(sys.argv[2])
+    else:
+        collectives()

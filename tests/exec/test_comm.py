@@ -1,5 +1,5 @@
 """MpiComm on CPU ranks under mpiexec (the mpich wheel's): collectives against NumPy, mesh-axis
-sub-communicators, and a timeout when a peer never joins."""
+sub-communicators, both ways of waiting (`MpiComm.spin`), and a timeout when a peer never joins."""
 
 from __future__ import annotations
 
@@ -8,6 +8,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+import pytest
 
 from tests.helpers import MPIEXEC, needs_mpiexec
 
@@ -22,9 +24,12 @@ def test_collectives_on_four_ranks():
     assert sorted(re.findall(r"rank \d: ok", res.stdout)) == [f"rank {r}: ok" for r in range(4)]  # lines may interleave
 
 
-def test_a_peer_that_never_joins_times_out_instead_of_hanging():
+@pytest.mark.parametrize("how", ["spin", "nap"])
+def test_a_peer_that_never_joins_times_out_instead_of_hanging(how):
+    """Whether a waiting rank polls without a break (ranks with a core each) or naps between
+    polls (ranks sharing cores), the deadline holds."""
     t = time.monotonic()
-    res = subprocess.run([MPIEXEC, "-n", "2", sys.executable, str(SCRIPT), "timeout"],
+    res = subprocess.run([MPIEXEC, "-n", "2", sys.executable, str(SCRIPT), "timeout", how],
                          capture_output=True, text=True, timeout=120)
     assert res.returncode != 0
     assert "rank 0: all_reduce(sum) of (4, 6) did not complete within 2 s" in res.stdout

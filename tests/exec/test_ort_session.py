@@ -1,7 +1,12 @@
 """The executor's onnxruntime sessions: a reducing ScatterND (an embedding's gradient) gives the
-same sum of its duplicate indices whatever thread count is asked for."""
+same sum of its duplicate indices whatever thread count is asked for; a rank keeps the memory it
+frees (`keep_freed_memory`)."""
 
 from __future__ import annotations
+
+import platform
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -129,3 +134,28 @@ def test_a_microbatch_slice_of_the_indices_is_rewritten_by_the_ranks():
     np.add.at(want, ids[4:, :, 0].ravel(), feeds["upd"].reshape(12, 5).astype(np.float64))
     got = ort_session(model, 2).run(None, feeds)[0]
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+
+
+_FAULTS = """
+import resource, sys
+import numpy as np
+from parc.exec.runner import keep_freed_memory
+kept = keep_freed_memory() if sys.argv[1] == "keep" else None
+np.ones(1 << 24, np.float32)  # 64 MiB (over glibc's largest mmap threshold), faulted in once
+before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+for _ in range(20):
+    np.ones(1 << 24, np.float32)  # allocated, written, freed, as a step's arrays are
+print(kept, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc",
+                    reason="the allocator's options are glibc's")
+def test_a_rank_reuses_the_pages_it_frees():
+    """`keep_freed_memory`: a 64 MiB array allocated and freed 20 times faults its pages in each
+    time by default (16,384 pages, or 32 huge ones), and only once with the memory kept."""
+    runs = {how: subprocess.run([sys.executable, "-c", _FAULTS, how], capture_output=True, text=True, check=True)
+            .stdout.split() for how in ("keep", "default")}
+    assert runs["keep"][0] == "True"
+    assert int(runs["default"][1]) >= 20 * 16, runs
+    assert int(runs["keep"][1]) < 16, runs
