@@ -80,6 +80,13 @@ class DeviceSpec:
     # every class without its own in `op_piece`
     node_piece: float = 0.0
     op_piece: tuple[tuple[str, float], ...] = ()
+    # the bytes/s at which a node reads a value last touched more than `cache_share` bytes of
+    # traffic before (a module's inputs, a forward activation its gradient reads back), where
+    # memory_bandwidth's rates are those of data the caches still hold (calibrate: on this
+    # project's shared 2-core VM an Add streamed 24 GB/s on one core and 10 GB/s after the rank
+    # had touched 512 MiB); 0: every read at memory_bandwidth's rates (`timing.module_seconds`)
+    cold_bandwidth: float = 0.0
+    cache_share: float = 0.0  # bytes of traffic a value stays in this rank's share of the caches
     # `parc run` runs it with parc's array engine on a GPU: trees of elementwise nodes are fused
     # into one kernel (`parc.exec.engines.fusion`: a tree moves only its leaves and its root), and
     # kernels queue behind the host's launches (a node costs its launch or its kernel, the longer)
@@ -109,6 +116,8 @@ class DeviceSpec:
         object.__setattr__(self, "task_overhead", _non_negative(f"device {name}: task overhead", self.task_overhead))
         object.__setattr__(self, "node_floor", _non_negative(f"device {name}: node floor", self.node_floor))
         object.__setattr__(self, "node_piece", _non_negative(f"device {name}: node piece", self.node_piece))
+        object.__setattr__(self, "cold_bandwidth", _non_negative(f"device {name}: cold bandwidth", self.cold_bandwidth))
+        object.__setattr__(self, "cache_share", _non_negative(f"device {name}: cache share", self.cache_share))
         for table in ("op_floor", "op_piece"):
             pairs = getattr(self, table)
             object.__setattr__(self, table, tuple(sorted(
@@ -162,6 +171,13 @@ class DeviceSpec:
         (`node_piece` unless the class has its own `op_piece`; 0 for a class of `OWN_PIECES`)."""
         return self._per_class("op_piece", 0.0 if op_class in OWN_PIECES else self.node_piece, op_class)
 
+    def cold_cost(self) -> float:
+        """Seconds per byte a read of a value the caches no longer hold costs beyond the rate of
+        the elementwise stream (memory_bandwidth x memory_efficiency); 0 uncalibrated."""
+        if not self.cold_bandwidth:
+            return 0.0
+        return max(0.0, 1.0 / self.cold_bandwidth - 1.0 / (self.memory_bandwidth * self.memory_efficiency))
+
     def peak(self, dtype: object) -> float:
         """Peak FLOP/s for `dtype`; types the device has no fast path for run at its float32 rate."""
         table = dict(self.peak_flops)
@@ -178,6 +194,8 @@ class DeviceSpec:
                 **({"op_floor": dict(self.op_floor)} if self.op_floor else {}),
                 **({"node_piece": self.node_piece} if self.node_piece else {}),
                 **({"op_piece": dict(self.op_piece)} if self.op_piece else {}),
+                **({"cold_bandwidth": self.cold_bandwidth, "cache_share": self.cache_share}
+                   if self.cold_bandwidth else {}),
                 **({"gpu": True} if self.gpu else {})}
 
     @staticmethod

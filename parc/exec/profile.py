@@ -49,7 +49,7 @@ import os
 import platform
 import statistics
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -172,6 +172,12 @@ CACHE_RATIO = 1.5
 # the MatMul rate's price in gpt-tiny's step (1.1x a MatMul of the same FLOPs alone); `Gemm` is
 # its own class
 GEMMS = (((2048, 256), (2048, 768), {"transA": 1}), ((2048, 768), (2048, 256), {"transA": 1}))
+# reads of data the caches no longer hold (`fit_cold`): an Add of COLD_ROWS x 256 right after the
+# rank wrote each of COLD_TOUCH bytes (a module's traffic between a value's uses), on a CPU
+COLD_ROWS = 4096
+COLD_TOUCH = (0, 32 << 20, 128 << 20, 512 << 20)
+COLD_REPEATS = 8
+COLD_RATIO = 1.2  # the least warm / cold rate worth pricing
 CPU_SIZES = Sizes(MEMORY_ROWS, MATMULS, {cls: cases + NARROW_CONVS.get(cls, ()) for cls, cases in CONVS.items()},
                   POOL_BYTES, SMALL, SMALL_MATMULS, PIECE_COLS, SWEEP_ROWS, GEMMS, conv_pieces=True)
 # a GPU's training step: gpt-medium's products at batch 8 x 1024 tokens (QKV, attention output,
@@ -687,9 +693,54 @@ def measure_rank(comm, threads: int, budget: float = BUDGET, engine: tuple[str, 
         elif sizes.conv_pieces and cls not in PRODUCTS:
             row["pieces"] = _pieces(model)
         rows["matmul" if cls in PRODUCTS else "conv"].append(row)
+    if engine[1] == "cpu":
+        rows["cold"] = _cold_reads(threads, engine, barrier)
     if comm.size > 1:
         rows["all_reduce"] = _all_reduces(comm, threads, engine)
     return rows
+
+
+def _cold_reads(threads: int, engine: tuple[str, str], barrier: Callable[[], None]) -> list[dict]:
+    """An Add's seconds right after this rank wrote each of COLD_TOUCH bytes elsewhere (every
+    rank at once): from 0 (its inputs as the run before left them) to more than the host's
+    caches keep for it. The median of COLD_REPEATS, each after its own writing."""
+    model, nbytes = _memory_op("Add", COLD_ROWS)
+    session = _session(model, threads, engine)
+    feed = _feeds(session)[0]
+    other = np.zeros(max(COLD_TOUCH) // 4, np.float32)
+    out = []
+    for touch in COLD_TOUCH:
+        part = other[:touch // 4]
+        barrier()
+        times = []
+        for _ in range(COLD_REPEATS):
+            session.run(feed)
+            part += 1.0  # reads and writes `touch` bytes
+            t0 = time.perf_counter()
+            session.run(feed)
+            times.append(time.perf_counter() - t0)
+        out.append({"touched": touch, "bytes": nbytes, "s": statistics.median(times)})
+    return out
+
+
+def fit_cold(rows: list[dict]) -> tuple[float, float]:
+    """(cold_bandwidth, cache_share) from `_cold_reads`' rows: the Add's rate after the most
+    writing, and the traffic (each written byte read and written: twice the bytes) at which its
+    rate falls to the geometric mean of that and its rate after none, interpolated on a log
+    scale between the rows around it. (0, 0) where the rate does not fall by COLD_RATIO (the
+    caches hold it all, or none of it: every read at memory's rates)."""
+    rates = [(r["touched"], r["bytes"] / r["s"]) for r in sorted(rows, key=lambda r: r["touched"])]
+    warm, cold = rates[0][1], rates[-1][1]
+    if warm < COLD_RATIO * cold:
+        return 0.0, 0.0
+    mid = math.sqrt(warm * cold)
+    for (x0, r0), (x1, r1) in zip(rates, rates[1:]):
+        if r1 <= mid:
+            if x0 == 0 or r0 <= r1:
+                return cold, 2.0 * x1
+            share = math.exp(math.log(x0) + (math.log(x1) - math.log(x0)) * (r0 - mid) / (r0 - r1))
+            return cold, 2.0 * share
+    return cold, 2.0 * rates[-1][0]
 
 
 def _all_reduces(comm, threads: int, engine: tuple[str, str] = ("ort", "cpu")) -> list[dict]:
@@ -911,6 +962,8 @@ def fit(rows: dict, k: int) -> dict:
            "launch_floor": rows["launch_floor_s"], "task_overhead": rows["task_overhead_s"],
            "node_floor": floor.pop(None, 0.0), "op_floor": floor, "node_piece": piece.pop(None, 0.0),
            "op_piece": piece, "cache_bytes": cache[0], "cache_speedup": cache[1]}
+    if rows.get("cold"):
+        out["cold_bandwidth"], out["cache_share"] = fit_cold(rows["cold"])
     if k > 1 and rows.get("all_reduce"):
         measured = rows["all_reduce"]
         out.update(fit_collectives(measured))
@@ -1056,7 +1109,9 @@ def _device_yaml(f: dict) -> dict:
             **({"node_floor_us": f["node_floor"] * 1e6} if "node_floor" in f else {}),
             **({"op_floor_us": {cls: v * 1e6 for cls, v in f["op_floor"].items()}} if f.get("op_floor") else {}),
             **({"node_piece_ns": f["node_piece"] * 1e9} if "node_piece" in f else {}),
-            **({"op_piece_ns": {cls: v * 1e9 for cls, v in f["op_piece"].items()}} if f.get("op_piece") else {})}
+            **({"op_piece_ns": {cls: v * 1e9 for cls, v in f["op_piece"].items()}} if f.get("op_piece") else {}),
+            **({"cold_bandwidth_gbs": f["cold_bandwidth"] / 1e9, "cache_share_mib": f["cache_share"] / 2**20}
+               if f.get("cold_bandwidth") else {})}
 
 
 def _link_yaml(f: dict) -> dict:
@@ -1117,6 +1172,9 @@ def write_calibration(output: Path, fitted: dict[int, dict], measured: dict[int,
                 f"{'x'.join(map(str, r['shape']))}: {r['s']:.3g}" for r in rows["small"]))
         if rows.get("conv"):
             head.append("#    " + ", ".join(_case_text(r) for r in rows["conv"]))
+        if rows.get("cold"):
+            head.append("#    cold Add " + ", ".join(f"after writing {r['touched'] >> 20} MiB: {r['s']:.3g}"
+                                                     for r in rows["cold"]))
         if "all_reduce" in rows:
             head.append("#    all_reduce (first after compute / in a burst) " + ", ".join(
                 f"{r['n']} ranks {r['bytes']} B: {r['first_s']:.3g} / {r['s']:.3g}" for r in rows["all_reduce"]))

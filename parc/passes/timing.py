@@ -5,8 +5,10 @@ so that the step simulator (`parc.exec.stepsim`) needs nothing but the plan dire
 
 - a compute task: the roofline (`parc.cluster.cost.compute_time`) of every node of its ONNX
   module on its local shapes, on its rank's device, plus the device's `task_overhead` (what the
-  executor spends per task: calibrated by `parc profile`). Modules of the same content (the
-  ranks of an even mesh) are priced once.
+  executor spends per task: calibrated by `parc profile`), plus, where the device has a
+  `cold_bandwidth`, the cost of its reads of values the caches no longer hold (`far_bytes`: its
+  inputs, and a forward activation read back after more than the device's `cache_share` of
+  traffic). Modules of the same content (the ranks of an even mesh) are priced once.
 - a collective: the ring formula of its step (`ring_time`) on its mesh axis's link, with a whole
   collective's latency (a gradient bucket is one collective of its members' bytes:
   `parc.passes.lower.fuse_gradients`);
@@ -25,14 +27,14 @@ On a host whose ranks outnumber its cores (CPU ranks, a calibration that says it
 `Calibration.busy_counts`), `time_s` is what a task takes with every rank of the host computing,
 as `parc profile` measured them all at once; a compute task also gets `shared_s`, its time when
 only a of them compute (by a), and the task graph `hosts`, the ranks of each such host. A rank
-waiting on a message or a collective gives its core up (`parc.exec.comm`), so a pipeline stage
+waiting on a message or a collective there gives its core up (`parc.exec.comm`), so a pipeline stage
 that computes while the other waits runs faster than its `time_s` (`parc.exec.stepsim`).
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 
 import numpy as np
 import onnx
@@ -125,6 +127,7 @@ def module_seconds(model: onnx.ModelProto, device: DeviceSpec, info: Mapping[str
             nodes.append(node)
             work.append((flops, nbytes, dtype, mine.get(proto.name) or op_class(node),
                          node_pieces(node)))
+        gone: set[int] = set()
         if device.gpu:
             consts = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer
                       if t.data_type == onnx.TensorProto.INT64 and len(t.dims) <= 1}
@@ -134,8 +137,36 @@ def module_seconds(model: onnx.ModelProto, device: DeviceSpec, info: Mapping[str
             work = [w for i, w in enumerate(work) if i not in gone]
         total = sum(compute_time(flops, nbytes, device, dtype, cls, queued=True, pieces=pieces)
                     for flops, nbytes, dtype, cls, pieces in work)
+        if device.cold_cost():
+            total += device.cold_cost() * far_bytes(nodes, device.cache_share, gone)
         _MODULE_SECONDS[key] = total
     return _MODULE_SECONDS[key]
+
+
+def far_bytes(nodes: Sequence, share: float, gone: Collection[int] = ()) -> float:
+    """The bytes a module's `nodes` (in the order they run) read from values the caches no
+    longer hold: a value the module reads first (an input or an initializer, touched by an
+    earlier task: a step's parameters and optimizer state, a gradient an earlier module made),
+    and a value read again after more than `share` bytes of other traffic since it was last
+    touched (a forward activation that its gradient reads back). Traffic counts every read and
+    write of the nodes that run (not those in `gone`, which onnxruntime removes)."""
+    last: dict[str, float] = {}
+    traffic = far = 0.0
+    for i, node in enumerate(nodes):
+        runs = i not in gone
+        for v in node.inputs:
+            if v is None or v.shape is None or v.dtype is None:
+                continue
+            if runs:
+                if v.name not in last or traffic - last[v.name] > share:
+                    far += v.nbytes
+                traffic += v.nbytes
+            last[v.name] = traffic
+        for v in node.outputs:
+            if v is not None and v.shape is not None and v.dtype is not None:
+                traffic += v.nbytes if runs else 0.0
+                last[v.name] = traffic
+    return far
 
 
 # ops that onnxruntime's common-subexpression elimination leaves alone: each run draws anew

@@ -583,3 +583,42 @@ def test_a_wheres_rate_and_cost_a_run_are_fitted_from_its_two_masks():
     assert f["op_piece"]["Where"] == pytest.approx(run, rel=1e-6)
     random, masked = (r["pieces"] / r["bytes"] for r in rows["memory"][::2][:2])
     assert random > 30 * masked  # a random mask changes at every other element
+
+
+def _cold_rows(rates: dict[int, float]) -> list[dict]:
+    nbytes = 12 << 20
+    return [{"touched": mib << 20, "bytes": nbytes, "s": nbytes / rate} for mib, rate in rates.items()]
+
+
+def test_reads_after_a_ranks_traffic_give_the_cold_rate_and_the_caches_share(tmp_path):
+    """An Add at 24 GB/s after nothing and after 32 MiB written, 16 GB/s after 128 MiB, 9 GB/s
+    after 512 MiB: the cold rate is 9 GB/s; the rate falls to their geometric mean (14.7 GB/s)
+    between 128 and 512 MiB written (log-interpolated: 128 * 4^(1.3/7)), and each written byte
+    is read and written: the share is twice that in traffic. Written to the calibration, read back
+    onto the device."""
+    rows = _cold_rows({0: 24e9, 32: 24e9, 128: 16e9, 512: 9e9})
+    cold, share = prof.fit_cold(rows)
+    mid = (24e9 * 9e9) ** 0.5
+    written = 128 * 4 ** ((16e9 - mid) / (16e9 - 9e9)) * 2**20
+    assert cold == pytest.approx(9e9) and share == pytest.approx(2 * written)
+    stream = _stream_rows(3 << 20, 150e9, 24e9)
+    stream["cold"] = rows
+    f = prof.fit(stream, 1)
+    assert (f["cold_bandwidth"], f["cache_share"]) == pytest.approx((cold, share))
+    out = tmp_path / "c.yaml"
+    prof.write_calibration(out, {1: f}, {1: stream}, "cpu", "shm")
+    assert "cold Add after writing 0 MiB" in out.read_text()
+    cpu = load_constants(out).apply(parse_devices("1xcpu")).devices[0]
+    assert (cpu.cold_bandwidth, cpu.cache_share) == pytest.approx((cold, share))
+    assert cpu.cold_cost() == pytest.approx(1 / 9e9 - 1 / 24e9)
+    # no fall (the caches hold it all, or none of it): nothing to price
+    assert prof.fit_cold(_cold_rows({0: 24e9, 32: 23e9, 128: 22e9, 512: 21e9})) == (0.0, 0.0)
+    # a fall already by the first writing: the share is that much traffic
+    assert prof.fit_cold(_cold_rows({0: 24e9, 32: 9e9, 128: 9e9, 512: 9e9})) == pytest.approx((9e9, 2 * (32 << 20)))
+
+
+def test_the_cold_benchmark_runs_on_this_machine():
+    """`_cold_reads` on one thread: a row per amount written, each a positive time."""
+    rows = prof._cold_reads(1, ("ort", "cpu"), lambda: None)
+    assert [r["touched"] for r in rows] == list(prof.COLD_TOUCH)
+    assert all(r["s"] > 0 and r["bytes"] == 12 << 20 for r in rows)

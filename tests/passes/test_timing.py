@@ -315,3 +315,33 @@ def test_onnxruntime_removes_every_node_priced_as_removed():
         dtypes = {v.name: v.type.tensor_type.elem_type for v in (*typed.value_info, *typed.input, *typed.output)}
         removed = {model.graph.node[i].name for i in removed_by_onnxruntime(model, dtypes)}
         assert len(removed) > 10 and not removed & optimized_names(model, Path(d) / "b.onnx")
+
+
+def test_reads_of_values_the_caches_no_longer_hold_cost_the_cold_rate():
+    """With a cold bandwidth, a module pays for its inputs (touched by an earlier task) and for a
+    value read back after more than the cache share of traffic, beyond the elementwise stream's
+    rate; not for a value read right after it was written. Without one, nothing more."""
+    from parc.ir.dtypes import DType
+    from parc.ir.graph import Node, Value
+    from parc.passes.timing import far_bytes
+
+    mib = 1 << 20
+
+    def v(name: str, n: int) -> Value:
+        return Value(name, DType.from_numpy(np.dtype(np.float32)), (n * mib // 4,))
+
+    x, a, big, y, z = v("x", 1), v("a", 1), v("big", 64), v("y", 64), v("z", 1)
+    # x (input) -> a, then 128 MiB of traffic (big in and out), then a read back with a fresh z
+    nodes = [Node("Relu", [x], [a]), Node("Relu", [big], [y]), Node("Add", [a, z], [v("out", 1)])]
+    assert far_bytes(nodes, share=100 * mib) == (1 + 64 + 1 + 1) * mib  # x, big, z first read; a after 129 MiB
+    assert far_bytes(nodes, share=200 * mib) == (1 + 64 + 1) * mib  # a still held
+    assert far_bytes(nodes, share=200 * mib, gone={1}) == (1 + 1) * mib  # the big node does not run
+
+    model, info = _module()
+    cpu = replace(DEVICES["h100-80g"], gpu=False)
+    plain = module_seconds(model, cpu, info)
+    cold = replace(cpu, cold_bandwidth=cpu.memory_bandwidth / 4, cache_share=1e12)
+    assert cold.cold_cost() == pytest.approx(3 / cpu.memory_bandwidth)
+    # the module's inputs x, w, b, z are read from afar (4 tensors); nothing is read back far
+    assert module_seconds(model, cold, info) == pytest.approx(plain + 4 * 4 * N * cold.cold_cost())
+    assert replace(cpu, cold_bandwidth=0.0).cold_cost() == 0.0
