@@ -32,7 +32,7 @@ from parc.cluster.devices import (
     lookup_device,
     normalise_device_name,
 )
-from parc.cluster.links import DEFAULT_INTER_LINK, LINKS, LinkSpec, lookup_link
+from parc.cluster.links import DEFAULT_INTER_LINK, KINDS, LINKS, LinkSpec, lookup_link
 from parc.cluster.yamlfile import Entry, read_yaml
 from parc.errors import UsageError
 
@@ -56,7 +56,7 @@ _DEVICE_KEYS = (*_PEAK_KEYS, *_DEVICE_UNITS, *_DEVICE_SI, *_DEVICE_TABLES, "peak
 _MAY_BE_ZERO = ("launch_floor", "task_overhead", "node_floor", "node_piece")
 _LINK_UNITS = {"bandwidth_gbps": ("bandwidth", 1e9 / 8), "bandwidth_gbs": ("bandwidth", GB),
                "latency_us": ("latency", 1e-6), "handoff_us": ("handoff", 1e-6), "call_us": ("call", 1e-6)}
-_LINK_KEYS = (*_LINK_UNITS, "bandwidth", "latency", "handoff", "call")
+_LINK_KEYS = (*_LINK_UNITS, "bandwidth", "latency", "handoff", "call", *KINDS)
 _NAME = re.compile(r"^[a-z][a-z0-9._-]*$")
 
 
@@ -271,14 +271,23 @@ def _link(entry: Entry, role: str) -> LinkSpec:
     return dataclasses.replace(start, name=name, **values)
 
 
-def _link_overrides(fields: dict[str, Entry]) -> dict[str, float]:
-    values: dict[str, float] = {}
+def _link_overrides(fields: dict[str, Entry]) -> dict[str, object]:
+    values: dict[str, object] = {}
+    kinds = []
     for key, value in fields.items():
         if key in _LINK_UNITS or key in ("bandwidth", "latency", "handoff", "call"):
             field, scale = _LINK_UNITS.get(key, (key, 1.0))
             if field in values:
                 raise value.fail(f"{field} given twice")
             values[field] = _scaled(value.number(positive=field == "bandwidth"), scale)
+        elif key in KINDS:  # a collective kind's own latency and bandwidth
+            own = _link_overrides(value.mapping(("latency_us", "latency", "bandwidth_gbs", "bandwidth_gbps",
+                                                 "bandwidth")))
+            if set(own) != {"latency", "bandwidth"}:
+                raise value.fail(f"{key} needs a latency (latency_us) and a bandwidth (bandwidth_gbs)")
+            kinds.append((key, own["latency"], own["bandwidth"]))
+    if kinds:
+        values["kinds"] = tuple(kinds)
     return values
 
 

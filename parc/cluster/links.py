@@ -9,6 +9,7 @@ from parc.errors import UsageError
 
 GB = 1e9
 Gbit = 1e9 / 8  # bytes/s in one Gb/s
+KINDS = ("reduce_scatter", "all_gather", "all_to_all")  # the collectives a link may give figures of their own
 
 
 @dataclass(frozen=True)
@@ -30,11 +31,29 @@ class LinkSpec:
     # cost. 0 in the catalogue; on a host whose ranks outnumber its cores a collective waits for
     # its members to be scheduled, about the same time whatever their number (`parc profile`)
     call: float = 0.0
+    # (kind, latency, bandwidth) of collective kinds that run at figures of their own, where an
+    # implementation's kinds are not the same ring (MPICH on a shared-memory host: a 1 MB
+    # reduce-scatter between 2 ranks took 1.2x an all-reduce's time, not half; `parc profile`
+    # measures them); every other kind at `latency` and `bandwidth`
+    kinds: tuple[tuple[str, float, float], ...] = ()
 
     def __post_init__(self) -> None:
         name = str(self.name).strip().lower()
         if not name:
             raise ValueError("a link needs a name")
+        rows = self.kinds.items() if isinstance(self.kinds, Mapping) else self.kinds
+        kinds = []
+        for row in rows:
+            kind, (latency, bandwidth) = (row[0], row[1]) if len(row) == 2 else (row[0], row[1:])
+            if kind not in KINDS:
+                raise ValueError(f"link {name}: collective kind {kind!r} has no figures of its own "
+                                 f"(known: {', '.join(KINDS)})")
+            if not (isinstance(latency, int | float) and latency >= 0 and isinstance(bandwidth, int | float)
+                    and bandwidth > 0):
+                raise ValueError(f"link {name}: {kind} needs latency >= 0 and bandwidth > 0, "
+                                 f"got {latency!r}, {bandwidth!r}")
+            kinds.append((str(kind), float(latency), float(bandwidth)))
+        object.__setattr__(self, "kinds", tuple(sorted(kinds)))
         for field in ("bandwidth", "latency", "handoff", "call"):
             value = getattr(self, field)
             if isinstance(value, bool) or not isinstance(value, int | float):
@@ -45,13 +64,21 @@ class LinkSpec:
             object.__setattr__(self, field, float(value))
         object.__setattr__(self, "name", name)
 
+    def figures(self, kind: str) -> tuple[float, float]:
+        """(latency, bandwidth) a collective of `kind` runs at on this link."""
+        for k, latency, bandwidth in self.kinds:
+            if k == kind:
+                return latency, bandwidth
+        return self.latency, self.bandwidth
+
     def slower_than(self, other: LinkSpec) -> bool:
         """True when this link is the bottleneck of the two: lower bandwidth, then higher latency."""
         return (self.bandwidth, -self.latency) < (other.bandwidth, -other.latency)
 
     def to_json(self) -> dict:
         return {"name": self.name, "bandwidth": self.bandwidth, "latency": self.latency,
-                **({"handoff": self.handoff} if self.handoff else {}), **({"call": self.call} if self.call else {})}
+                **({"handoff": self.handoff} if self.handoff else {}), **({"call": self.call} if self.call else {}),
+                **({"kinds": {k: [lat, bw] for k, lat, bw in self.kinds}} if self.kinds else {})}
 
     @staticmethod
     def from_json(data: Mapping) -> LinkSpec:

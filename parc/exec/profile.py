@@ -697,7 +697,31 @@ def measure_rank(comm, threads: int, budget: float = BUDGET, engine: tuple[str, 
         rows["cold"] = _cold_reads(threads, engine, barrier)
     if comm.size > 1:
         rows["all_reduce"] = _all_reduces(comm, threads, engine)
+        rows["collectives"] = _other_collectives(comm)
     return rows
+
+
+def _other_collectives(comm) -> list[dict]:
+    """Seconds of a reduce-scatter and an all-gather over the whole job, of tensors of
+    ALL_REDUCE_BYTES (the reduce-scatter's input, the all-gather's output), in bursts as the
+    all-reduces' (the mean over the calls after each burst's first), through the calls the
+    executor makes (`parc.exec.comm`: its copies included). Every rank gets the rows."""
+    k = comm.size
+    rows = []
+    for kind in ("reduce_scatter", "all_gather"):
+        for nbytes in ALL_REDUCE_BYTES:
+            x = np.ones(max(nbytes // 4 // k, 1) * k, np.float32)
+            piece = x[: x.size // k]
+            times = []
+            for _ in range(ARRIVALS // 3):
+                comm.barrier()
+                for i in range(BURST):
+                    t0 = time.perf_counter()
+                    comm.reduce_scatter(x, 0) if kind == "reduce_scatter" else comm.all_gather(piece, 0)
+                    if i:
+                        times.append(time.perf_counter() - t0)
+            rows.append({"kind": kind, "n": k, "bytes": x.nbytes, "s": statistics.fmean(times)})
+    return comm.comm.bcast(rows, root=k - 1)
 
 
 def _cold_reads(threads: int, engine: tuple[str, str], barrier: Callable[[], None]) -> list[dict]:
@@ -827,6 +851,22 @@ def fit_collectives(measured: list[dict]) -> dict:
     assert best is not None  # the first subset always counts
     c = best[1]
     return {"call": c.get("call", 0.0), "latency": c.get("latency", 1e-7), "bandwidth": 1.0 / c["inv_beta"]}
+
+
+def fit_kind(measured: list[dict], kind: str, call: float) -> tuple[float, float]:
+    """(latency, bandwidth) of one collective kind from its bursts: t = call + alpha * steps +
+    volume / beta with the kind's ring steps and volume (`parc.cluster.cost.STEPS`, `_VOLUME`)
+    and the link's call cost, least squares on the relative error, alpha >= 0."""
+    from parc.cluster.cost import _VOLUME, STEPS
+
+    t = np.array([r["s"] for r in measured])
+    a = np.stack([np.array([STEPS[kind](r["n"]) for r in measured], float) / t,
+                  np.array([_VOLUME[kind](r["n"]) * r["bytes"] for r in measured]) / t], 1)
+    rhs = 1.0 - call / t
+    coef, *_ = np.linalg.lstsq(a, rhs, rcond=None)
+    if coef[0] < 0:  # no latency: the bandwidth alone
+        coef = np.array([0.0, float(np.linalg.lstsq(a[:, 1:], rhs, rcond=None)[0][0])])
+    return max(float(coef[0]), 0.0), 1.0 / max(float(coef[1]), 1e-15)
 
 
 def fit_cache(rows: dict) -> tuple[float, float]:
@@ -974,6 +1014,9 @@ def fit(rows: dict, k: int) -> dict:
         # after compute paid 1.76 ms on 4 ranks, against 0.74 ms from the 64 B rows)
         smallest = min(r["bytes"] for r in measured)
         out["handoff"] = max(0.0, statistics.fmean(r["first_s"] - r["s"] for r in measured if r["bytes"] == smallest))
+        if rows.get("collectives"):  # reduce-scatters and all-gathers at figures of their own
+            out["kinds"] = {kind: fit_kind([r for r in rows["collectives"] if r["kind"] == kind], kind, out["call"])
+                            for kind in sorted({r["kind"] for r in rows["collectives"]})}
     return out
 
 
@@ -1116,7 +1159,8 @@ def _device_yaml(f: dict) -> dict:
 
 def _link_yaml(f: dict) -> dict:
     return {"latency_us": f["latency"] * 1e6, "bandwidth_gbs": f["bandwidth"] / 1e9, "handoff_us": f["handoff"] * 1e6,
-            "call_us": f.get("call", 0.0) * 1e6}
+            "call_us": f.get("call", 0.0) * 1e6,
+            **{kind: {"latency_us": lat * 1e6, "bandwidth_gbs": bw / 1e9} for kind, (lat, bw) in f.get("kinds", {}).items()}}
 
 
 def _case_text(r: dict) -> str:
@@ -1178,6 +1222,9 @@ def write_calibration(output: Path, fitted: dict[int, dict], measured: dict[int,
         if "all_reduce" in rows:
             head.append("#    all_reduce (first after compute / in a burst) " + ", ".join(
                 f"{r['n']} ranks {r['bytes']} B: {r['first_s']:.3g} / {r['s']:.3g}" for r in rows["all_reduce"]))
+        if rows.get("collectives"):
+            head.append("#    in a burst " + ", ".join(f"{r['kind']} {r['n']} ranks {r['bytes']} B: {r['s']:.3g}"
+                                                   for r in rows["collectives"]))
     text = "\n".join(head) + "\n" + yaml.safe_dump(body, sort_keys=False)
     tmp = output.with_name(output.name + ".tmp")
     tmp.write_text(text)

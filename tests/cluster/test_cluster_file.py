@@ -315,6 +315,9 @@ def test_a_host_whose_ranks_outnumber_its_cpus_keeps_the_figures_of_fewer_ranks_
     ('sharing:\n  "2": {constants: {x: {y: 1}}}\n', "unknown key"),
     ('links:\n  shm: {handoff_us: -1}\n', "handoff"),
     ('links:\n  shm: {call_us: -1}\n', "call"),
+    ('links:\n  shm: {reduce_scatter: {latency_us: 5}}\n', "needs a latency .* and a bandwidth"),
+    ('links:\n  shm: {all_gather: {latency_us: 5, bandwidth_gbs: 0}}\n', "bandwidth"),
+    ('links:\n  shm: {all_gather: {latency_us: 5, bandwidth_gbs: 1, steps: 2}}\n', "unknown key"),
     ('devices:\n  cpu: {task_overhead_us: -1}\n', "task_overhead"),
 ])
 def test_sharing_errors_name_the_key(tmp_path, text, message):
@@ -365,3 +368,21 @@ def test_a_negative_floor_or_piece_cost_is_refused_naming_its_key(tmp_path, text
     with pytest.raises(UsageError, match=key) as e:
         load_constants(write(tmp_path, text, "calib.yaml"))
     assert "calib.yaml" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_link_gives_collective_kinds_figures_of_their_own(tmp_path):
+    """A calibration's reduce-scatter and all-gather figures price those kinds (ring steps and
+    volume as ever, at their own alpha and beta); every other kind keeps the link's; a link
+    shared by streams keeps them, its bandwidths divided."""
+    from parc.cluster.cost import ring_time
+    from parc.cluster.mesh import shared_link
+
+    text = ("links:\n  shm:\n    latency_us: 5\n    bandwidth_gbs: 4\n"
+            "    reduce_scatter: {latency_us: 20, bandwidth_gbs: 1.5}\n    all_gather: {latency_us: 10, bandwidth_gbs: 2}\n")
+    link = load_constants(write(tmp_path, text, "calib.yaml")).apply(parse_devices("2xcpu")).nodes[0].intra_link
+    assert link.figures("reduce_scatter") == (20e-6, 1.5e9) and link.figures("all_gather") == (10e-6, 2e9)
+    assert link.figures("all_reduce") == link.figures("all_to_all") == (5e-6, 4e9)
+    assert ring_time("reduce_scatter", link, 2, 1e6) == pytest.approx(20e-6 + 1e6 / 1.5e9)
+    assert ring_time("all_reduce", link, 2, 1e6) == pytest.approx(2 * 5e-6 + 1e6 / 4e9)
+    assert LinkSpec.from_json(link.to_json()) == link
+    assert shared_link(link, 2, 1).figures("all_gather") == (10e-6, 1e9)

@@ -55,6 +55,29 @@ def test_a_call_cost_is_told_from_alpha_by_two_group_sizes():
     assert prof.fit(rows, 4)["call"] == 0.0
 
 
+def test_reduce_scatters_and_all_gathers_get_figures_of_their_own(tmp_path):
+    """Bursts of reduce-scatters at 25 us + (n-1)/n B at 1.5 GB/s and all-gathers at 10 us +
+    2 GB/s, beside all-reduces at 5 us a step and 4 GB/s: each kind's alpha and beta come back,
+    the link's call cost taken off first; written under the link and read back onto it."""
+    rows = _rows(5e-6, 4e9, 0.0, 2)
+    rows["collectives"] = [{"kind": kind, "n": 2, "bytes": b, "s": alpha + b / 2 / beta}
+                           for kind, alpha, beta in (("reduce_scatter", 25e-6, 1.5e9), ("all_gather", 10e-6, 2e9))
+                           for b in prof.ALL_REDUCE_BYTES]
+    f = prof.fit(rows, 2)
+    assert f["kinds"]["reduce_scatter"] == pytest.approx((25e-6, 1.5e9), rel=1e-6)
+    assert f["kinds"]["all_gather"] == pytest.approx((10e-6, 2e9), rel=1e-6)
+    assert prof.fit_kind(rows["collectives"][:4], "reduce_scatter", 5e-6) == pytest.approx((20e-6, 1.5e9), rel=1e-6)
+    # no latency at all: the bandwidth alone, alpha 0
+    flat = [{"kind": "all_gather", "n": 2, "bytes": b, "s": b / 2 / 2e9} for b in prof.ALL_REDUCE_BYTES]
+    assert prof.fit_kind(flat, "all_gather", 0.0) == pytest.approx((0.0, 2e9), abs=1e-12, rel=1e-6)
+    out = tmp_path / "c.yaml"
+    prof.write_calibration(out, {1: prof.fit(_rows(5e-6, 4e9, 0.0, 2), 1), 2: f}, {2: rows}, "cpu", "shm")
+    assert "in a burst reduce_scatter 2 ranks 64 B" in out.read_text()
+    link = load_constants(out).apply(parse_devices("2xcpu")).nodes[0].intra_link
+    assert link.figures("reduce_scatter") == pytest.approx((25e-6, 1.5e9), rel=1e-6)
+    assert link.figures("all_reduce") == pytest.approx((5e-6, 4e9), rel=1e-6)
+
+
 def test_the_handoff_is_the_first_ones_excess_where_it_moves_no_bytes():
     # a first all-reduce after compute that also pays 1 ns a byte more than the burst (caches the
     # compute evicted): the handoff is the 64 B rows' excess, not an average over the sizes
