@@ -25,6 +25,7 @@ class MeshAxis:
     spans_nodes: bool | None
     call: float | None = None  # s each collective pays once (a calibrated host whose ranks share cores)
     handoff: float | None = None  # s the first after compute pays more
+    kinds: dict | None = None  # collective kind -> [latency s, bandwidth B/s] of its own (`LinkSpec.kinds`)
 
 
 @dataclass(frozen=True)

@@ -84,13 +84,16 @@ def _pipeline(r: Report) -> Section:
 
 
 def _link_figures(a) -> str:
-    """' (bandwidth, latency[, call cost][, handoff])' of a mesh axis's link, or '' unknown."""
+    """' (bandwidth, latency[, call cost][, handoff][; a kind's own figures])' of a mesh axis's
+    link, or '' unknown."""
     if not (a.bandwidth and a.latency):
         return ""
     figures = [f"{a.bandwidth / 1e9:g} GB/s", f"{a.latency * 1e6:g} us"]
     figures += [f"{a.call * 1e6:g} us a call"] if a.call else []
     figures += [f"{a.handoff * 1e6:g} us handoff"] if a.handoff else []
-    return f" ({', '.join(figures)})"
+    own = [f"{kind.replace('_', '-')} {bw / 1e9:.3g} GB/s, {lat * 1e6:.3g} us"
+           for kind, (lat, bw) in sorted((a.kinds or {}).items())]
+    return f" ({'; '.join([', '.join(figures), *own])})"
 
 
 def _summary(r: Report) -> Section:

@@ -169,3 +169,13 @@ def test_a_calibrated_links_call_cost_and_handoff_are_shown():
     text = " ".join(render(r, "text").split())  # the summary wraps its lines
     assert "over shm (1.2 GB/s, 19 us, 240 us a call, 1000 us handoff)" in text
     assert "over net-100g (12.5 GB/s, 14 us)" in text
+
+
+def test_a_links_collective_kinds_with_figures_of_their_own_are_shown():
+    plan = tiny_plan()
+    plan["mesh"]["links"][1] = {"bandwidth": 4e9, "latency": 5e-6, "name": "shm",
+                                "kinds": {"reduce_scatter": [2.5e-5, 1.9e9], "all_gather": [1e-5, 2.3e9]}}
+    r = explain(plan, "p/plan.json")
+    assert r.summary.mesh_axes[1].kinds == {"reduce_scatter": [2.5e-5, 1.9e9], "all_gather": [1e-5, 2.3e9]}
+    text = " ".join(render(r, "text").split())
+    assert "over shm (4 GB/s, 5 us; all-gather 2.3 GB/s, 10 us; reduce-scatter 1.9 GB/s, 25 us)" in text
