@@ -155,18 +155,27 @@ def far_bytes(nodes: Sequence, share: float, gone: Collection[int] = ()) -> floa
     for i, node in enumerate(nodes):
         runs = i not in gone
         for v in node.inputs:
-            if v is None or v.shape is None or v.dtype is None:
+            nbytes = _known_bytes(v)
+            if nbytes is None:
                 continue
             if runs:
                 if v.name not in last or traffic - last[v.name] > share:
-                    far += v.nbytes
-                traffic += v.nbytes
+                    far += nbytes
+                traffic += nbytes
             last[v.name] = traffic
         for v in node.outputs:
-            if v is not None and v.shape is not None and v.dtype is not None:
-                traffic += v.nbytes if runs else 0.0
+            nbytes = _known_bytes(v)
+            if nbytes is not None:
+                traffic += nbytes if runs else 0.0
                 last[v.name] = traffic
     return far
+
+
+def _known_bytes(v) -> int | None:
+    """A value's bytes, None where its type or a dim is unknown (it counts as no traffic)."""
+    if v is None or v.dtype is None or v.shape is None or not all(isinstance(d, int | np.integer) for d in v.shape):
+        return None
+    return v.nbytes
 
 
 # ops that onnxruntime's common-subexpression elimination leaves alone: each run draws anew

@@ -336,6 +336,8 @@ def test_reads_of_values_the_caches_no_longer_hold_cost_the_cold_rate():
     assert far_bytes(nodes, share=100 * mib) == (1 + 64 + 1 + 1) * mib  # x, big, z first read; a after 129 MiB
     assert far_bytes(nodes, share=200 * mib) == (1 + 64 + 1) * mib  # a still held
     assert far_bytes(nodes, share=200 * mib, gone={1}) == (1 + 1) * mib  # the big node does not run
+    unknown = Value("u", x.dtype, (None, 4))  # a dim the lowering does not know: no traffic
+    assert far_bytes([Node("Add", [unknown, x], [v("w", 1)])], share=100 * mib) == mib
 
     model, info = _module()
     cpu = replace(DEVICES["h100-80g"], gpu=False)
