@@ -38,6 +38,13 @@ heartbeat = None
 HEARTBEAT_S = 0.25
 
 
+def usable_cpus() -> list[int]:
+    """The CPUs this process may run on (its affinity where the system says, else all)."""
+    if hasattr(os, "sched_getaffinity"):
+        return sorted(os.sched_getaffinity(0))
+    return list(range(os.cpu_count() or 1))
+
+
 def beat_every(last: float, now: float) -> float:
     """Call the heartbeat when HEARTBEAT_S has passed since `last`; the new `last`."""
     if heartbeat is not None and now - last >= HEARTBEAT_S:
@@ -52,8 +59,9 @@ class MpiComm:
 
     comm: object = None
     timeout: float = DEFAULT_TIMEOUT
-    # poll without giving the core up: where this host's ranks have a core each (None: find out,
-    # one collective over the communicator; its sub-communicators inherit the answer)
+    # poll without giving the core up: where this host's ranks have a core each, counting the
+    # CPUs they may run on together (None: find out, one collective over the communicator; its
+    # sub-communicators inherit the answer)
     spin: bool | None = None
     _axes: dict = field(default_factory=dict, repr=False)
     device_buffers = False  # takes host (NumPy) arrays
@@ -66,7 +74,7 @@ class MpiComm:
             self.comm = MPI.COMM_WORLD
         if self.spin is None:
             host = self.comm.Split_type(MPI.COMM_TYPE_SHARED)
-            self.spin = host.Get_size() <= (os.cpu_count() or 1)
+            self.spin = host.Get_size() <= len(set().union(*host.allgather(usable_cpus())))
             host.Free()
 
     @property

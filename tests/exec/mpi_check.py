@@ -6,13 +6,12 @@
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 
 import numpy as np
 
-from parc.exec.comm import CommTimeout, MpiComm
+from parc.exec.comm import CommTimeout, MpiComm, usable_cpus
 
 
 def data(rank: int) -> np.ndarray:
@@ -21,7 +20,7 @@ def data(rank: int) -> np.ndarray:
 
 def collectives() -> None:
     world = MpiComm(timeout=20)
-    assert world.spin == (world.size <= (os.cpu_count() or 1)), (world.spin, world.size)  # all ranks on this host
+    assert world.spin == (world.size <= len(usable_cpus())), (world.spin, world.size)  # one host, one affinity
     for spin in (world.spin, not world.spin):  # both ways of waiting, whatever this host's cores
         check(MpiComm(world.comm, timeout=20, spin=spin))
     print(f"rank {world.rank}: ok", flush=True)
