@@ -27,10 +27,13 @@ from parc.errors import UsageError
                    "calibrate their classes, at each rank count's share of their batch (repeatable).")
 @click.option("--dim", "dims", multiple=True, metavar="NAME=VALUE",
               help="Bind a symbolic dim of the --model files (as `parc plan --dim`).")
+@click.option("--reference/--no-reference", default=True, show_default=True,
+              help="On CPUs, end with reference training steps run with `parc run` on each rank count, "
+                   "whose measured time over their simulation is the calibration's step_ratio (about a minute).")
 @click.option("--cases", hidden=True, type=click.Path(dir_okay=False))
 @click.option("--worker", hidden=True, type=click.Path(dir_okay=False))
 def profile(output: str | None, max_ranks: int | None, budget: float | None, engine: str, device: str | None,
-            models: tuple[str, ...], dims: tuple[str, ...], cases: str | None, worker: str | None) -> None:
+            models: tuple[str, ...], dims: tuple[str, ...], reference: bool, cases: str | None, worker: str | None) -> None:
     """Measure this machine (compute per op class with parc's engine, collectives between
     ranks) and write a calibration file for `parc plan --calibration`."""
     from parc.exec import profile as prof
@@ -61,5 +64,5 @@ def profile(output: str | None, max_ranks: int | None, budget: float | None, eng
 
         device = lookup_device(device, "--device").name
     prof.profile(out, max_ranks, budget, device, echo=lambda s: click.echo(s, err=True), engine=engine, models=models,
-                 dims=parse_dims(dims))
+                 dims=parse_dims(dims), reference=reference)
     click.echo(f"wrote {out}")

@@ -46,7 +46,7 @@ _DEVICE_UNITS = {"memory_gib": ("memory_bytes", GiB), "bandwidth_gbs": ("memory_
                  "node_floor_us": ("node_floor", 1e-6), "node_piece_ns": ("node_piece", 1e-9),
                  "cold_bandwidth_gbs": ("cold_bandwidth", GB), "cache_share_mib": ("cache_share", 2**20)}
 _DEVICE_SI = ("memory_bytes", "memory_bandwidth", "launch_floor", "compute_efficiency", "memory_efficiency",
-              "task_overhead", "node_floor", "node_piece", "cold_bandwidth", "cache_share")
+              "task_overhead", "node_floor", "node_piece", "cold_bandwidth", "cache_share", "step_ratio")
 # per-class tables: YAML key -> (DeviceSpec field, scale to SI, whether a value may be 0)
 _DEVICE_TABLES = {"op_efficiency": ("op_efficiency", 1.0, False),
                   "memory_op_efficiency": ("memory_op_efficiency", 1.0, False),

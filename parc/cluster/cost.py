@@ -151,7 +151,8 @@ def compute_time(flops: float, nbytes: float, device: DeviceSpec, dtype: object 
     node_floor, and `pieces` is `parc.ops.node_pieces` (a Transpose's short runs, a Softmax's
     rows). Queued on a GPU, the node costs the longest of its roofline (with its pieces) and its
     launch, and no class floor. `dtype` is a DType or a name ('float32', 'tf32', 'bf16', ...); a
-    dtype the device lists no peak for runs at its float32 peak.
+    dtype the device lists no peak for runs at its float32 peak. The whole is multiplied by the
+    device's `step_ratio` (1 but in a calibration from `parc profile`).
     """
     if flops < 0 or nbytes < 0:
         raise ValueError(f"compute_time: need flops >= 0 and bytes >= 0, got {flops}, {nbytes}")
@@ -159,8 +160,8 @@ def compute_time(flops: float, nbytes: float, device: DeviceSpec, dtype: object 
     memory = nbytes / (device.memory_bandwidth * device.memory_fraction(op_class))
     walk = pieces * device.piece_cost(op_class) if pieces else 0.0
     if queued and device.gpu:
-        return max(compute + walk, memory + walk, device.launch_floor)
-    return max(compute, memory) + walk + node_floor(flops, nbytes, device, op_class)
+        return device.step_ratio * max(compute + walk, memory + walk, device.launch_floor)
+    return device.step_ratio * (max(compute, memory) + walk + node_floor(flops, nbytes, device, op_class))
 
 
 def node_floor(flops: float, nbytes: float, device: DeviceSpec, op_class: str = "") -> float:

@@ -87,6 +87,11 @@ class DeviceSpec:
     # had touched 512 MiB); 0: every read at memory_bandwidth's rates (`timing.module_seconds`)
     cold_bandwidth: float = 0.0
     cache_share: float = 0.0  # bytes of traffic a value stays in this rank's share of the caches
+    # what a node takes in a real training step over what the rest of the model prices it at
+    # (calibrate: `parc profile` runs reference steps with `parc run` and compares them with their
+    # simulation, `fit_step_ratio`; on this project's 2-core VM the benchmarks, each run warm and
+    # alone, priced the steps of two ranks 15-17% short); every node's time is multiplied by it
+    step_ratio: float = 1.0
     # `parc run` runs it with parc's array engine on a GPU: trees of elementwise nodes are fused
     # into one kernel (`parc.exec.engines.fusion`: a tree moves only its leaves and its root), and
     # kernels queue behind the host's launches (a node costs its launch or its kernel, the longer)
@@ -118,6 +123,7 @@ class DeviceSpec:
         object.__setattr__(self, "node_piece", _non_negative(f"device {name}: node piece", self.node_piece))
         object.__setattr__(self, "cold_bandwidth", _non_negative(f"device {name}: cold bandwidth", self.cold_bandwidth))
         object.__setattr__(self, "cache_share", _non_negative(f"device {name}: cache share", self.cache_share))
+        object.__setattr__(self, "step_ratio", _positive(f"device {name}: step ratio", self.step_ratio))
         for table in ("op_floor", "op_piece"):
             pairs = getattr(self, table)
             object.__setattr__(self, table, tuple(sorted(
@@ -196,6 +202,7 @@ class DeviceSpec:
                 **({"op_piece": dict(self.op_piece)} if self.op_piece else {}),
                 **({"cold_bandwidth": self.cold_bandwidth, "cache_share": self.cache_share}
                    if self.cold_bandwidth else {}),
+                **({"step_ratio": self.step_ratio} if self.step_ratio != 1.0 else {}),
                 **({"gpu": True} if self.gpu else {})}
 
     @staticmethod

@@ -33,6 +33,13 @@ memory than its L2: `POOL_BYTES`); the mean is kept:
   sizes), the first's excess at the smallest size (64 B, where no bandwidth term is mixed in) is
   the link's handoff.
 
+On CPUs the profile ends with reference training steps (`reference_steps`: a convolutional
+net and an encoder-decoder from the zoo, planned on k ranks with the figures just written and run
+with `parc run`); per k, what their simulated compute must be multiplied by to take their
+measured time is the device's `step_ratio` (`fit_step_ratio`), which multiplies every node's time.
+The benchmarks price each node warm and alone; a step's nodes run on tensors other nodes wrote,
+and its ranks wait at each collective for the last of them.
+
 A fixed product (`host_probe`) is timed before each rank count and at the end: the file's header
 lists the host's speed at each against the first, and a spread above 15% is warned about.
 
@@ -202,6 +209,14 @@ STEADY = 1.15  # a profile whose probes differ by more than this factor warns th
 # collectives pay both, was predicted -2% and +62% off its runs); with 36, two profiles in a row
 # gave 0.47 and 0.49 ms, calls of 0.16 and 0.12 ms, for 4 s more a profile
 ARRIVALS, ARRIVAL_STEP, BURST = 36, 1e-3, 6
+# the reference training steps (`reference_steps`): zoo models, `parc models build NAME --set ...
+# --train momentum`, a convolutional net and an encoder-decoder, each step 20-50 ms on this
+# project's 2-core VM so that the median of a few steps is steady (the zoo's default t5-tiny steps
+# take 2-3 ms, and on 4 ranks sharing 2 cores their ratio moved between 1.05 and 1.23 run to run)
+REFERENCE_STEPS = (("unet-tiny", ("batch=16",)),
+                   ("t5-tiny", ("batch=16", "d_model=128", "d_ff=512", "enc_seq=64", "dec_seq=32")))
+REFERENCE_RUNS, REFERENCE_WARMUP = 20, 5  # steps each reference runs; the median is of those after the warm-up
+STEP_RATIO_RANGE = (0.5, 4.0)  # a ratio outside says the reference went wrong, not the benchmarks
 
 
 def _model(nodes, inputs: dict[str, tuple], output: str, inits=()):
@@ -1058,12 +1073,13 @@ def _gpu_card(cupy=None) -> tuple[str, int]:
 
 def profile(output: Path, max_ranks: int | None, budget: float = BUDGET, device: str | None = None, link: str = "shm",
             echo=print, engine: str = "ort", models: Sequence[str] = (),
-            dims: Mapping[str, int] | None = None) -> dict[int, dict]:
+            dims: Mapping[str, int] | None = None, reference: bool = True) -> dict[int, dict]:
     """Measure with 1, 2, 4, ... ranks (up to `max_ranks`; None: 1 on a GPU, else 4) on `engine`
     (`parc run --engine`'s names) and write the calibration file for device type `device` (by default `cpu`, or the
     catalogue's name of the GPU that `--engine cupy` measures). `models`: ONNX files whose own
     products and convolutions calibrate the classes they have (`model_cases`; `dims` binds their
-    symbolic dims)."""
+    symbolic dims). `reference` (on CPUs): then run the reference steps (`reference_steps`) with
+    the calibration written and write it again with each rank count's `step_ratio`."""
     import tempfile
 
     from parc.exec.launch import launch
@@ -1108,10 +1124,70 @@ def profile(output: Path, max_ranks: int | None, budget: float = BUDGET, device:
         echo(f"warning: this host's speed moved by {max(probes) / min(probes) - 1:.0%} while profiling (a fixed "
              f"product ran at {', '.join(f'{v:.2f}' for v in speeds)} of its first speed): the figures are of a "
              f"mix of its speeds; profile again when it is quieter, or with a longer --seconds")
-    write_calibration(output, {k: fit(rows, k) for k, rows in measured.items()}, measured, device, link,
-                      _engine_text(kind), f"{', '.join(map(str, models))} ({own or 'no float32 products or convolutions'})"
-                      if models else "", speeds, (os.cpu_count() or 0) if kind[1] == "cpu" else 0)
+    fitted = {k: fit(rows, k) for k, rows in measured.items()}
+    text = (f"{', '.join(map(str, models))} ({own or 'no float32 products or convolutions'})" if models else "",
+            speeds, (os.cpu_count() or 0) if kind[1] == "cpu" else 0)
+    write_calibration(output, fitted, measured, device, link, _engine_text(kind), *text)
+    if reference and kind[1] == "cpu":
+        with tempfile.TemporaryDirectory(prefix="parc-profile-") as tmp:
+            steps = reference_steps(output, counts, device, engine, Path(tmp), echo)
+        for k, rows in steps.items():
+            fitted[k]["step_ratio"] = fit_step_ratio(rows)
+            measured[k]["steps"] = rows
+        write_calibration(output, fitted, measured, device, link, _engine_text(kind), *text)
     return measured
+
+
+def _parc(*argv: object) -> str:
+    """`parc ARGV`'s stdout, run as a user runs it; a failure is a RunError naming the command."""
+    import subprocess
+    import sys
+
+    from parc.exec.runner import RunError
+
+    cmd = [sys.executable, "-m", "parc.cli.main", *map(str, argv)]
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    if res.returncode:
+        last = (res.stderr.strip().splitlines() or ["no message"])[-1]
+        raise RunError(f"parc profile's reference step `parc {' '.join(map(str, argv[:2]))} ...` failed: {last}")
+    return res.stdout
+
+
+def reference_steps(calibration: Path, counts: Sequence[int], device: str, engine: str, tmp: Path,
+                    echo=print) -> dict[int, list[dict]]:
+    """Per rank count k, each reference training step (`REFERENCE_STEPS`) planned on k ranks with
+    `calibration` and run with `parc run`, as a user would: its simulated step, the compute of its
+    busiest rank in that simulation, and the measured median step. The benchmarks price each node
+    warm and alone; in a step the nodes run one after another on tensors other nodes wrote, the
+    ranks' modules finish apart and each collective waits for the last (on this project's 2-core VM
+    the steps of two ranks ran 15-27% over their simulation)."""
+    rows: dict[int, list[dict]] = {k: [] for k in counts}
+    for name, sets in REFERENCE_STEPS:
+        model = tmp / f"{name}.train.onnx"
+        _parc("models", "build", name, *(x for s in sets for x in ("--set", s)), "--train", "momentum", "-o", model)
+        for k in counts:
+            echo(f"running the reference step {name} on {k} rank{'s' if k > 1 else ''} ...")
+            plan = tmp / f"{name}.{k}"
+            _parc("plan", model, "--devices", f"{k}x{device}", "--calibration", calibration, "-o", plan)
+            sim = json.loads(_parc("simulate", plan, "--json"))
+            out = _parc("run", plan, "--steps", REFERENCE_RUNS, "--json", "--engine", engine)
+            times = [json.loads(line)["step_time_s"] for line in out.splitlines() if line.startswith("{")]
+            rows[k].append({"model": name, "simulated_s": sim["step_time_s"],
+                            "compute_s": max(r["compute_s"] for r in sim["ranks"]),
+                            "measured_s": statistics.median(times[REFERENCE_WARMUP:])})
+    return rows
+
+
+def fit_step_ratio(rows: Sequence[dict]) -> float:
+    """The `step_ratio` of one rank count from its reference steps: each step's ratio is what its
+    simulated compute must be multiplied by for the simulation to take the measured time (1 +
+    (measured - simulated) / compute, the compute on the simulation's critical path taken as the
+    busiest rank's), and the figure is their geometric mean, within `STEP_RATIO_RANGE`."""
+    ratios = [1.0 + (r["measured_s"] - r["simulated_s"]) / r["compute_s"] for r in rows if r["compute_s"] > 0]
+    if not ratios:
+        return 1.0
+    low, high = STEP_RATIO_RANGE
+    return min(high, max(low, _geomean([min(high, max(low, x)) for x in ratios])))
 
 
 def _engine_text(kind: tuple[str, str]) -> str:
@@ -1154,7 +1230,8 @@ def _device_yaml(f: dict) -> dict:
             **({"node_piece_ns": f["node_piece"] * 1e9} if "node_piece" in f else {}),
             **({"op_piece_ns": {cls: v * 1e9 for cls, v in f["op_piece"].items()}} if f.get("op_piece") else {}),
             **({"cold_bandwidth_gbs": f["cold_bandwidth"] / 1e9, "cache_share_mib": f["cache_share"] / 2**20}
-               if f.get("cold_bandwidth") else {})}
+               if f.get("cold_bandwidth") else {}),
+            **({"step_ratio": f["step_ratio"]} if "step_ratio" in f else {})}
 
 
 def _link_yaml(f: dict) -> dict:
@@ -1222,6 +1299,9 @@ def write_calibration(output: Path, fitted: dict[int, dict], measured: dict[int,
         if "all_reduce" in rows:
             head.append("#    all_reduce (first after compute / in a burst) " + ", ".join(
                 f"{r['n']} ranks {r['bytes']} B: {r['first_s']:.3g} / {r['s']:.3g}" for r in rows["all_reduce"]))
+        if rows.get("steps"):
+            head.append("#    reference steps (simulated / its busiest rank's compute / measured median): " + ", ".join(
+                f"{r['model']} {r['simulated_s']:.3g} / {r['compute_s']:.3g} / {r['measured_s']:.3g}" for r in rows["steps"]))
         if rows.get("collectives"):
             head.append("#    in a burst " + ", ".join(f"{r['kind']} {r['n']} ranks {r['bytes']} B: {r['s']:.3g}"
                                                    for r in rows["collectives"]))

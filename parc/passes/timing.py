@@ -138,7 +138,7 @@ def module_seconds(model: onnx.ModelProto, device: DeviceSpec, info: Mapping[str
         total = sum(compute_time(flops, nbytes, device, dtype, cls, queued=True, pieces=pieces)
                     for flops, nbytes, dtype, cls, pieces in work)
         if device.cold_cost():
-            total += device.cold_cost() * far_bytes(nodes, device.cache_share, gone)
+            total += device.step_ratio * device.cold_cost() * far_bytes(nodes, device.cache_share, gone)
         _MODULE_SECONDS[key] = total
     return _MODULE_SECONDS[key]
 

@@ -18,6 +18,7 @@ from parc.cluster import (
     override_fields,
     parse_devices,
 )
+from parc.cluster.devices import DeviceSpec
 from parc.errors import UsageError
 
 EXAMPLE = """\
@@ -358,7 +359,22 @@ def test_floors_and_piece_costs_are_read_by_class(tmp_path):
     assert (merged.class_floor("Softmax"), merged.class_floor("Transpose")) == pytest.approx((7e-6, 5e-6))
 
 
+def test_a_step_ratio_multiplies_every_nodes_time(tmp_path):
+    from parc.cluster.cost import compute_time
+
+    plain = parse_devices("1xcpu").devices[0]
+    cpu = load_constants(write(tmp_path, "devices:\n  cpu: {step_ratio: 1.25}\n", "calib.yaml")).apply(
+        parse_devices("1xcpu")).devices[0]
+    assert cpu.step_ratio == 1.25 and plain.step_ratio == 1.0
+    for flops, nbytes in ((1e9, 0), (0, 1e9), (0, 0)):  # compute-bound, memory-bound, the floor alone
+        assert compute_time(flops, nbytes, cpu) == pytest.approx(1.25 * compute_time(flops, nbytes, plain))
+    assert compute_time(1e9, 0, dataclasses.replace(cpu, gpu=True), queued=True) == pytest.approx(
+        1.25 * compute_time(1e9, 0, dataclasses.replace(plain, gpu=True), queued=True))
+    assert DeviceSpec.from_json(cpu.to_json()) == cpu
+
+
 @pytest.mark.parametrize("text, key", [
+    ("devices:\n  cpu: {step_ratio: 0}\n", "step_ratio"),
     ("devices:\n  cpu: {op_floor_us: {Transpose: -1}}\n", "Transpose"),
     ("devices:\n  cpu: {op_piece_ns: {Softmax: -2}}\n", "Softmax"),
     ("devices:\n  cpu: {node_piece_ns: -1}\n", "node_piece_ns"),

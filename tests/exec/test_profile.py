@@ -132,7 +132,7 @@ def test_profile_over_two_ranks_writes_a_calibration_plan_accepts(tmp_path):
     out = tmp_path / "calib.yaml"
     model = _conv_model(tmp_path / "conv.onnx")
     res = parc("profile", "-o", str(out), "--ranks", "2", "--seconds", "0.01", "--model", str(model), "--dim", "N=4",
-               timeout=300)
+               "--no-reference", timeout=300)
     assert res.returncode == 0, res.stderr
     calibration = load_constants(out)
     assert [n for n, _ in calibration.sharing] == [2]
@@ -297,7 +297,7 @@ def test_a_host_that_moves_while_profiling_is_warned_about(tmp_path, monkeypatch
     probes = iter([1.0, 1.3])  # the product took 30% longer at the end
     monkeypatch.setattr(prof, "host_probe", lambda *a, **k: next(probes))
     said = []
-    prof.profile(tmp_path / "c.yaml", 1, budget=0.002, echo=said.append)
+    prof.profile(tmp_path / "c.yaml", 1, budget=0.002, echo=said.append, reference=False)
     assert any(line.startswith("warning: this host's speed moved by 30%") for line in said)
     assert "(a fixed product, the first = 1): 1.00, 0.77" in (tmp_path / "c.yaml").read_text()
 
@@ -645,3 +645,45 @@ def test_the_cold_benchmark_runs_on_this_machine():
     rows = prof._cold_reads(1, ("ort", "cpu"), lambda: None)
     assert [r["touched"] for r in rows] == list(prof.COLD_TOUCH)
     assert all(r["s"] > 0 and r["bytes"] == 12 << 20 for r in rows)
+
+
+def test_the_step_ratio_is_what_makes_each_reference_step_take_its_measured_time(tmp_path):
+    """A step simulated at 10 ms (8 ms of it compute) and measured at 12 ms needs its compute x
+    1.25; one simulated at 20 ms (all compute) and measured at 20 ms, x 1: the ratio is their
+    geometric mean. Written for each rank count, read back onto the device of that count."""
+    rows = [{"model": "a", "simulated_s": 0.010, "compute_s": 0.008, "measured_s": 0.012},
+            {"model": "b", "simulated_s": 0.020, "compute_s": 0.020, "measured_s": 0.020}]
+    assert prof.fit_step_ratio(rows[:1]) == pytest.approx(1.25)
+    assert prof.fit_step_ratio(rows) == pytest.approx(1.25 ** 0.5)
+    # a reference far off is held within the range, and no reference at all leaves 1
+    assert prof.fit_step_ratio([{**rows[0], "measured_s": 1.0}]) == prof.STEP_RATIO_RANGE[1]
+    assert prof.fit_step_ratio([]) == 1.0
+    fitted = {k: {**prof.fit(_rows(20e-6, 3e9, 0.0, k), k), "step_ratio": r} for k, r in ((1, 1.1), (2, 1.3))}
+    measured = {1: _rows(20e-6, 3e9, 0.0, 1), 2: {**_rows(20e-6, 3e9, 0.0, 2), "steps": rows}}
+    out = tmp_path / "c.yaml"
+    prof.write_calibration(out, fitted, measured, "cpu", "shm")
+    assert "reference steps (simulated / its busiest rank's compute / measured median): a 0.01 / 0.008 / 0.012" \
+        in out.read_text()
+    calibration = load_constants(out)
+    assert calibration.apply(parse_devices("1xcpu")).devices[0].step_ratio == pytest.approx(1.1)
+    assert calibration.apply(parse_devices("2xcpu")).devices[0].step_ratio == pytest.approx(1.3)
+
+
+@needs_mpiexec
+def test_profile_ends_with_reference_steps_that_set_the_step_ratio(tmp_path, monkeypatch):
+    """`parc profile` on two ranks with a small reference: each count's reference step is planned
+    with the figures just written, run with `parc run` and simulated; the ratio of each count is
+    `fit_step_ratio` of those rows, and the file holds it and the rows."""
+    monkeypatch.setattr(prof, "REFERENCE_STEPS", (("t5-tiny", ("batch=4",)),))
+    monkeypatch.setattr(prof, "REFERENCE_RUNS", 8)
+    out = tmp_path / "c.yaml"
+    said: list[str] = []
+    measured = prof.profile(out, 2, budget=0.002, echo=said.append)
+    assert [line for line in said if line.startswith("running")] == [
+        "running the reference step t5-tiny on 1 rank ...", "running the reference step t5-tiny on 2 ranks ..."]
+    calibration = load_constants(out)
+    for k in (1, 2):
+        (row,) = measured[k]["steps"]
+        assert row["model"] == "t5-tiny" and 0 < row["compute_s"] <= row["simulated_s"] and row["measured_s"] > 0
+        device = calibration.apply(parse_devices(f"{k}xcpu")).devices[0]
+        assert device.step_ratio == pytest.approx(prof.fit_step_ratio([row]))
