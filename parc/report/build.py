@@ -155,7 +155,12 @@ def _cluster_words(cluster: Mapping[str, Any], devices: int) -> str:
     intra = sorted({(n.get("intra_link") or {}).get("name", "?") for n in nodes})
     text = f"{what} in {len(nodes)} node{'s' if len(nodes) != 1 else ''} ({', '.join(intra)} inside"
     inter = (cluster.get("inter_link") or {}).get("name")
-    return text + (f", {inter} across)" if inter and len(nodes) > 1 else ")")
+    text += f", {inter} across)" if inter and len(nodes) > 1 else ")"
+    ratios = sorted({float(v["step_ratio"]) for v in (cluster.get("device_types") or {}).values()
+                     if float(v.get("step_ratio", 1.0)) != 1.0})
+    if ratios:  # a calibration's measured correction: say that the predictions carry it
+        text += f"; node times x{' / x'.join(f'{r:.2f}' for r in ratios)} (the calibration's step_ratio)"
+    return text
 
 
 def _groups(strategies: Mapping[str, str], specs: Mapping[str, str]) -> list[Group]:

@@ -171,6 +171,16 @@ def test_a_calibrated_links_call_cost_and_handoff_are_shown():
     assert "over net-100g (12.5 GB/s, 14 us)" in text
 
 
+def test_a_calibrated_step_ratio_is_shown_beside_the_devices():
+    plan = copy.deepcopy(tiny_plan())
+    assert "step_ratio" not in " ".join(render(explain(plan, "p/plan.json"), "text").split())
+    from parc.cluster.devices import DEVICES
+
+    plan["cluster"]["device_types"]["a100-80g"] = {**DEVICES["a100-80g"].to_json(), "step_ratio": 1.164}
+    text = " ".join(render(explain(plan, "p/plan.json"), "text").split())
+    assert "node times x1.16 (the calibration's step_ratio)" in text
+
+
 def test_a_links_collective_kinds_with_figures_of_their_own_are_shown():
     plan = tiny_plan()
     plan["mesh"]["links"][1] = {"bandwidth": 4e9, "latency": 5e-6, "name": "shm",
