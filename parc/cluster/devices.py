@@ -90,7 +90,7 @@ class DeviceSpec:
     # what a node takes in a real training step over what the rest of the model prices it at
     # (calibrate: `parc profile` runs reference steps with `parc run` and compares them with their
     # simulation, `fit_step_ratio`; on this project's 2-core VM the benchmarks, each run warm and
-    # alone, priced the steps of two ranks 15-17% short); every node's time is multiplied by it
+    # alone, priced the steps of two ranks 15-28% short); every node's time is multiplied by it
     step_ratio: float = 1.0
     # `parc run` runs it with parc's array engine on a GPU: trees of elementwise nodes are fused
     # into one kernel (`parc.exec.engines.fusion`: a tree moves only its leaves and its root), and

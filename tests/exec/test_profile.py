@@ -687,3 +687,18 @@ def test_profile_ends_with_reference_steps_that_set_the_step_ratio(tmp_path, mon
         assert row["model"] == "t5-tiny" and 0 < row["compute_s"] <= row["simulated_s"] and row["measured_s"] > 0
         device = calibration.apply(parse_devices(f"{k}xcpu")).devices[0]
         assert device.step_ratio == pytest.approx(prof.fit_step_ratio([row]))
+
+
+def test_a_reference_step_that_fails_leaves_the_benchmarks_calibration_with_a_warning(tmp_path, monkeypatch):
+    from parc.exec.runner import RunError
+
+    def broken(*argv):
+        raise RunError("parc profile's reference step `parc plan x.onnx ...` failed: no")
+
+    monkeypatch.setattr(prof, "_parc", broken)
+    out, said = tmp_path / "c.yaml", []
+    prof.profile(out, 1, budget=0.002, echo=said.append)
+    assert any(line.startswith("warning: parc profile's reference step `parc plan") and "without step_ratio" in line
+               for line in said)
+    assert "step_ratio" not in out.read_text()
+    assert load_constants(out).apply(parse_devices("1xcpu")).devices[0].step_ratio == 1.0
