@@ -28,8 +28,9 @@ from parc.errors import UsageError
 @click.option("--dim", "dims", multiple=True, metavar="NAME=VALUE",
               help="Bind a symbolic dim of the --model files (as `parc plan --dim`).")
 @click.option("--reference/--no-reference", default=True, show_default=True,
-              help="On CPUs, end with reference training steps run with `parc run` on each rank count, "
-                   "whose measured time over their simulation is the calibration's step_ratio (about a minute).")
+              help="On CPUs, end with reference training steps (the --model files, else two zoo models) run with "
+                   "`parc run` on each rank count, whose measured time over their simulation is the "
+                   "calibration's step_ratio (about 30 s for the zoo's).")
 @click.option("--cases", hidden=True, type=click.Path(dir_okay=False))
 @click.option("--worker", hidden=True, type=click.Path(dir_okay=False))
 def profile(output: str | None, max_ranks: int | None, budget: float | None, engine: str, device: str | None,

@@ -33,9 +33,9 @@ memory than its L2: `POOL_BYTES`); the mean is kept:
   sizes), the first's excess at the smallest size (64 B, where no bandwidth term is mixed in) is
   the link's handoff.
 
-On CPUs the profile ends with reference training steps (`reference_steps`: a convolutional
-net and an encoder-decoder from the zoo, planned on k ranks with the figures just written and run
-with `parc run`); per k, what their simulated compute must be multiplied by to take their
+On CPUs the profile ends with reference training steps (`reference_steps`: the `--model` files,
+else a convolutional net and an encoder-decoder from the zoo, planned on k ranks with the figures
+just written and run with `parc run`); per k, what their simulated compute must be multiplied by to take their
 measured time is the device's `step_ratio` (`fit_step_ratio`), which multiplies every node's time.
 The benchmarks price each node warm and alone; a step's nodes run on tensors other nodes wrote,
 and its ranks wait at each collective for the last of them.
@@ -1131,7 +1131,7 @@ def profile(output: Path, max_ranks: int | None, budget: float = BUDGET, device:
     if reference and kind[1] == "cpu":
         try:
             with tempfile.TemporaryDirectory(prefix="parc-profile-") as tmp:
-                steps = reference_steps(output, counts, device, engine, Path(tmp), echo)
+                steps = reference_steps(output, counts, device, engine, Path(tmp), echo, models, dims)
         except RunError as e:  # the benchmarks' figures are written and stand without the ratios
             echo(f"warning: {e}; {output} is written without step_ratio (node times as the benchmarks price them)")
             return measured
@@ -1158,21 +1158,31 @@ def _parc(*argv: object) -> str:
 
 
 def reference_steps(calibration: Path, counts: Sequence[int], device: str, engine: str, tmp: Path,
-                    echo=print) -> dict[int, list[dict]]:
-    """Per rank count k, each reference training step (`REFERENCE_STEPS`) planned on k ranks with
-    `calibration` and run with `parc run`, as a user would: its simulated step, the compute of its
-    busiest rank in that simulation, and the measured median step. The benchmarks price each node
+                    echo=print, models: Sequence[str | Path] = (),
+                    dims: Mapping[str, int] | None = None) -> dict[int, list[dict]]:
+    """Per rank count k, each reference training step planned on k ranks with `calibration` and
+    run with `parc run`, as a user would: its simulated step, the compute of its busiest rank in
+    that simulation, and the measured median step. The references are `models` (training steps;
+    `dims` binds their symbolic dims) where given, else the zoo's `REFERENCE_STEPS`: a calibration
+    from `--model` prices the classes the model has at its own shapes, a figure meant for that
+    model, which another model's step would be measured against. The benchmarks price each node
     warm and alone; in a step the nodes run one after another on tensors other nodes wrote, the
     ranks' modules finish apart and each collective waits for the last (on this project's 2-core VM
-    the steps of two ranks ran 15-27% over their simulation)."""
+    the steps of two ranks ran 15-28% over their simulation)."""
     rows: dict[int, list[dict]] = {k: [] for k in counts}
-    for name, sets in REFERENCE_STEPS:
+    steps: list[tuple[str, Path, list[str]]] = []
+    if models:
+        bound = [x for name, value in (dims or {}).items() for x in ("--dim", f"{name}={value}")]
+        steps = [(Path(m).name, Path(m), bound) for m in models]
+    for name, sets in () if models else REFERENCE_STEPS:
         model = tmp / f"{name}.train.onnx"
         _parc("models", "build", name, *(x for s in sets for x in ("--set", s)), "--train", "momentum", "-o", model)
+        steps.append((name, model, []))
+    for i, (name, model, bound) in enumerate(steps):
         for k in counts:
             echo(f"running the reference step {name} on {k} rank{'s' if k > 1 else ''} ...")
-            plan = tmp / f"{name}.{k}"
-            _parc("plan", model, "--devices", f"{k}x{device}", "--calibration", calibration, "-o", plan)
+            plan = tmp / f"ref{i}.{k}"
+            _parc("plan", model, "--devices", f"{k}x{device}", "--calibration", calibration, *bound, "-o", plan)
             sim = json.loads(_parc("simulate", plan, "--json"))
             out = _parc("run", plan, "--steps", REFERENCE_RUNS, "--json", "--engine", engine)
             times = [json.loads(line)["step_time_s"] for line in out.splitlines() if line.startswith("{")]

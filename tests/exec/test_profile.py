@@ -702,3 +702,28 @@ def test_a_reference_step_that_fails_leaves_the_benchmarks_calibration_with_a_wa
                for line in said)
     assert "step_ratio" not in out.read_text()
     assert load_constants(out).apply(parse_devices("1xcpu")).devices[0].step_ratio == 1.0
+
+
+def test_the_models_given_are_the_reference_steps(tmp_path, monkeypatch):
+    """With `--model` files the references are those models (their dims bound as given), not the
+    zoo's: a calibration from a model's own shapes is meant for that model."""
+    calls = []
+
+    def fake(*argv):
+        calls.append([str(a) for a in argv])
+        if argv[0] == "simulate":
+            return '{"step_time_s": 0.010, "ranks": [{"compute_s": 0.008}]}'
+        if argv[0] == "run":
+            return "\n".join('{"step_time_s": 0.012}' for _ in range(prof.REFERENCE_RUNS))
+        return ""
+
+    monkeypatch.setattr(prof, "_parc", fake)
+    rows = prof.reference_steps(tmp_path / "c.yaml", [1, 2], "cpu", "ort", tmp_path, lambda s: None,
+                                models=[tmp_path / "mine.train.onnx"], dims={"N": 4})
+    assert not any(c[0] == "models" for c in calls)
+    plans = [c for c in calls if c[0] == "plan"]
+    assert [c[1] for c in plans] == [str(tmp_path / "mine.train.onnx")] * 2
+    assert all(c[c.index("--dim") + 1] == "N=4" for c in plans) and [c[c.index("--devices") + 1] for c in plans] == \
+        ["1xcpu", "2xcpu"]
+    assert rows[2] == [{"model": "mine.train.onnx", "simulated_s": 0.010, "compute_s": 0.008, "measured_s": 0.012}]
+    assert prof.fit_step_ratio(rows[2]) == pytest.approx(1.25)
