@@ -114,7 +114,17 @@ def plan(model: str, devices: str | None, cluster_file: str | None, calibration_
 
         if not Path(calibration_file).is_file():
             raise UsageError(f"--calibration {calibration_file}: no such file")
-        cluster = load_constants(calibration_file).apply(cluster)
+        calibration = load_constants(calibration_file)
+        cluster = calibration.apply(cluster)
+        if calibration.fitted_on:
+            from parc.plandir.manifest import sha256_file
+
+            if sha256_file(Path(model)) not in {sha for _, sha in calibration.fitted_on}:
+                names = ", ".join(name for name, _ in calibration.fitted_on)
+                click.echo(f"warning: --calibration {calibration_file} was measured on the shapes of {names} "
+                           f"(parc profile --model), not on {Path(model).name}: its figures for their classes "
+                           f"are that model's (profile without --model, or with --model {Path(model).name})",
+                           err=True)
     graph = importer.from_model(proto, importer.parse_dims(dims), base_dir=Path(model).parent, source=model)
     budget = mem_limit * 2**30 if mem_limit is not None else None
     if stages > 0 and (stages > cluster.num_devices or cluster.num_devices % stages):

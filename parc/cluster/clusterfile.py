@@ -77,6 +77,9 @@ class Calibration:
     # its neighbours run too (`parc profile` measures it); applied over the rest
     sharing: tuple[tuple[int, Calibration], ...] = ()
     cpus: int = 0  # the profiled host's CPUs (0: not known): which counts oversubscribe it
+    # (file name, sha256) of the models whose own shapes these figures were measured on
+    # (`parc profile --model`): figures meant for those models (`parc plan` warns on another)
+    fitted_on: tuple[tuple[str, str], ...] = ()
 
     def section(self, name: str) -> dict[str, float]:
         """The overrides of constants section `name` (empty if the file has none)."""
@@ -292,7 +295,8 @@ def _link_overrides(fields: dict[str, Entry]) -> dict[str, object]:
 
 
 def _calibration(entry: Entry, extra: Mapping[str, DeviceSpec], nested: bool = False) -> Calibration:
-    fields = entry.mapping(("devices", "links") if nested else ("devices", "links", "constants", "sharing", "cpus"))
+    fields = entry.mapping(("devices", "links") if nested else
+                           ("devices", "links", "constants", "sharing", "cpus", "fitted_on"))
     devices, links, constants = [], [], []
     for name, spec in (fields["devices"].items() if "devices" in fields else {}).items():
         device = lookup_device(name, _where(spec), extra)
@@ -316,7 +320,12 @@ def _calibration(entry: Entry, extra: Mapping[str, DeviceSpec], nested: bool = F
             raise body.fail(f"sharing: '{count}' should be a count of devices sharing a node (an int >= 2)")
         sharing.append((int(count), _calibration(body, extra, nested=True)))
     cpus = fields["cpus"].integer() if "cpus" in fields else 0
-    return Calibration(tuple(devices), tuple(links), tuple(constants), entry.file, tuple(sorted(sharing)), cpus)
+    fitted_on = []
+    for item in fields["fitted_on"].list() if "fitted_on" in fields else []:
+        model = item.mapping(("file", "sha256"), required=("file", "sha256"))
+        fitted_on.append((model["file"].string(), model["sha256"].string()))
+    return Calibration(tuple(devices), tuple(links), tuple(constants), entry.file, tuple(sorted(sharing)), cpus,
+                       tuple(fitted_on))
 
 
 def _check(entry: Entry, spec, overrides: dict[str, object]) -> None:

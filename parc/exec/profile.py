@@ -1126,7 +1126,7 @@ def profile(output: Path, max_ranks: int | None, budget: float = BUDGET, device:
              f"mix of its speeds; profile again when it is quieter, or with a longer --seconds")
     fitted = {k: fit(rows, k) for k, rows in measured.items()}
     text = (f"{', '.join(map(str, models))} ({own or 'no float32 products or convolutions'})" if models else "",
-            speeds, (os.cpu_count() or 0) if kind[1] == "cpu" else 0)
+            speeds, (os.cpu_count() or 0) if kind[1] == "cpu" else 0, models)
     write_calibration(output, fitted, measured, device, link, _engine_text(kind), *text)
     if reference and kind[1] == "cpu":
         try:
@@ -1261,13 +1261,19 @@ def _case_text(r: dict) -> str:
 
 def write_calibration(output: Path, fitted: dict[int, dict], measured: dict[int, dict], device: str,
                       link: str, engine: str = "", models: str = "", speeds: Sequence[float] = (),
-                      cpus: int = 0) -> None:
+                      cpus: int = 0, fitted_on: Sequence[str | Path] = ()) -> None:
     """The calibration YAML (`parc.cluster.clusterfile` reads it), atomically; `cpus`: the host's
     CPUs when its ranks ran on them (what tells `parc simulate` which counts of ranks share its
-    cores: `Calibration.busy_counts`), 0 on a GPU."""
+    cores: `Calibration.busy_counts`), 0 on a GPU; `fitted_on`: the `--model` files whose shapes
+    the figures were measured on (their names and sha256, `fitted_on`)."""
     import yaml
 
-    body: dict = {**({"cpus": cpus} if cpus else {}), "devices": {device: _device_yaml(fitted[1])}}
+    from parc.plandir.manifest import sha256_file
+
+    body: dict = {**({"cpus": cpus} if cpus else {}),
+                  **({"fitted_on": [{"file": Path(m).name, "sha256": sha256_file(Path(m))} for m in fitted_on]}
+                     if fitted_on else {}),
+                  "devices": {device: _device_yaml(fitted[1])}}
     pair = min((k for k in fitted if k > 1 and "latency" in fitted[k]), default=None)
     if pair is not None:
         body["links"] = {link: _link_yaml(fitted[pair])}

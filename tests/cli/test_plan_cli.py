@@ -96,3 +96,23 @@ def test_hint_no_mesh_can_satisfy_is_one_line(step, tmp_path):
     res = parc("plan", str(step), "--devices", "2xa100-80g", "--hints", str(hints), "-o", str(tmp_path / "p"))
     assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1
     assert "no mesh satisfies the hints" in res.stderr
+
+
+def test_a_calibration_measured_on_another_models_shapes_is_warned_about(step, tmp_path):
+    """A file from `parc profile --model` names the models it was measured on; planning another
+    model with it says so (one line, the plan still written), planning that model does not."""
+    from parc.plandir.manifest import sha256_file
+
+    def plan_with(sha: str):
+        calib = tmp_path / "calib.yaml"
+        calib.write_text(f"fitted_on:\n  - {{file: resnet.train.onnx, sha256: '{sha}'}}\n"
+                         "devices:\n  cpu: {fp32_tflops: 0.2, bandwidth_gbs: 30}\n")
+        return parc("plan", str(step), "--devices", "1xcpu", "--calibration", str(calib), "-o", str(tmp_path / "p"))
+
+    other = plan_with("0" * 64)
+    assert other.returncode == 0, other.stderr
+    warned = [line for line in other.stderr.splitlines() if line.startswith("warning:")]
+    assert len(warned) == 1 and "measured on the shapes of resnet.train.onnx" in warned[0]
+    assert "gpt.train.onnx" in warned[0]
+    same = plan_with(sha256_file(step))
+    assert same.returncode == 0 and "warning" not in same.stderr

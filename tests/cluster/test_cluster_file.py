@@ -221,7 +221,7 @@ ERRORS = [
     ("nodes: [{gpus: t4}]\ncalibration:\n  links:\n    100gbe: {latency_us: 1}\n    net-100g: {latency_us: 2}\n",
      ":5: calibration.links.net-100g: link net-100g is calibrated twice"),
     ("nodes: [{gpus: t4}]\ncalibration:\n  link: {}\n",
-     ":3: calibration.link: unknown key (expected one of devices, links, constants, sharing, cpus)"),
+     ":3: calibration.link: unknown key (expected one of devices, links, constants, sharing, cpus, fitted_on)"),
     ("nodes: [{gpus: t4}]\ncalibration:\n  constants:\n    memory: {factor: big}\n",
      ":4: calibration.constants.memory.factor: expected a number, found 'big'"),
 ]
@@ -373,7 +373,15 @@ def test_a_step_ratio_multiplies_every_nodes_time(tmp_path):
     assert DeviceSpec.from_json(cpu.to_json()) == cpu
 
 
+def test_a_calibration_names_the_models_it_was_measured_on(tmp_path):
+    text = "fitted_on:\n  - {file: a.onnx, sha256: ab12}\ndevices:\n  cpu: {fp32_tflops: 0.2}\n"
+    assert load_constants(write(tmp_path, text, "calib.yaml")).fitted_on == (("a.onnx", "ab12"),)
+    assert load_constants(write(tmp_path, "devices:\n  cpu: {fp32_tflops: 0.2}\n", "c.yaml")).fitted_on == ()
+
+
 @pytest.mark.parametrize("text, key", [
+    ("fitted_on:\n  - {file: a.onnx}\n", "sha256"),
+    ("fitted_on: a.onnx\n", "fitted_on"),
     ("devices:\n  cpu: {step_ratio: 0}\n", "step_ratio"),
     ("devices:\n  cpu: {op_floor_us: {Transpose: -1}}\n", "Transpose"),
     ("devices:\n  cpu: {op_piece_ns: {Softmax: -2}}\n", "Softmax"),

@@ -144,6 +144,10 @@ def test_profile_over_two_ranks_writes_a_calibration_plan_accepts(tmp_path):
     # the model's convolution, measured at the whole batch alone and at half of it on each of two ranks
     rows = {piece.split(": ")[0].strip("# ") for line in out.read_text().splitlines() for piece in line.split(", ")}
     assert {"Conv 4x3x8x8 * 4x3x3x3", "Conv 2x3x8x8 * 4x3x3x3"} <= rows
+    # the file names the model its figures were measured on (`parc plan` warns on another)
+    from parc.plandir.manifest import sha256_file
+
+    assert calibration.fitted_on == (("conv.onnx", sha256_file(model)),)
 
 
 def test_bad_profile_flags_are_one_line_errors(tmp_path):
