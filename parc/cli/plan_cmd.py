@@ -109,6 +109,7 @@ def plan(model: str, devices: str | None, cluster_file: str | None, calibration_
     proto = importer.read_model(model)  # parsed once: read for its annotations, imported, annotated
     hints = hints.merged(read_annotations(proto, source=model))  # the model's own ONNX multi-device annotations
     cluster = resolve_cluster(devices, cluster_file)
+    model_sha = None
     if calibration_file is not None:
         from parc.cluster.clusterfile import load_constants
 
@@ -117,9 +118,8 @@ def plan(model: str, devices: str | None, cluster_file: str | None, calibration_
         calibration = load_constants(calibration_file)
         cluster = calibration.apply(cluster)
         if calibration.fitted_on:
-            from parc.plandir.manifest import sha256_file
-
-            if sha256_file(Path(model)) not in {sha for _, sha in calibration.fitted_on}:
+            model_sha = sha256_file(Path(model))  # plan.json's `model.sha256` reuses it
+            if model_sha not in {sha for _, sha in calibration.fitted_on}:
                 names = ", ".join(name for name, _ in calibration.fitted_on)
                 click.echo(f"warning: --calibration {calibration_file} was measured on the shapes of {names} "
                            f"(parc profile --model), not on {Path(model).name}: its figures for their classes "
@@ -150,7 +150,7 @@ def plan(model: str, devices: str | None, cluster_file: str | None, calibration_
             doc["solver"]["pipelines"] = tried  # what --pipeline auto tried, and why it lost
         if given is not None:
             doc["devices_given"] = given
-        doc["model"] = {"path": str(Path(model).resolve()), "sha256": sha256_file(Path(model))}
+        doc["model"] = {"path": str(Path(model).resolve()), "sha256": model_sha or sha256_file(Path(model))}
         if programs and stages:
             from parc.passes.pipeline.emit import write_pipeline_programs
 

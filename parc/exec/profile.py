@@ -1169,21 +1169,24 @@ def reference_steps(calibration: Path, counts: Sequence[int], device: str, engin
     warm and alone; in a step the nodes run one after another on tensors other nodes wrote, the
     ranks' modules finish apart and each collective waits for the last (on this project's 2-core VM
     the steps of two ranks ran 15-28% over their simulation)."""
-    rows: dict[int, list[dict]] = {k: [] for k in counts}
-    steps: list[tuple[str, Path, list[str]]] = []
+    from parc.plandir import load_plan
+
     if models:
         bound = [x for name, value in (dims or {}).items() for x in ("--dim", f"{name}={value}")]
-        steps = [(Path(m).name, Path(m), bound) for m in models]
-    for name, sets in () if models else REFERENCE_STEPS:
-        model = tmp / f"{name}.train.onnx"
-        _parc("models", "build", name, *(x for s in sets for x in ("--set", s)), "--train", "momentum", "-o", model)
-        steps.append((name, model, []))
-    for i, (name, model, bound) in enumerate(steps):
+        steps = [(Path(m).name, Path(m)) for m in models]
+    else:
+        bound, steps = [], []
+        for name, sets in REFERENCE_STEPS:
+            steps.append((name, tmp / f"{name}.train.onnx"))
+            _parc("models", "build", name, *(x for s in sets for x in ("--set", s)), "--train", "momentum",
+                  "-o", steps[-1][1])
+    rows: dict[int, list[dict]] = {k: [] for k in counts}
+    for i, (name, model) in enumerate(steps):
         for k in counts:
             echo(f"running the reference step {name} on {k} rank{'s' if k > 1 else ''} ...")
             plan = tmp / f"ref{i}.{k}"
             _parc("plan", model, "--devices", f"{k}x{device}", "--calibration", calibration, *bound, "-o", plan)
-            sim = json.loads(_parc("simulate", plan, "--json"))
+            sim = load_plan(plan)["simulation"]  # the replay `parc simulate` gives, written by `parc plan`
             out = _parc("run", plan, "--steps", REFERENCE_RUNS, "--json", "--engine", engine)
             times = [json.loads(line)["step_time_s"] for line in out.splitlines() if line.startswith("{")]
             rows[k].append({"model": name, "simulated_s": sim["step_time_s"],
@@ -1201,7 +1204,7 @@ def fit_step_ratio(rows: Sequence[dict]) -> float:
     if not ratios:
         return 1.0
     low, high = STEP_RATIO_RANGE
-    return min(high, max(low, _geomean([min(high, max(low, x)) for x in ratios])))
+    return _geomean([min(high, max(low, x)) for x in ratios])  # a mean of values in the range stays in it
 
 
 def _engine_text(kind: tuple[str, str]) -> str:

@@ -715,13 +715,16 @@ def test_the_models_given_are_the_reference_steps(tmp_path, monkeypatch):
 
     def fake(*argv):
         calls.append([str(a) for a in argv])
-        if argv[0] == "simulate":
-            return '{"step_time_s": 0.010, "ranks": [{"compute_s": 0.008}]}'
         if argv[0] == "run":
             return "\n".join('{"step_time_s": 0.012}' for _ in range(prof.REFERENCE_RUNS))
         return ""
 
     monkeypatch.setattr(prof, "_parc", fake)
+    import parc.plandir
+
+    # the plan's own replay (plan.json's `simulation`, what `parc simulate` gives)
+    monkeypatch.setattr(parc.plandir, "load_plan",
+                        lambda d: {"simulation": {"step_time_s": 0.010, "ranks": [{"compute_s": 0.008}]}})
     rows = prof.reference_steps(tmp_path / "c.yaml", [1, 2], "cpu", "ort", tmp_path, lambda s: None,
                                 models=[tmp_path / "mine.train.onnx"], dims={"N": 4})
     assert not any(c[0] == "models" for c in calls)
