@@ -5,11 +5,15 @@ task's `time_s` from `parc plan` (`parc.passes.timing`):
 
 - a rank runs its tasks one at a time, in its order: compute, collectives and receives block it;
 - a collective starts when every member has reached it, and ends for all of them together;
-  the first communication after compute also pays its link's handoff (`handoff_s`: on a host
-  whose ranks outnumber its cores, the wait until every member runs again);
+  the first one after compute also pays its link's handoff (`handoff_s`: on a host whose ranks
+  outnumber its cores, how far apart members that computed side by side arrive), in the
+  proportion the host was crowded while its members computed (`crowding`): in full when every
+  rank of the host computed beside them, as `parc profile` measured it, not at all when no
+  more computed than the count their time stops growing at;
 - a send is posted and the rank goes on; its message moves once the receiver has posted the
   matching recv (rendezvous, as MPI does for large messages) and the recv ends when it has
-  arrived; a rank's step ends when its last task has and its sends have completed (the executor
+  arrived, with no handoff (traced on 4 CPU ranks sharing 2 cores, a recv whose message was
+  already sent took 0.03-0.08 ms, median of each pipelined step, where the handoff is 0.9 ms); a rank's step ends when its last task has and its sends have completed (the executor
   waits for them at the end of the step);
 - sources and sinks take no time;
 - a rank with microbatches folds each into the step's sums after its last task of it
@@ -124,8 +128,8 @@ def simulate(graph: TaskGraph, keep_spans: bool = True) -> Simulation:
     """Replay one step of `graph` (see the module docstring); `keep_spans`: record every task's
     span. On hosts whose ranks share their cores (`graph.hosts`), each compute task takes the
     time its host's concurrency gives it (`shared_times`)."""
-    times = shared_times(graph) if graph.hosts else None
-    return _replay(graph, keep_spans, times)
+    times, crowd = _settle(graph) if graph.hosts else (None, None)
+    return _replay(graph, keep_spans, times, crowd=crowd)
 
 
 SHARING_ROUNDS = 24  # replays at most to settle the compute times on shared hosts
@@ -133,6 +137,11 @@ SHARING_SETTLED = 1e-4  # ... until no task's time moves by more than this fract
 
 
 def shared_times(graph: TaskGraph) -> dict[str, float]:
+    """The seconds of every compute task on a host whose ranks share its cores (`_settle`)."""
+    return _settle(graph)[0]
+
+
+def _settle(graph: TaskGraph) -> tuple[dict[str, float], dict[str, float]]:
     """The seconds of every compute task on a host whose ranks share its cores, as processor
     sharing gives them: while a ranks of its host compute (itself included) a task runs at the
     rate of its time at a, interpolated linearly between the counts its `shared_s` has (below
@@ -144,7 +153,10 @@ def shared_times(graph: TaskGraph) -> dict[str, float]:
     Which tasks overlap depends on their times, so the times are found by replaying the step
     with the last ones, finding the time each task's share of the work takes at the rates that
     replay gave it, and moving halfway there, until they settle (`SHARING_ROUNDS`,
-    `SHARING_SETTLED`)."""
+    `SHARING_SETTLED`).
+
+    Also each such task's crowding in the last replay: how much of the slowdown from one rank
+    computing to all of them (its curve) its span saw, from 0 to 1 (1 where the curve is flat)."""
     host_of = {r: h for h, ranks in enumerate(graph.hosts) for r in ranks}
     curves: dict[str, np.ndarray] = {}  # task -> its seconds with 1..n of its host's ranks computing
     for tid, t in graph.tasks.items():
@@ -154,8 +166,9 @@ def shared_times(graph: TaskGraph) -> dict[str, float]:
             points.append((n, float(t["time_s"])))
             curves[tid] = np.interp(np.arange(1, n + 1), [a for a, _ in points], [v for _, v in points])
     times = {tid: float(graph.tasks[tid]["time_s"]) for tid in curves}
+    crowd: dict[str, float] = {}
     if not curves:
-        return times
+        return times, crowd
     for _ in range(SHARING_ROUNDS):
         busy: dict[int, list[tuple[float, float, str | None]]] = defaultdict(list)
         _replay(graph, False, times, busy)
@@ -182,20 +195,26 @@ def shared_times(graph: TaskGraph) -> dict[str, float]:
             rates = 1.0 / np.stack([curves[tid] for _, _, tid in mine])
             # the share of each task done over its span at those rates: the time that does it all
             done = np.sum(spent * rates, axis=1)
-            for (a, b, tid), d in zip(mine, done):
+            curve = np.stack([curves[tid] for _, _, tid in mine])
+            rise = curve[:, -1] - curve[:, 0]
+            share = spent / np.maximum(spent.sum(axis=1, keepdims=True), 1e-300)
+            seen = np.sum(share * (curve - curve[:, :1]), axis=1) / np.where(rise > 0, rise, 1.0)
+            for (a, b, tid), d, c, r in zip(mine, done, seen, rise):
+                crowd[tid] = float(np.clip(c, 0.0, 1.0)) if r > 0 else 1.0
                 new = (b - a) / d
                 moved = max(moved, abs(new - times[tid]) / times[tid])
                 times[tid] = (times[tid] + new) / 2
         if moved <= SHARING_SETTLED:
             break
-    return times
+    return times, crowd
 
 
 def _replay(graph: TaskGraph, keep_spans: bool, times: Mapping[str, float] | None = None,
-            busy: dict[int, list] | None = None) -> Simulation:
+            busy: dict[int, list] | None = None, crowd: Mapping[str, float] | None = None) -> Simulation:
     """`simulate`'s replay: compute task `tid` takes `times[tid]` where given, else its
     `time_s`; `busy` (rank -> list) collects each rank's compute spans (start, end, task id, or
-    None for a fold)."""
+    None for a fold); a collective after compute task `tid` pays `crowd[tid]` of its handoff
+    (all of it where `crowd` has no entry)."""
     tasks = graph.tasks
     for tid, t in tasks.items():
         if "time_s" not in t:
@@ -233,18 +252,24 @@ def _replay(graph: TaskGraph, keep_spans: bool, times: Mapping[str, float] | Non
         if keep_spans and b > a:
             spans[r].append((a, b, kind, label))
 
-    def from_compute(r: int) -> bool:
-        """Whether rank r comes to its current task from compute (not from communication)."""
+    def from_compute(r: int) -> float:
+        """The share of a handoff rank r's current task pays: 0 where the rank comes to it from
+        communication, else its compute's crowding (1 at the start of the step)."""
         p = pos[r] - 1
         while p >= 0 and tasks[orders[r][p]]["kind"] in ("source", "sink", "send"):
             p -= 1
-        return p < 0 or tasks[orders[r][p]]["kind"] == "compute"
+        if p < 0:
+            return 1.0
+        before = orders[r][p]
+        if tasks[before]["kind"] != "compute":
+            return 0.0
+        return 1.0 if crowd is None else crowd.get(before, 1.0)
 
     def finish_recv(r: int, t: Mapping, tid: str) -> None:
         key = _key(t["peer"], r, t)
         sent_at, sent_cause, send_id = posted[key]
         begin = max(sent_at, clock[r])
-        held = t["time_s"] + (t.get("handoff_s", 0.0) if from_compute(r) else 0.0)
+        held = t["time_s"]
         end = begin + held
         span(r, clock[r], begin, WAIT, tid)
         span(r, begin, end, COMM, tid)
@@ -276,8 +301,7 @@ def _replay(graph: TaskGraph, keep_spans: bool, times: Mapping[str, float] | Non
                         break  # wait for the others; the last to arrive completes it for all
                     del arrived[tid]
                 start = max(at for _, at in arrivals)
-                handoff = any(from_compute(m) for m, _ in arrivals)
-                held = t["time_s"] + (t.get("handoff_s", 0.0) if handoff else 0.0)
+                held = t["time_s"] + t.get("handoff_s", 0.0) * max(from_compute(m) for m, _ in arrivals)
                 end = start + held
                 before = last[max(arrivals, key=lambda x: x[1])[0]]  # what the last arrival ran
                 for m, at in arrivals:

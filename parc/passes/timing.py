@@ -14,8 +14,9 @@ so that the step simulator (`parc.exec.stepsim`) needs nothing but the plan dire
   `parc.passes.lower.fuse_gradients`);
 - a send and its recv: one message of the received shard's bytes on the link between the two
   ranks (the pipeline planner's `p2p_link`);
-- a collective or recv on a link with a `handoff` carries it as `handoff_s`: what the first
-  communication after compute costs more (the simulator charges it there).
+- a collective on a link with a `handoff` carries it as `handoff_s`: what the first collective
+  after compute costs more (the simulator charges it there, in the proportion its host was
+  crowded; a recv pays none: `parc.exec.stepsim`).
 
 A rank with microbatches also gets its `folds` entry: what it spends after each microbatch
 adding that microbatch's values into the step's sums (`fold_seconds`).
@@ -393,8 +394,6 @@ def annotate(doc: dict, axis_link: Callable[[dict], LinkSpec], p2p_link: Callabl
             link = p2p_link(src, dst)
             t["bytes"] = nbytes
             t["time_s"] = send_recv_time(link, 2, nbytes)
-            if kind == "recv" and link.handoff:
-                t["handoff_s"] = link.handoff
         else:
             t["time_s"] = 0.0
     return doc

@@ -143,6 +143,38 @@ def test_ranks_computing_at_once_on_a_shared_host_take_their_full_time():
     assert simulate(both([[0, 1]])).step_time_s == pytest.approx(2.5)
 
 
+def test_a_recv_pays_no_handoff():
+    # a message already sent is there when the receiver comes from compute: no wait for a core
+    tasks = [_compute("f", 0, 1.0), {"id": "s", "kind": "send", "rank": 0, "peer": 1, "tensor": "x", "time_s": 0.0},
+             _compute("g", 1, 2.0),
+             {"id": "r", "kind": "recv", "rank": 1, "peer": 0, "tensor": "x", "time_s": 0.5, "handoff_s": 0.9}]
+    sim = simulate(_graph(tasks, {0: ["f", "s"], 1: ["g", "r"]}, [("f", "s"), ("s", "r")]))
+    assert sim.step_time_s == pytest.approx(2.5) and sim.ranks[1].comm_s == pytest.approx(0.5)
+
+
+def _crowded(computing: list[int]) -> object:
+    """Four ranks on one host, each compute task 4 s with all four computing, 2 s with two or
+    fewer (two cores); the ranks in `computing` compute, then ranks 0 and 1 all-reduce with a
+    1 s handoff."""
+    tasks = [{**_compute(f"a{r}", r, 4.0), "shared_s": {"2": 2.0}} for r in computing]
+    tasks.append(_all_reduce("c", [0, 1], 0.5, handoff_s=1.0))
+    order = {r: ([f"a{r}"] if r in computing else []) + (["c"] if r < 2 else []) for r in range(4)}
+    tasks += [_compute(f"idle{r}", r, 0.0) for r in range(4) if not order[r]]
+    order = {r: ids or [f"idle{r}"] for r, ids in order.items()}
+    return check_taskgraph({"format": FORMAT, "ranks": 4, "tasks": tasks, "hosts": [[0, 1, 2, 3]],
+                            "order": {str(r): ids for r, ids in order.items()}})
+
+
+def test_a_collective_pays_the_handoff_as_far_as_its_host_was_crowded():
+    # every rank computing: 4 s, then the whole handoff, as parc profile measured it
+    assert simulate(_crowded([0, 1, 2, 3])).step_time_s == pytest.approx(4.0 + 1.0 + 0.5, rel=1e-3)
+    # only the two members computing, on two cores: their time alone, and no handoff
+    assert simulate(_crowded([0, 1])).step_time_s == pytest.approx(2.0 + 0.5, rel=1e-3)
+    # three computing: between (the curve at 3 is halfway from 2 s to 4 s)
+    three = simulate(_crowded([0, 1, 2]))
+    assert three.step_time_s == pytest.approx(3.0 + 0.5 + 0.5, rel=1e-3)
+
+
 def test_a_task_overlapping_part_of_its_neighbours_work_settles_between_its_times():
     # rank 1 computes 1 s (2 s shared) while rank 0 computes longer: rank 0's task has a
     # neighbour for part of its span, so it ends between its time alone and its shared time
