@@ -33,7 +33,10 @@ import time
 from pathlib import Path
 
 PARC = [sys.executable, "-m", "parc.cli.main"]
-LAYOUTS = (("1xcpu", ()), ("2xcpu", ()), ("4xcpu", ()), ("4xcpu", ("--pipeline", "2")))
+# (devices, `parc plan` arguments); "split" stands for a hints file that splits every parameter
+# over all the ranks (tensor parallelism: Whale's split), which the search would not choose here
+LAYOUTS = (("1xcpu", ()), ("2xcpu", ()), ("2xcpu", ("--hints", "split")), ("4xcpu", ()),
+           ("4xcpu", ("--pipeline", "2")))
 BUILD = {"gpt-tiny": ("--set", "batch=32", "--set", "hidden=256", "--set", "seq=64"),
          "moe-tiny": ("--set", "batch=32"), "unet-tiny": ("--set", "batch=16")}
 
@@ -89,9 +92,12 @@ def main() -> None:
     print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|")
     worst_t, worst_m = 0.0, 0.0
     plans = []
+    split = work / "split.yaml"
+    split.write_text("default: split\n")
     for model in models:
         for devices, extra in LAYOUTS:
             plan = work / f"{Path(model).stem}-{devices}{''.join(extra)}"
+            extra = tuple(str(split) if a == "split" else a for a in extra)
             parc("plan", str(steps[model]), "--devices", devices, "--calibration", str(calib), *extra, "-o", str(plan))
             plans.append((model, devices, plan))
     runs: dict[Path, list[tuple[float, float, list[int]]]] = {plan: [] for *_, plan in plans}
@@ -106,6 +112,7 @@ def main() -> None:
             doc = json.loads((plan / "plan.json").read_text())
             shape = (f"{len(doc['stages'])} stages x {doc['schedule']['micro_batches']} mb"
                      if "stages" in doc and doc.get("schedule") else f"mesh {tuple(doc['mesh']['shape'])}")
+            shape += ", every parameter split" if "hints" in plan.name else ""
             times = [t for t, _, _ in runs[plan]]
             measured = statistics.median(times)
             spread = f" ({min(times) * 1e3:.1f}-{max(times) * 1e3:.1f})" if len(times) > 1 else ""

@@ -56,7 +56,7 @@ _DEVICE_KEYS = (*_PEAK_KEYS, *_DEVICE_UNITS, *_DEVICE_SI, *_DEVICE_TABLES, "peak
 _MAY_BE_ZERO = ("launch_floor", "task_overhead", "node_floor", "node_piece")
 _LINK_UNITS = {"bandwidth_gbps": ("bandwidth", 1e9 / 8), "bandwidth_gbs": ("bandwidth", GB),
                "latency_us": ("latency", 1e-6), "handoff_us": ("handoff", 1e-6), "call_us": ("call", 1e-6)}
-_LINK_KEYS = (*_LINK_UNITS, "bandwidth", "latency", "handoff", "call", *KINDS)
+_LINK_KEYS = (*_LINK_UNITS, "bandwidth", "latency", "handoff", "call", "step_ratio", *KINDS)
 _NAME = re.compile(r"^[a-z][a-z0-9._-]*$")
 
 
@@ -278,11 +278,11 @@ def _link_overrides(fields: dict[str, Entry]) -> dict[str, object]:
     values: dict[str, object] = {}
     kinds = []
     for key, value in fields.items():
-        if key in _LINK_UNITS or key in ("bandwidth", "latency", "handoff", "call"):
+        if key in _LINK_UNITS or key in ("bandwidth", "latency", "handoff", "call", "step_ratio"):
             field, scale = _LINK_UNITS.get(key, (key, 1.0))
             if field in values:
                 raise value.fail(f"{field} given twice")
-            values[field] = _scaled(value.number(positive=field == "bandwidth"), scale)
+            values[field] = _scaled(value.number(positive=field in ("bandwidth", "step_ratio")), scale)
         elif key in KINDS:  # a collective kind's own latency and bandwidth
             own = _link_overrides(value.mapping(("latency_us", "latency", "bandwidth_gbs", "bandwidth_gbps",
                                                  "bandwidth")))

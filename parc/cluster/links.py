@@ -36,6 +36,11 @@ class LinkSpec:
     # reduce-scatter between 2 ranks took 1.2x an all-reduce's time, not half; `parc profile`
     # measures them); every other kind at `latency` and `bandwidth`
     kinds: tuple[tuple[str, float, float], ...] = ()
+    # what a collective inside a training step takes against the figures above, which bursts of
+    # collectives on one buffer measure: 1 in the catalogue; `parc profile` traces its reference
+    # tensor-parallel step (on 2 CPU ranks: 2.2-2.5x, each collective between modules that left
+    # the caches to their own tensors)
+    step_ratio: float = 1.0
 
     def __post_init__(self) -> None:
         name = str(self.name).strip().lower()
@@ -54,13 +59,13 @@ class LinkSpec:
                                  f"got {latency!r}, {bandwidth!r}")
             kinds.append((str(kind), float(latency), float(bandwidth)))
         object.__setattr__(self, "kinds", tuple(sorted(kinds)))
-        for field in ("bandwidth", "latency", "handoff", "call"):
+        for field in ("bandwidth", "latency", "handoff", "call", "step_ratio"):
             value = getattr(self, field)
             if isinstance(value, bool) or not isinstance(value, int | float):
                 raise ValueError(f"link {name}: {field} must be a number, got {value!r}")
-            if not (value > 0 if field == "bandwidth" else value >= 0):
-                raise ValueError(f"link {name}: {field} must be {'> 0' if field == 'bandwidth' else '>= 0'}, "
-                                 f"got {value}")
+            positive = field in ("bandwidth", "step_ratio")
+            if not (value > 0 if positive else value >= 0):
+                raise ValueError(f"link {name}: {field} must be {'> 0' if positive else '>= 0'}, got {value}")
             object.__setattr__(self, field, float(value))
         object.__setattr__(self, "name", name)
 
@@ -78,7 +83,8 @@ class LinkSpec:
     def to_json(self) -> dict:
         return {"name": self.name, "bandwidth": self.bandwidth, "latency": self.latency,
                 **({"handoff": self.handoff} if self.handoff else {}), **({"call": self.call} if self.call else {}),
-                **({"kinds": {k: [lat, bw] for k, lat, bw in self.kinds}} if self.kinds else {})}
+                **({"kinds": {k: [lat, bw] for k, lat, bw in self.kinds}} if self.kinds else {}),
+                **({"step_ratio": self.step_ratio} if self.step_ratio != 1.0 else {})}
 
     @staticmethod
     def from_json(data: Mapping) -> LinkSpec:

@@ -151,16 +151,19 @@ def shared_link(link: LinkSpec, streams: int, nics: int) -> LinkSpec:
         return link
     suffix = f"/{share.denominator}" if share.numerator == 1 else f"*{share}"
     return LinkSpec(f"{link.name}{suffix}", link.bandwidth * float(share), link.latency,
-                    link.handoff, link.call, tuple((k, lat, bw * float(share)) for k, lat, bw in link.kinds))
+                    link.handoff, link.call, tuple((k, lat, bw * float(share)) for k, lat, bw in link.kinds),
+                    link.step_ratio)
 
 
 def _bottleneck(links: list[LinkSpec]) -> LinkSpec:
-    """Lowest bandwidth, and the highest latency, handoff and call cost of all: hops of one step
-    run in parallel. Collective kinds with figures of their own keep the slowest link's."""
+    """Lowest bandwidth, and the highest latency, handoff, call cost and step ratio of all: hops
+    of one step run in parallel. Collective kinds with figures of their own keep the slowest
+    link's."""
     low = slowest(links)
     worst = max(links, key=lambda link: link.latency)
     handoff, call = max(link.handoff for link in links), max(link.call for link in links)
-    if worst.latency <= low.latency and (handoff, call) == (low.handoff, low.call):
+    ratio = max(link.step_ratio for link in links)
+    if worst.latency <= low.latency and (handoff, call, ratio) == (low.handoff, low.call, low.step_ratio):
         return low
     name = low.name if worst.latency <= low.latency else f"{low.name}+{worst.name}"
-    return LinkSpec(name, low.bandwidth, max(worst.latency, low.latency), handoff, call, low.kinds)
+    return LinkSpec(name, low.bandwidth, max(worst.latency, low.latency), handoff, call, low.kinds, ratio)

@@ -56,7 +56,7 @@ import os
 import platform
 import statistics
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -217,6 +217,10 @@ REFERENCE_STEPS = (("unet-tiny", ("batch=16",)),
                    ("t5-tiny", ("batch=16", "d_model=128", "d_ff=512", "enc_seq=64", "dec_seq=32")))
 REFERENCE_RUNS, REFERENCE_WARMUP = 20, 5  # steps each reference runs; the median is of those after the warm-up
 STEP_RATIO_RANGE = (0.5, 4.0)  # a ratio outside says the reference went wrong, not the benchmarks
+# the tensor-parallel reference (`link_ratios`): the first reference step with every parameter
+# split over all ranks (Whale's split), so that a collective runs between most of its modules;
+# traced this many times (the trace is of a run's last step), each run this many steps
+SPLIT_HINTS, SPLIT_TRACES, SPLIT_STEPS = "default: split\n", 2, 6
 
 
 def _model(nodes, inputs: dict[str, tuple], output: str, inits=()):
@@ -1131,8 +1135,19 @@ def profile(output: Path, max_ranks: int | None, budget: float = BUDGET, device:
     if reference and kind[1] == "cpu":
         try:
             with tempfile.TemporaryDirectory(prefix="parc-profile-") as tmp:
-                steps = reference_steps(output, counts, device, engine, Path(tmp), echo, models, dims)
+                refs = reference_models(Path(tmp), models, dims)
+                links = link_ratios(output, counts, text[2], device, engine, Path(tmp), echo, refs)
+                for k, rows in links.items():
+                    fitted[k]["link_step_ratio"] = fit_link_ratio(rows)
+                    measured[k]["split"] = rows
+                if links:  # the compute's ratio is fitted with the collectives' in place
+                    write_calibration(output, fitted, measured, device, link, _engine_text(kind), *text)
+                steps = reference_steps(output, counts, device, engine, Path(tmp), echo, refs=refs)
         except RunError as e:  # the benchmarks' figures are written and stand without the ratios
+            for k in fitted:
+                fitted[k].pop("link_step_ratio", None)
+                measured[k].pop("split", None)
+            write_calibration(output, fitted, measured, device, link, _engine_text(kind), *text)
             echo(f"warning: {e}; {output} is written without step_ratio (node times as the benchmarks price them)")
             return measured
         for k, rows in steps.items():
@@ -1157,9 +1172,96 @@ def _parc(*argv: object) -> str:
     return res.stdout
 
 
+def reference_models(tmp: Path, models: Sequence[str | Path] = (),
+                     dims: Mapping[str, int] | None = None) -> tuple[list[str], list[tuple[str, Path]]]:
+    """The reference training steps: `models` (`dims` bound by the `--dim` arguments returned)
+    where given, else the zoo's `REFERENCE_STEPS`, built into `tmp`: (arguments, [(name, file)])."""
+    if models:
+        return ([x for name, value in (dims or {}).items() for x in ("--dim", f"{name}={value}")],
+                [(Path(m).name, Path(m)) for m in models])
+    steps = []
+    for name, sets in REFERENCE_STEPS:
+        steps.append((name, tmp / f"{name}.train.onnx"))
+        _parc("models", "build", name, *(x for s in sets for x in ("--set", s)), "--train", "momentum",
+              "-o", steps[-1][1])
+    return [], steps
+
+
+def link_ratios(calibration: Path, counts: Sequence[int], cpus: int, device: str, engine: str, tmp: Path,
+                echo=print, refs: tuple[list[str], list[tuple[str, Path]]] = ([], [])) -> dict[int, list[dict]]:
+    """Per rank count k whose ranks have a core each (2 <= k <= `cpus`): the first reference step
+    planned on k ranks with every parameter split (`SPLIT_HINTS`) and `calibration`, run with
+    `parc run --trace` `SPLIT_TRACES` times: per run, the seconds its collectives took from their
+    last member's arrival to their end (what the simulation holds them for), the handoff the
+    simulation charged them on top of their figures, and their figures' seconds (`time_s`).
+
+    The burst benchmarks time collectives back to back on one buffer; in a step each runs after
+    modules that filled the caches with their own tensors. Where ranks outnumber the cores the
+    collectives' time is mostly waiting for a core (the handoff, priced as the host was crowded),
+    and no ratio is fitted: on 4 ranks sharing 2 cores the traced tensor-parallel step's
+    collectives ran 3x their figures while a data-parallel step's gradient all-reduce took its
+    figure and handoff."""
+    from parc.exec.stepsim import COMM, simulate
+    from parc.exec.taskgraph import load_taskgraph
+
+    bound, steps = refs
+    if not steps:
+        return {}
+    name, model = steps[0]
+    hints = tmp / "split.yaml"
+    hints.write_text(SPLIT_HINTS)
+    rows: dict[int, list[dict]] = {}
+    for k in counts:
+        if not 2 <= k <= cpus:
+            continue
+        echo(f"running the reference step {name}, every parameter split, on {k} ranks ...")
+        plan = tmp / f"split.{k}"
+        _parc("plan", model, "--devices", f"{k}x{device}", "--calibration", calibration, "--hints", hints, *bound,
+              "-o", plan)
+        graph = load_taskgraph(plan / "taskgraph.json")
+        collectives = {tid for tid, t in graph.tasks.items() if t["kind"] == "collective" and len(t["group"]) > 1}
+        held: dict[str, float] = {}
+        for spans in simulate(graph).spans.values():
+            for a, b, kind, label in spans:
+                if kind == COMM and label in collectives:
+                    held[label] = b - a
+        figures = sum(graph.tasks[tid]["time_s"] for tid in collectives)
+        handoff = sum(max(0.0, held.get(tid, 0.0) - graph.tasks[tid]["time_s"]) for tid in collectives)
+        rows[k] = []
+        for i in range(SPLIT_TRACES):
+            trace = tmp / f"split.{k}.{i}.json"
+            _parc("run", plan, "--steps", SPLIT_STEPS, "--trace", trace, "--engine", engine)
+            rows[k].append({"model": name, "collectives": len(collectives), "figures_s": figures,
+                            "handoff_s": handoff, "measured_s": after_last_arrival(trace, collectives)})
+    return rows
+
+
+def after_last_arrival(trace: Path, collectives: Collection[str]) -> float:
+    """Seconds the `collectives` of a `parc run --trace` file took, each from its last member's
+    start to its last member's end."""
+    events = json.loads(trace.read_text())["traceEvents"]
+    spans: dict[str, list[tuple[float, float]]] = {}
+    for e in events:
+        if e.get("ph") == "X" and e.get("name") in collectives:
+            spans.setdefault(e["name"], []).append((e["ts"], e["ts"] + e["dur"]))
+    return sum(max(b for _, b in s) - max(a for a, _ in s) for s in spans.values()) * 1e-6
+
+
+def fit_link_ratio(rows: Sequence[dict]) -> float:
+    """The link's `step_ratio` for one rank count from its traced runs (`link_ratios`): what the
+    collectives' figures must be multiplied by for them, with the handoff charged, to take the
+    time they took from their last arrival: the mean over the runs, within `STEP_RATIO_RANGE`."""
+    ratios = [(r["measured_s"] - r["handoff_s"]) / r["figures_s"] for r in rows if r["figures_s"] > 0]
+    if not ratios:
+        return 1.0
+    low, high = STEP_RATIO_RANGE
+    return min(high, max(low, statistics.fmean(ratios)))
+
+
 def reference_steps(calibration: Path, counts: Sequence[int], device: str, engine: str, tmp: Path,
                     echo=print, models: Sequence[str | Path] = (),
-                    dims: Mapping[str, int] | None = None) -> dict[int, list[dict]]:
+                    dims: Mapping[str, int] | None = None,
+                    refs: tuple[list[str], list[tuple[str, Path]]] | None = None) -> dict[int, list[dict]]:
     """Per rank count k, each reference training step planned on k ranks with `calibration` and
     run with `parc run`, as a user would: its simulated step, the compute of its busiest rank in
     that simulation, and the measured median step. The references are `models` (training steps;
@@ -1171,15 +1273,7 @@ def reference_steps(calibration: Path, counts: Sequence[int], device: str, engin
     the steps of two ranks ran 15-28% over their simulation)."""
     from parc.plandir import load_plan
 
-    if models:
-        bound = [x for name, value in (dims or {}).items() for x in ("--dim", f"{name}={value}")]
-        steps = [(Path(m).name, Path(m)) for m in models]
-    else:
-        bound, steps = [], []
-        for name, sets in REFERENCE_STEPS:
-            steps.append((name, tmp / f"{name}.train.onnx"))
-            _parc("models", "build", name, *(x for s in sets for x in ("--set", s)), "--train", "momentum",
-                  "-o", steps[-1][1])
+    bound, steps = refs if refs is not None else reference_models(tmp, models, dims)
     rows: dict[int, list[dict]] = {k: [] for k in counts}
     for i, (name, model) in enumerate(steps):
         for k in counts:
@@ -1254,7 +1348,8 @@ def _device_yaml(f: dict) -> dict:
 def _link_yaml(f: dict) -> dict:
     return {"latency_us": f["latency"] * 1e6, "bandwidth_gbs": f["bandwidth"] / 1e9, "handoff_us": f["handoff"] * 1e6,
             "call_us": f.get("call", 0.0) * 1e6,
-            **{kind: {"latency_us": lat * 1e6, "bandwidth_gbs": bw / 1e9} for kind, (lat, bw) in f.get("kinds", {}).items()}}
+            **{kind: {"latency_us": lat * 1e6, "bandwidth_gbs": bw / 1e9} for kind, (lat, bw) in f.get("kinds", {}).items()},
+            **({"step_ratio": f["link_step_ratio"]} if "link_step_ratio" in f else {})}
 
 
 def _case_text(r: dict) -> str:
@@ -1273,6 +1368,8 @@ def write_calibration(output: Path, fitted: dict[int, dict], measured: dict[int,
 
     from parc.plandir.manifest import sha256_file
 
+    if any("link_step_ratio" in f for f in fitted.values()):  # a count without one must not inherit another's
+        fitted = {k: {"link_step_ratio": 1.0, **f} if k > 1 and "latency" in f else f for k, f in fitted.items()}
     body: dict = {**({"cpus": cpus} if cpus else {}),
                   **({"fitted_on": [{"file": Path(m).name, "sha256": sha256_file(Path(m))} for m in fitted_on]}
                      if fitted_on else {}),
@@ -1322,6 +1419,11 @@ def write_calibration(output: Path, fitted: dict[int, dict], measured: dict[int,
         if "all_reduce" in rows:
             head.append("#    all_reduce (first after compute / in a burst) " + ", ".join(
                 f"{r['n']} ranks {r['bytes']} B: {r['first_s']:.3g} / {r['s']:.3g}" for r in rows["all_reduce"]))
+        if rows.get("split"):
+            head.append("#    collectives of the reference step, every parameter split, traced (from their last arrival / "
+                        "handoff charged / their figures): " + ", ".join(
+                            f"{r['model']} {r['collectives']} collectives {r['measured_s']:.3g} / {r['handoff_s']:.3g} / "
+                            f"{r['figures_s']:.3g}" for r in rows["split"]))
         if rows.get("steps"):
             head.append("#    reference steps (simulated / its busiest rank's compute / measured median): " + ", ".join(
                 f"{r['model']} {r['simulated_s']:.3g} / {r['compute_s']:.3g} / {r['measured_s']:.3g}" for r in rows["steps"]))

@@ -7,7 +7,7 @@ task's `time_s` from `parc plan` (`parc.passes.timing`):
 - a collective starts when every member has reached it, and ends for all of them together;
   the first one after compute also pays its link's handoff (`handoff_s`: on a host whose ranks
   outnumber its cores, how far apart members that computed side by side arrive), in the
-  proportion the host was crowded while its members computed (`crowding`): in full when every
+  proportion the host was crowded while its members computed (`_settle`): in full when every
   rank of the host computed beside them, as `parc profile` measured it, not at all when no
   more computed than the count their time stops growing at;
 - a send is posted and the rank goes on; its message moves once the receiver has posted the

@@ -132,7 +132,7 @@ def _summary(plan: Mapping[str, Any]) -> Summary:
     spans = mesh.get("spans_nodes") or []
     axes = [MeshAxis(n, _get(links, k, "name"), _get(links, k, "bandwidth"), _get(links, k, "latency"),
                      spans[k] if k < len(spans) else None, _get(links, k, "call"), _get(links, k, "handoff"),
-                     _get(links, k, "kinds"))
+                     _get(links, k, "kinds"), _get(links, k, "step_ratio"))
             for k, n in enumerate(shape)]
     solver = plan.get("solver") or {}
     tried = [MeshTried([int(n) for n in m.get("shape", [])], bool(m.get("feasible", False)),

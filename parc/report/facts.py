@@ -26,6 +26,7 @@ class MeshAxis:
     call: float | None = None  # s each collective pays once (a calibrated host whose ranks share cores)
     handoff: float | None = None  # s the first after compute pays more
     kinds: dict | None = None  # collective kind -> [latency s, bandwidth B/s] of its own (`LinkSpec.kinds`)
+    step_ratio: float | None = None  # what a collective in a step takes against its figures (a calibration's)
 
 
 @dataclass(frozen=True)

@@ -84,8 +84,8 @@ def _pipeline(r: Report) -> Section:
 
 
 def _link_figures(a) -> str:
-    """' (bandwidth, latency[, call cost][, handoff][; a kind's own figures])' of a mesh axis's
-    link, or '' unknown."""
+    """' (bandwidth, latency[, call cost][, handoff][; a kind's own figures][; x the step ratio])'
+    of a mesh axis's link, or '' unknown."""
     if not (a.bandwidth and a.latency):
         return ""
     figures = [f"{a.bandwidth / 1e9:g} GB/s", f"{a.latency * 1e6:g} us"]
@@ -93,7 +93,8 @@ def _link_figures(a) -> str:
     figures += [f"{a.handoff * 1e6:g} us handoff"] if a.handoff else []
     own = [f"{kind.replace('_', '-')} {bw / 1e9:.3g} GB/s, {lat * 1e6:.3g} us"
            for kind, (lat, bw) in sorted((a.kinds or {}).items())]
-    return f" ({'; '.join([', '.join(figures), *own])})"
+    ratio = [f"collectives x{a.step_ratio:.2f} (the calibration's step_ratio)"] if a.step_ratio else []
+    return f" ({'; '.join([', '.join(figures), *own, *ratio])})"
 
 
 def _summary(r: Report) -> Section:

@@ -373,6 +373,26 @@ def test_a_step_ratio_multiplies_every_nodes_time(tmp_path):
     assert DeviceSpec.from_json(cpu.to_json()) == cpu
 
 
+def test_a_links_step_ratio_multiplies_every_collectives_time_but_not_its_handoff(tmp_path):
+    from parc.cluster.cost import collective_time, ring_time
+    from parc.cluster.mesh import shared_link
+
+    text = ("links:\n  shm:\n    latency_us: 5\n    bandwidth_gbs: 4\n    handoff_us: 300\n    step_ratio: 2.5\n"
+            "    reduce_scatter: {latency_us: 20, bandwidth_gbs: 1.5}\n")
+    link = load_constants(write(tmp_path, text, "calib.yaml")).apply(parse_devices("2xcpu")).nodes[0].intra_link
+    plain = dataclasses.replace(link, step_ratio=1.0)
+    assert link.step_ratio == 2.5 and link.handoff == pytest.approx(3e-4)
+    for kind in ("all_reduce", "reduce_scatter", "all_gather", "send_recv"):
+        assert collective_time(kind, link, 2, 1e6) == pytest.approx(2.5 * collective_time(kind, plain, 2, 1e6))
+    assert ring_time("all_reduce", link, 2, 1e6, latency_share=0.5) == pytest.approx(
+        2.5 * ring_time("all_reduce", plain, 2, 1e6, latency_share=0.5))
+    assert LinkSpec.from_json(link.to_json()) == link and "step_ratio" not in plain.to_json()
+    assert shared_link(link, 2, 1).step_ratio == 2.5
+    with pytest.raises(UsageError, match="step_ratio") as e:
+        load_constants(write(tmp_path, "links:\n  shm: {step_ratio: 0}\n", "bad.yaml"))
+    assert "bad.yaml" in str(e.value) and "\n" not in str(e.value)
+
+
 def test_a_calibration_names_the_models_it_was_measured_on(tmp_path):
     text = "fitted_on:\n  - {file: a.onnx, sha256: ab12}\ndevices:\n  cpu: {fp32_tflops: 0.2}\n"
     assert load_constants(write(tmp_path, text, "calib.yaml")).fitted_on == (("a.onnx", "ab12"),)

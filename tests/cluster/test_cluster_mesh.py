@@ -137,6 +137,8 @@ def test_a_ring_over_links_pays_the_largest_handoff_and_call_of_them():
     fast = LinkSpec("fast", 12.5e9, 1e-7, 0.0, 3e-4)
     assert _bottleneck([LinkSpec("slow", 1e9, 1e-6), fast]) == LinkSpec("slow", 1e9, 1e-6, 0.0, 3e-4)
     assert _bottleneck([shm, shm]) is shm
+    slow_in_steps = LinkSpec("shm", 10e9, 1e-6, 8e-4, 3e-4, step_ratio=2.0)
+    assert _bottleneck([slow_in_steps, net]).step_ratio == 2.0
 
 
 def test_max_dims():

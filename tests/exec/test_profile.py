@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import numpy as np
 import pytest
@@ -673,6 +674,42 @@ def test_the_step_ratio_is_what_makes_each_reference_step_take_its_measured_time
     assert calibration.apply(parse_devices("2xcpu")).devices[0].step_ratio == pytest.approx(1.3)
 
 
+def test_the_links_step_ratio_is_what_makes_the_traced_collectives_take_their_time(tmp_path):
+    """Collectives priced 2 ms, charged 1 ms of handoff on top, that took 5 ms and 6 ms from
+    their last arrival in two traced runs: their figures x 2 and x 2.5, x 2.25 on the mean.
+    Written on the link of that rank count, read back onto a mesh of it."""
+    rows = [{"model": "a", "collectives": 3, "figures_s": 0.002, "handoff_s": 0.001, "measured_s": m}
+            for m in (0.005, 0.006)]
+    assert prof.fit_link_ratio(rows) == pytest.approx(2.25)
+    assert prof.fit_link_ratio([]) == 1.0
+    assert prof.fit_link_ratio([{**rows[0], "measured_s": 1.0}]) == prof.STEP_RATIO_RANGE[1]
+    fitted = {1: prof.fit(_rows(20e-6, 3e9, 0.0, 1), 1), 2: {**prof.fit(_rows(20e-6, 3e9, 0.0, 2), 2),
+                                                           "link_step_ratio": 2.25}}
+    measured = {1: _rows(20e-6, 3e9, 0.0, 1), 2: {**_rows(20e-6, 3e9, 0.0, 2), "split": rows}}
+    out = tmp_path / "c.yaml"
+    prof.write_calibration(out, fitted, measured, "cpu", "shm")
+    assert "a 3 collectives 0.005 / 0.001 / 0.002" in out.read_text()
+    link = load_constants(out).apply(parse_devices("2xcpu")).nodes[0].intra_link
+    assert link.step_ratio == pytest.approx(2.25)
+    # a count of ranks without a ratio of its own (4 sharing 2 cores) keeps 1, not 2's
+    fitted[4] = prof.fit(_rows(20e-6, 3e9, 0.0, 4), 4)
+    measured[4] = _rows(20e-6, 3e9, 0.0, 4)
+    prof.write_calibration(out, fitted, measured, "cpu", "shm")
+    calibration = load_constants(out)
+    assert calibration.apply(parse_devices("4xcpu")).nodes[0].intra_link.step_ratio == 1.0
+    assert calibration.apply(parse_devices("2xcpu")).nodes[0].intra_link.step_ratio == pytest.approx(2.25)
+
+
+def test_after_last_arrival_takes_each_collective_from_its_last_members_start(tmp_path):
+    events = [{"name": "c0", "ph": "X", "pid": 0, "ts": 0.0, "dur": 500.0},  # waited 300 us for rank 1
+              {"name": "c0", "ph": "X", "pid": 1, "ts": 300.0, "dur": 210.0},  # ended last, at 510
+              {"name": "c1", "ph": "X", "pid": 0, "ts": 1000.0, "dur": 40.0},
+              {"name": "c1", "ph": "X", "pid": 1, "ts": 1000.0, "dur": 30.0},
+              {"name": "m0", "ph": "X", "pid": 0, "ts": 2000.0, "dur": 999.0}]  # not a collective
+    (tmp_path / "t.json").write_text(json.dumps({"traceEvents": events}))
+    assert prof.after_last_arrival(tmp_path / "t.json", {"c0", "c1"}) == pytest.approx((210 + 40) * 1e-6)
+
+
 @needs_mpiexec
 def test_profile_ends_with_reference_steps_that_set_the_step_ratio(tmp_path, monkeypatch):
     """`parc profile` on two ranks with a small reference: each count's reference step is planned
@@ -691,6 +728,14 @@ def test_profile_ends_with_reference_steps_that_set_the_step_ratio(tmp_path, mon
         assert row["model"] == "t5-tiny" and 0 < row["compute_s"] <= row["simulated_s"] and row["measured_s"] > 0
         device = calibration.apply(parse_devices(f"{k}xcpu")).devices[0]
         assert device.step_ratio == pytest.approx(prof.fit_step_ratio([row]))
+    # two ranks with a core each (this machine and CI have 2 CPUs or more): the split reference
+    # was traced and its ratio is on the link
+    assert "running the reference step t5-tiny, every parameter split, on 2 ranks ..." in said
+    split = measured[2]["split"]
+    assert len(split) == prof.SPLIT_TRACES
+    assert all(r["collectives"] > 0 and r["figures_s"] > 0 and r["measured_s"] > 0 for r in split)
+    link = calibration.apply(parse_devices("2xcpu")).nodes[0].intra_link
+    assert link.step_ratio == pytest.approx(prof.fit_link_ratio(split))
 
 
 def test_a_reference_step_that_fails_leaves_the_benchmarks_calibration_with_a_warning(tmp_path, monkeypatch):

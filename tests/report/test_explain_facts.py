@@ -169,6 +169,9 @@ def test_a_calibrated_links_call_cost_and_handoff_are_shown():
     text = " ".join(render(r, "text").split())  # the summary wraps its lines
     assert "over shm (1.2 GB/s, 19 us, 240 us a call, 1000 us handoff)" in text
     assert "over net-100g (12.5 GB/s, 14 us)" in text
+    plan["mesh"]["links"][1]["step_ratio"] = 2.8
+    text = " ".join(render(explain(plan, "p/plan.json"), "text").split())
+    assert "1000 us handoff; collectives x2.80 (the calibration's step_ratio))" in text
 
 
 def test_a_calibrated_step_ratio_is_shown_beside_the_devices():
