@@ -844,16 +844,19 @@ MEMORY_CLASSES = {"Add": None, "MulBroadcast": None, "Transpose": "Transpose", "
 
 def fit_collectives(measured: list[dict]) -> dict:
     """A link's `call`, `latency` and `bandwidth` from all-reduce bursts: t = call + alpha *
-    steps + volume / beta, steps = 2(n-1) and volume = 2(n-1)/n B, least squares on the relative
+    steps + volume / beta, the all-reduce's ring steps and volume (`parc.cluster.cost.STEPS`,
+    `_VOLUME`: 2(n-1) and 2(n-1)/n B), least squares on the relative
     error with every coefficient >= 0 (the best of the column subsets that keep them so). The
     call cost needs rows of two group sizes to tell it from alpha; with one it is 0. On this VM,
     4 ranks on 2 cores, a 64 B all-reduce costs about 0.29 ms among all 4 ranks and among 2 while
     the other 2 compute: the cost is waiting for the members to run, one per call, not per ring
     step (alpha alone priced the pairs' at 0.13 ms and a pipeline stage's small collectives 7x
     under their measured time)."""
+    from parc.cluster.cost import _VOLUME, STEPS
+
     t = np.array([r["s"] for r in measured])
-    cols = {"call": np.ones(len(t)), "latency": np.array([2 * (r["n"] - 1) for r in measured], float),
-            "inv_beta": np.array([2 * (r["n"] - 1) / r["n"] * r["bytes"] for r in measured])}
+    cols = {"call": np.ones(len(t)), "latency": np.array([STEPS["all_reduce"](r["n"]) for r in measured], float),
+            "inv_beta": np.array([_VOLUME["all_reduce"](r["n"]) * r["bytes"] for r in measured])}
     subsets = [("latency", "inv_beta")]
     if len({r["n"] for r in measured}) > 1:
         subsets += [("call", "inv_beta"), ("call", "latency", "inv_beta")]
