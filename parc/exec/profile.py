@@ -1139,7 +1139,11 @@ def profile(output: Path, max_ranks: int | None, budget: float = BUDGET, device:
         try:
             with tempfile.TemporaryDirectory(prefix="parc-profile-") as tmp:
                 refs = reference_models(Path(tmp), models, dims)
-                links = link_ratios(output, counts, text[2], device, engine, Path(tmp), echo, refs)
+                try:
+                    links = link_ratios(output, counts, text[2], device, engine, Path(tmp), echo, refs)
+                except RunError as e:  # a model that cannot be split evenly, say: the links keep their figures
+                    echo(f"warning: {e}; the links are written without step_ratio")
+                    links = {}
                 for k, rows in links.items():
                     fitted[k]["link_step_ratio"] = fit_link_ratio(rows)
                     measured[k]["split"] = rows

@@ -13,8 +13,9 @@ task's `time_s` from `parc plan` (`parc.passes.timing`):
 - a send is posted and the rank goes on; its message moves once the receiver has posted the
   matching recv (rendezvous, as MPI does for large messages) and the recv ends when it has
   arrived, with no handoff (traced on 4 CPU ranks sharing 2 cores, a recv whose message was
-  already sent took 0.03-0.08 ms, median of each pipelined step, where the handoff is 0.9 ms); a rank's step ends when its last task has and its sends have completed (the executor
-  waits for them at the end of the step);
+  already sent took 0.03-0.08 ms, median of each pipelined step, where the handoff is 0.9 ms);
+  a rank's step ends when its last task has and its sends have completed (the executor waits
+  for them at the end of the step);
 - sources and sinks take no time;
 - a rank with microbatches folds each into the step's sums after its last task of it
   (`TaskGraph.folds`), as compute;

@@ -756,6 +756,35 @@ def test_a_reference_step_that_fails_leaves_the_benchmarks_calibration_with_a_wa
     assert load_constants(out).apply(parse_devices("1xcpu")).devices[0].step_ratio == 1.0
 
 
+@needs_mpiexec
+def test_a_split_reference_that_fails_leaves_the_links_figures_and_the_node_ratios(tmp_path, monkeypatch):
+    """A model the split hints cannot plan (a user's `--model`, say) costs the links their
+    ratio, with a warning, and nothing else: the reference steps still set the node ratios."""
+    from parc.exec.runner import RunError
+
+    def fake(*argv):
+        argv = [str(a) for a in argv]
+        if argv[0] == "plan" and "--hints" in argv:
+            raise RunError("parc profile's reference step `parc plan x.onnx ...` failed: ineligible")
+        if argv[0] == "run":
+            return "\n".join('{"step_time_s": 0.012}' for _ in range(prof.REFERENCE_RUNS))
+        return ""
+
+    monkeypatch.setattr(prof, "_parc", fake)
+    monkeypatch.setattr(prof.os, "cpu_count", lambda: 2)  # two ranks with a core each
+    import parc.plandir
+
+    monkeypatch.setattr(parc.plandir, "load_plan",
+                        lambda d: {"simulation": {"step_time_s": 0.010, "ranks": [{"compute_s": 0.008}]}})
+    out, said = tmp_path / "c.yaml", []
+    prof.profile(out, 2, budget=0.002, echo=said.append)
+    assert any(line.startswith("warning: parc profile's reference step") and "links are written without" in line
+               for line in said)
+    calibration = load_constants(out)
+    assert calibration.apply(parse_devices("2xcpu")).nodes[0].intra_link.step_ratio == 1.0
+    assert calibration.apply(parse_devices("2xcpu")).devices[0].step_ratio == pytest.approx(1.25)
+
+
 def test_the_models_given_are_the_reference_steps(tmp_path, monkeypatch):
     """With `--model` files the references are those models (their dims bound as given), not the
     zoo's: a calibration from a model's own shapes is meant for that model."""
