@@ -4,7 +4,7 @@ The file is the Chrome trace event format (a JSON object with `traceEvents`), wh
 (ui.perfetto.dev) and chrome://tracing open: one process per rank, named with its stage, one
 complete event ("ph": "X") per task of the rank's static order, in microseconds from the
 earliest rank's start of the step. Each event's `args` hold what `parc simulate` priced the same
-task at (`predicted_ms`, the task graph's `time_s`; a first communication after compute also
+task at (`predicted_ms`, the task graph's `time_s`; a collective with a handoff also
 its `handoff_ms`; a compute task on a host whose ranks share its cores, its time at the count
 of ranks the simulation has computing beside it) and its micro-batch, so a task the cost model
 misjudges shows beside its measured length; the rank's wait for its sends at the end of the step is one more event
