@@ -33,12 +33,13 @@ def main() -> None:
     if not args.trace:
         subprocess.run([*PARC, "run", str(plan), "--steps", str(args.steps), "--trace", str(trace)],
                        check=True, capture_output=True)
+    from parc.exec.trace import collective_seconds
+
     tasks = {t["id"]: t for t in json.loads((plan / "taskgraph.json").read_text())["tasks"]}
     events = [e for e in json.loads(trace.read_text())["traceEvents"] if e.get("ph") == "X"]
     ms = 1e-3  # the trace is in microseconds
 
     compute: dict[int, list[float]] = defaultdict(lambda: [0.0, 0.0])
-    collectives: dict[str, list[dict]] = defaultdict(list)
     sent: dict[tuple, float] = {}
     for e in events:
         t = tasks.get(e["name"])
@@ -47,18 +48,15 @@ def main() -> None:
         if t["kind"] == "compute":
             compute[e["pid"]][0] += e["dur"] * ms
             compute[e["pid"]][1] += e["args"].get("predicted_ms", 0.0)
-        elif t["kind"] == "collective":
-            collectives[e["name"]].append(e)
         elif t["kind"] == "send":
             sent[t["rank"], t["peer"], t["tensor"], t.get("micro_batch")] = e["ts"]
     print(f"{plan}: compute per rank, traced / priced ms: "
           + ", ".join(f"{r} {m:.2f} / {p:.2f}" for r, (m, p) in sorted(compute.items())))
 
     by_size: dict[int, list[tuple[float, float, float]]] = defaultdict(list)
-    for name, es in collectives.items():
+    for name, took in collective_seconds(trace).items():
         t = tasks[name]
-        last, end = max(e["ts"] for e in es), max(e["ts"] + e["dur"] for e in es)
-        by_size[len(t["group"])].append(((end - last) * ms, t["time_s"] * 1e3, t.get("handoff_s", 0.0) * 1e3))
+        by_size[len(t["group"])].append((took * 1e3, t["time_s"] * 1e3, t.get("handoff_s", 0.0) * 1e3))
     for n, rows in sorted(by_size.items()):
         print(f"  {len(rows)} collectives of {n} ranks, from the last arrival: sum {sum(r[0] for r in rows):.2f} ms "
               f"(median {statistics.median(r[0] for r in rows):.3f}) against figures {sum(r[1] for r in rows):.2f} ms "

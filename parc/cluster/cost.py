@@ -73,13 +73,15 @@ def bucket_share(kind: str, bytes_per_device: float) -> float:
 
 def ring_time(kind: str, link: LinkSpec, n: int, bytes_per_device: float, latency_share: float = 1.0) -> float:
     """((call + steps(n) * alpha) * latency_share + bytes_per_device / beta) * step_ratio, with the
-    link's alpha and beta for `kind` (`LinkSpec.figures`) and its `step_ratio` (1 but in a
-    calibration from `parc profile`): a collective whose per-device volume is already known
-    (`parc.sharding.reshard` gives it, exact for uneven splits). `latency_share` < 1: the
-    collective is fused with others (gradient buckets) and pays that share of one collective's
-    latency."""
+    link's alpha and beta for `kind` (`LinkSpec.figures`) and, for a collective, its `step_ratio`
+    (1 but in a calibration from `parc profile`, which fits it on collectives: a point-to-point
+    message keeps its figures, as the traced receives did): a collective whose per-device volume
+    is already known (`parc.sharding.reshard` gives it, exact for uneven splits).
+    `latency_share` < 1: the collective is fused with others (gradient buckets) and pays that
+    share of one collective's latency."""
     latency, bandwidth = link.figures(kind)
-    return link.step_ratio * ((link.call + STEPS[kind](n) * latency) * latency_share + bytes_per_device / bandwidth)
+    ratio = 1.0 if kind == "send_recv" else link.step_ratio
+    return ratio * ((link.call + STEPS[kind](n) * latency) * latency_share + bytes_per_device / bandwidth)
 
 
 def _ring(kind: str, link: LinkSpec, n: int, nbytes: float) -> float:

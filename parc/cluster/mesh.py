@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from fractions import Fraction
 
 import numpy as np
@@ -150,9 +150,8 @@ def shared_link(link: LinkSpec, streams: int, nics: int) -> LinkSpec:
     if share == 1:
         return link
     suffix = f"/{share.denominator}" if share.numerator == 1 else f"*{share}"
-    return LinkSpec(f"{link.name}{suffix}", link.bandwidth * float(share), link.latency,
-                    link.handoff, link.call, tuple((k, lat, bw * float(share)) for k, lat, bw in link.kinds),
-                    link.step_ratio)
+    return replace(link, name=f"{link.name}{suffix}", bandwidth=link.bandwidth * float(share),
+                   kinds=tuple((k, lat, bw * float(share)) for k, lat, bw in link.kinds))
 
 
 def _bottleneck(links: list[LinkSpec]) -> LinkSpec:

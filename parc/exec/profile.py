@@ -56,7 +56,7 @@ import os
 import platform
 import statistics
 import time
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -1208,8 +1208,10 @@ def link_ratios(calibration: Path, counts: Sequence[int], cpus: int, device: str
     and no ratio is fitted: on 4 ranks sharing 2 cores the traced tensor-parallel step's
     collectives ran 3x their figures while a data-parallel step's gradient all-reduce took its
     figure and handoff."""
-    from parc.exec.stepsim import COMM, simulate
+    from parc.exec.stepsim import COMM
     from parc.exec.taskgraph import load_taskgraph
+    from parc.exec.trace import collective_seconds
+    from parc.plandir import load_plan
 
     bound, steps = refs
     if not steps:
@@ -1227,8 +1229,8 @@ def link_ratios(calibration: Path, counts: Sequence[int], cpus: int, device: str
               "-o", plan)
         graph = load_taskgraph(plan / "taskgraph.json")
         collectives = {tid for tid, t in graph.tasks.items() if t["kind"] == "collective" and len(t["group"]) > 1}
-        held: dict[str, float] = {}
-        for spans in simulate(graph).spans.values():
+        held: dict[str, float] = {}  # from the replay `parc plan` wrote (every rank is in every collective)
+        for spans in load_plan(plan)["simulation"]["timeline"].values():
             for a, b, kind, label in spans:
                 if kind == COMM and label in collectives:
                     held[label] = b - a
@@ -1238,20 +1240,10 @@ def link_ratios(calibration: Path, counts: Sequence[int], cpus: int, device: str
         for i in range(SPLIT_TRACES):
             trace = tmp / f"split.{k}.{i}.json"
             _parc("run", plan, "--steps", SPLIT_STEPS, "--trace", trace, "--engine", engine)
+            took = collective_seconds(trace)
             rows[k].append({"model": name, "collectives": len(collectives), "figures_s": figures,
-                            "handoff_s": handoff, "measured_s": after_last_arrival(trace, collectives)})
+                            "handoff_s": handoff, "measured_s": sum(took.get(tid, 0.0) for tid in collectives)})
     return rows
-
-
-def after_last_arrival(trace: Path, collectives: Collection[str]) -> float:
-    """Seconds the `collectives` of a `parc run --trace` file took, each from its last member's
-    start to its last member's end."""
-    events = json.loads(trace.read_text())["traceEvents"]
-    spans: dict[str, list[tuple[float, float]]] = {}
-    for e in events:
-        if e.get("ph") == "X" and e.get("name") in collectives:
-            spans.setdefault(e["name"], []).append((e["ts"], e["ts"] + e["dur"]))
-    return sum(max(b for _, b in s) - max(a for a, _ in s) for s in spans.values()) * 1e-6
 
 
 def fit_link_ratio(rows: Sequence[dict]) -> float:

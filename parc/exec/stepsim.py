@@ -253,7 +253,7 @@ def _replay(graph: TaskGraph, keep_spans: bool, times: Mapping[str, float] | Non
         if keep_spans and b > a:
             spans[r].append((a, b, kind, label))
 
-    def from_compute(r: int) -> float:
+    def handoff_share(r: int) -> float:
         """The share of a handoff rank r's current task pays: 0 where the rank comes to it from
         communication, else its compute's crowding (1 at the start of the step)."""
         p = pos[r] - 1
@@ -302,7 +302,7 @@ def _replay(graph: TaskGraph, keep_spans: bool, times: Mapping[str, float] | Non
                         break  # wait for the others; the last to arrive completes it for all
                     del arrived[tid]
                 start = max(at for _, at in arrivals)
-                held = t["time_s"] + t.get("handoff_s", 0.0) * max(from_compute(m) for m, _ in arrivals)
+                held = t["time_s"] + t.get("handoff_s", 0.0) * max(handoff_share(m) for m, _ in arrivals)
                 end = start + held
                 before = last[max(arrivals, key=lambda x: x[1])[0]]  # what the last arrival ran
                 for m, at in arrivals:

@@ -97,13 +97,27 @@ def write(path: str | Path, per_rank: Sequence[tuple[float, list[dict]]], step: 
     tmp.replace(out)
 
 
-def load(path: str | Path) -> dict:
-    """A trace file back: {rank: [(task id, kind, measured s, predicted s)]} in each rank's order."""
+def _events(path: str | Path) -> list[dict]:
     body = json.loads(Path(path).read_text())
     if body.get("otherData", {}).get("format") != FORMAT:
         raise UsageError(f"{path}: not a trace `parc run --trace` wrote")
+    return body["traceEvents"]
+
+
+def collective_seconds(path: str | Path) -> dict[str, float]:
+    """Each collective of a trace file: the seconds from its last member's start to its last
+    member's end, what `parc simulate` holds its members for ({task id: s})."""
+    spans: dict[str, list[tuple[float, float]]] = {}
+    for e in _events(path):
+        if e.get("ph") == "X" and e.get("cat") == "collective":
+            spans.setdefault(e["name"], []).append((e["ts"], e["ts"] + e["dur"]))
+    return {name: (max(b for _, b in s) - max(a for a, _ in s)) * 1e-6 for name, s in spans.items()}
+
+
+def load(path: str | Path) -> dict:
+    """A trace file back: {rank: [(task id, kind, measured s, predicted s)]} in each rank's order."""
     out: dict[int, list] = {}
-    for e in body["traceEvents"]:
+    for e in _events(path):
         if e.get("ph") == "X":
             out.setdefault(e["pid"], []).append((e["name"], e["cat"], e["dur"] * 1e-6,
                                                  e["args"].get("predicted_ms", 0.0) * 1e-3))

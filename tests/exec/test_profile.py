@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 
 import numpy as np
@@ -699,16 +698,6 @@ def test_the_links_step_ratio_is_what_makes_the_traced_collectives_take_their_ti
     calibration = load_constants(out)
     assert calibration.apply(parse_devices("4xcpu")).nodes[0].intra_link.step_ratio == 1.0
     assert calibration.apply(parse_devices("2xcpu")).nodes[0].intra_link.step_ratio == pytest.approx(2.25)
-
-
-def test_after_last_arrival_takes_each_collective_from_its_last_members_start(tmp_path):
-    events = [{"name": "c0", "ph": "X", "pid": 0, "ts": 0.0, "dur": 500.0},  # waited 300 us for rank 1
-              {"name": "c0", "ph": "X", "pid": 1, "ts": 300.0, "dur": 210.0},  # ended last, at 510
-              {"name": "c1", "ph": "X", "pid": 0, "ts": 1000.0, "dur": 40.0},
-              {"name": "c1", "ph": "X", "pid": 1, "ts": 1000.0, "dur": 30.0},
-              {"name": "m0", "ph": "X", "pid": 0, "ts": 2000.0, "dur": 999.0}]  # not a collective
-    (tmp_path / "t.json").write_text(json.dumps({"traceEvents": events}))
-    assert prof.after_last_arrival(tmp_path / "t.json", {"c0", "c1"}) == pytest.approx((210 + 40) * 1e-6)
 
 
 @needs_mpiexec

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from parc.errors import UsageError
 from parc.exec import trace
 from parc.exec.taskgraph import load_taskgraph
 from tests.helpers import assert_one_line_error, needs_mpiexec, parc
@@ -74,3 +75,19 @@ def test_a_compute_task_on_a_shared_host_shows_the_simulations_time():
              {"id": "b", "kind": "compute", "rank": 0, "module": "", "time_s": 3.0}]
     events = trace.rank_events(0, None, order, [(0, 0.0, 1.0), (1, 1.0, 2.0)], simulated={"a": 1.25})
     assert [e["args"]["predicted_ms"] for e in events if e["ph"] == "X"] == [1250.0, 3000.0]
+
+
+def test_collective_seconds_take_each_collective_from_its_last_members_start(tmp_path):
+    """What `parc profile` fits the links' step ratio on: rank 0 waited 300 us in c0 for rank 1,
+    which ended last; c1 started together; a compute task is not a collective."""
+    events = [{"name": "c0", "cat": "collective", "ph": "X", "pid": 0, "ts": 0.0, "dur": 500.0},
+              {"name": "c0", "cat": "collective", "ph": "X", "pid": 1, "ts": 300.0, "dur": 210.0},
+              {"name": "c1", "cat": "collective", "ph": "X", "pid": 0, "ts": 1000.0, "dur": 40.0},
+              {"name": "c1", "cat": "collective", "ph": "X", "pid": 1, "ts": 1000.0, "dur": 30.0},
+              {"name": "m0", "cat": "compute", "ph": "X", "pid": 0, "ts": 2000.0, "dur": 999.0}]
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"traceEvents": events, "otherData": {"format": trace.FORMAT}}))
+    assert trace.collective_seconds(path) == pytest.approx({"c0": 210e-6, "c1": 40e-6})
+    path.write_text(json.dumps({"traceEvents": events}))  # not one parc wrote
+    with pytest.raises(UsageError, match="not a trace"):
+        trace.collective_seconds(path)
