@@ -95,20 +95,33 @@ def test_a_size_one_dim_does_not_change_the_pieces(seed):
 
 def test_a_convolutions_pieces_are_the_elements_of_its_lowering():
     # a 3x3 Conv, 8 -> 16 channels on 16 images of 32 x 32: im2col is 8*9 rows by 1024 positions per
-    # image, and the 16 x 72 weights are read again for each image
+    # image, each row copied as 32 runs of 32 (the output's last dim), a run costing at least a
+    # cache line's worth of elements (16 float32)
     conv = _node("Conv", [(16, 8, 32, 32), (16, 8, 3, 3)], (16, 16, 32, 32), pads=[1, 1, 1, 1])
-    assert node_pieces(conv) == 16 * 72 * 1024 + 16 * 16 * 72
-    # grouped: each group expands its own C/g channels, the weights' rows are C/g x kernel
+    assert node_pieces(conv) == 16 * 72 * 1024 + 16 * 72 * 32 * 16
+    # grouped: each group expands its own C/g channels, all C of them in all
     grouped = _node("Conv", [(2, 8, 8, 8), (8, 2, 3, 3)], (2, 8, 8, 8), pads=[1, 1, 1, 1], group=4)
-    assert node_pieces(grouped) == 2 * 8 * 9 * 64 + 2 * 8 * 18
+    assert node_pieces(grouped) == 2 * 8 * 9 * 64 + 2 * 8 * 9 * 8 * 16
+    # a pointwise Conv is multiplied as it is; one with a stride or padding is expanded
+    assert node_pieces(_node("Conv", [(16, 8, 32, 32), (4, 8, 1, 1)], (16, 4, 32, 32))) == 0
+    strided = _node("Conv", [(16, 8, 32, 32), (4, 8, 1, 1)], (16, 4, 16, 16), strides=[2, 2])
+    assert node_pieces(strided) == 16 * 8 * 256 + 16 * 8 * 16 * 16
+    # float16 fits 32 elements in a line
+    f16 = DType.from_numpy(np.float16)
+    half = Node("Conv", [Value("x", f16, (16, 8, 32, 32)), Value("w", f16, (16, 8, 3, 3))],
+                [Value("y", f16, (16, 16, 32, 32))], {"pads": helper.make_attribute("pads", [1, 1, 1, 1])})
+    assert node_pieces(half) == 16 * 72 * 1024 + 16 * 72 * 32 * 32
     # a ConvTranspose writes Cout x kernel rows by the input's positions, then folds them (col2im)
     up = _node("ConvTranspose", [(16, 16, 16, 16), (16, 8, 2, 2)], (16, 8, 32, 32), strides=[2, 2])
     assert node_pieces(up) == 16 * 8 * 4 * 256
     grad = _node("ConvTranspose", [(4, 8, 8, 8), (8, 4, 3, 3)], (4, 8, 8, 8), pads=[1, 1, 1, 1], group=2)
     assert node_pieces(grad) == 4 * 8 * 9 * 64
     # a weight's gradient is a Conv too: its batch is the forward's input channels
+    # (kernels of 32 x 32 over outputs of 3 x 3: 3 runs of 3 per row, whatever the output channels)
     wgrad = _node("Conv", [(8, 16, 32, 32), (4, 16, 32, 32)], (8, 4, 3, 3), pads=[1, 1, 1, 1])
-    assert node_pieces(wgrad) == 8 * 16 * 1024 * 9 + 8 * 4 * 16 * 1024
+    assert node_pieces(wgrad) == 8 * 16 * 1024 * 9 + 8 * 16 * 1024 * 3 * 16
+    assert node_pieces(_node("Conv", [(8, 16, 32, 32), (2, 16, 32, 32)], (8, 2, 3, 3), pads=[1, 1, 1, 1])) \
+        == node_pieces(wgrad)
     # an unknown shape: none
     assert node_pieces(_node("Conv", [(16, 8, 32, 32), (16, 8, 3, 3)], None)) == 0
 
