@@ -721,25 +721,34 @@ def measure_rank(comm, threads: int, budget: float = BUDGET, engine: tuple[str, 
 
 
 def _other_collectives(comm) -> list[dict]:
-    """Seconds of a reduce-scatter and an all-gather over the whole job, of tensors of
-    ALL_REDUCE_BYTES (the reduce-scatter's input, the all-gather's output), in bursts as the
-    all-reduces' (the mean over the calls after each burst's first), through the calls the
-    executor makes (`parc.exec.comm`: its copies included). Every rank gets the rows."""
+    """Seconds of a reduce-scatter, an all-gather and an all-to-all over the whole job, of tensors
+    of ALL_REDUCE_BYTES (the reduce-scatter's input, the all-gather's output, the all-to-all's
+    whole tensor: each rank holds its share), in bursts as the all-reduces' (the mean over the
+    calls after each burst's first), through the calls the executor makes (`parc.exec.comm`: its
+    copies included; an all-to-all split along one dim and concatenated along another, as a
+    resharding S(i) -> S(j) runs it). Every rank gets the rows."""
     k = comm.size
     rows = []
-    for kind in ("reduce_scatter", "all_gather"):
+    for kind in ("reduce_scatter", "all_gather", "all_to_all"):
         for nbytes in ALL_REDUCE_BYTES:
             x = np.ones(max(nbytes // 4 // k, 1) * k, np.float32)
             piece = x[: x.size // k]
+            mine = np.ones((k, max(nbytes // 4 // k // k, 1)), np.float32)  # this rank's share, k pieces
             times = []
             for _ in range(ARRIVALS // 3):
                 comm.barrier()
                 for i in range(BURST):
                     t0 = time.perf_counter()
-                    comm.reduce_scatter(x, 0) if kind == "reduce_scatter" else comm.all_gather(piece, 0)
+                    if kind == "reduce_scatter":
+                        comm.reduce_scatter(x, 0)
+                    elif kind == "all_gather":
+                        comm.all_gather(piece, 0)
+                    else:
+                        comm.all_to_all(mine, split_dim=0, concat_dim=1)
                     if i:
                         times.append(time.perf_counter() - t0)
-            rows.append({"kind": kind, "n": k, "bytes": x.nbytes, "s": statistics.fmean(times)})
+            whole = mine.nbytes * k if kind == "all_to_all" else x.nbytes
+            rows.append({"kind": kind, "n": k, "bytes": whole, "s": statistics.fmean(times)})
     return comm.comm.bcast(rows, root=k - 1)
 
 
@@ -1036,7 +1045,7 @@ def fit(rows: dict, k: int) -> dict:
         # after compute paid 1.76 ms on 4 ranks, against 0.74 ms from the 64 B rows)
         smallest = min(r["bytes"] for r in measured)
         out["handoff"] = max(0.0, statistics.fmean(r["first_s"] - r["s"] for r in measured if r["bytes"] == smallest))
-        if rows.get("collectives"):  # reduce-scatters and all-gathers at figures of their own
+        if rows.get("collectives"):  # reduce-scatters, all-gathers and all-to-alls at figures of their own
             out["kinds"] = {kind: fit_kind([r for r in rows["collectives"] if r["kind"] == kind], kind, out["call"])
                             for kind in sorted({r["kind"] for r in rows["collectives"]})}
     return out

@@ -56,17 +56,21 @@ def test_a_call_cost_is_told_from_alpha_by_two_group_sizes():
     assert prof.fit(rows, 4)["call"] == 0.0
 
 
-def test_reduce_scatters_and_all_gathers_get_figures_of_their_own(tmp_path):
-    """Bursts of reduce-scatters at 25 us + (n-1)/n B at 1.5 GB/s and all-gathers at 10 us +
-    2 GB/s, beside all-reduces at 5 us a step and 4 GB/s: each kind's alpha and beta come back,
-    the link's call cost taken off first; written under the link and read back onto it."""
+def test_reduce_scatters_all_gathers_and_all_to_alls_get_figures_of_their_own(tmp_path):
+    """Bursts of reduce-scatters at 25 us + (n-1)/n B at 1.5 GB/s, all-gathers at 10 us +
+    2 GB/s and all-to-alls at 20 us + (n-1)/n^2 B at 1 GB/s, beside all-reduces at 5 us a step
+    and 4 GB/s: each kind's alpha and beta come back, the link's call cost taken off first;
+    written under the link and read back onto it."""
     rows = _rows(5e-6, 4e9, 0.0, 2)
-    rows["collectives"] = [{"kind": kind, "n": 2, "bytes": b, "s": alpha + b / 2 / beta}
-                           for kind, alpha, beta in (("reduce_scatter", 25e-6, 1.5e9), ("all_gather", 10e-6, 2e9))
+    rows["collectives"] = [{"kind": kind, "n": 2, "bytes": b, "s": alpha + b * share / beta}
+                           for kind, alpha, beta, share in (("reduce_scatter", 25e-6, 1.5e9, 1 / 2),
+                                                            ("all_gather", 10e-6, 2e9, 1 / 2),
+                                                            ("all_to_all", 20e-6, 1e9, 1 / 4))
                            for b in prof.ALL_REDUCE_BYTES]
     f = prof.fit(rows, 2)
     assert f["kinds"]["reduce_scatter"] == pytest.approx((25e-6, 1.5e9), rel=1e-6)
     assert f["kinds"]["all_gather"] == pytest.approx((10e-6, 2e9), rel=1e-6)
+    assert f["kinds"]["all_to_all"] == pytest.approx((20e-6, 1e9), rel=1e-6)
     assert prof.fit_kind(rows["collectives"][:4], "reduce_scatter", 5e-6) == pytest.approx((20e-6, 1.5e9), rel=1e-6)
     # no latency at all: the bandwidth alone, alpha 0
     flat = [{"kind": "all_gather", "n": 2, "bytes": b, "s": b / 2 / 2e9} for b in prof.ALL_REDUCE_BYTES]
@@ -76,6 +80,7 @@ def test_reduce_scatters_and_all_gathers_get_figures_of_their_own(tmp_path):
     assert "in a burst reduce_scatter 2 ranks 64 B" in out.read_text()
     link = load_constants(out).apply(parse_devices("2xcpu")).nodes[0].intra_link
     assert link.figures("reduce_scatter") == pytest.approx((25e-6, 1.5e9), rel=1e-6)
+    assert link.figures("all_to_all") == pytest.approx((20e-6, 1e9), rel=1e-6)
     assert link.figures("all_reduce") == pytest.approx((5e-6, 4e9), rel=1e-6)
 
 
@@ -715,6 +720,9 @@ def test_profile_ends_with_reference_steps_that_set_the_step_ratio(tmp_path, mon
         *(["running the reference step t5-tiny, every parameter split, on 2 ranks ..."] if cores else []),
         "running the reference step t5-tiny on 1 rank ...", "running the reference step t5-tiny on 2 ranks ..."]
     calibration = load_constants(out)
+    # each kind the executor runs, measured in bursts through its calls, at every size
+    assert sorted((r["kind"], r["bytes"]) for r in measured[2]["collectives"]) == sorted(
+        (kind, b) for kind in ("reduce_scatter", "all_gather", "all_to_all") for b in prof.ALL_REDUCE_BYTES)
     for k in (1, 2):
         (row,) = measured[k]["steps"]
         assert row["model"] == "t5-tiny" and 0 < row["compute_s"] <= row["simulated_s"] and row["measured_s"] > 0
