@@ -481,10 +481,10 @@ def _conv_pieces(node: Node) -> float:
     class's piece cost (`DeviceSpec.piece_cost`), fitted with its rate
     (`parc.exec.profile.fit_conv_pieces`). On this project's host, one thread, unet-tiny's weight
     gradients (kernels of 32 x 32 over outputs of 3 x 3: runs of 3) took 3.1-3.5 ms whether 2, 4
-    or 8 output channels, a GEMM with few rows being bound by its expanded operand; over 115 of
-    its convolutions, elements + 16 per run fitted with one rate and one cost left a 17% RMS error,
-    against 37% for the elements alone and the weights read again per image. 0 where a shape is
-    unknown."""
+    or 8 output channels, a GEMM with few rows being bound by its expanded operand; over the
+    convolutions of its plans (207 shapes), elements + 16 per run fitted with one rate and one
+    cost left a 17% RMS error, against 37% for the elements and the weights read again per
+    image. 0 where a shape is unknown."""
     if len(node.inputs) < 2 or node.inputs[1] is None or not node.outputs or node.outputs[0] is None:
         return 0.0
     x, w, y = node.inputs[0], node.inputs[1], node.outputs[0]
