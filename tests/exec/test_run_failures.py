@@ -319,7 +319,10 @@ def test_injected_faults_are_named(plan_dir, action, needle):
     assert len(lines) == 1 and needle in lines[0], res.stderr
     assert "at step 3" in lines[0] or action == "raise", lines[0]
     assert _rank_pids(plan_dir) == {}
-    assert "step    2/6" in res.stdout and "step    3/6" not in res.stdout
+    # rank 0 reports step 1 before it joins step 2's collectives, which rank 1 needs to reach step 3;
+    # its report of step 2 races rank 1's death (rank 1 may finish step 2 first and die while rank
+    # 0 still runs step 2's last module: seen once under a loaded `make test`)
+    assert "step    1/6" in res.stdout and "step    3/6" not in res.stdout
 
 
 def test_a_bad_fault_switch_is_one_line(plan_dir):
