@@ -679,15 +679,44 @@ def test_the_step_ratio_is_what_makes_each_reference_step_take_its_measured_time
     assert calibration.apply(parse_devices("2xcpu")).devices[0].step_ratio == pytest.approx(1.3)
 
 
+def test_the_links_ratio_and_handoff_are_fitted_on_each_traced_collective(tmp_path):
+    """Traced collectives that took 1.8x their figures plus 60 us times the share of the handoff
+    they were charged (1 after compute, 0 after another collective, 0.5 on a half-crowded host):
+    both come back, from two runs; written under the link with the bursts' handoff kept in the
+    header, and read back onto a mesh of that rank count."""
+    figures = [10e-6, 40e-6, 200e-6, 1e-3, 15e-6, 80e-6]
+    shares = [1.0, 0.0, 1.0, 0.5, 0.0, 1.0]
+    points = [(f, 1.8 * f + 60e-6 * sh, sh) for f, sh in zip(figures, shares)]
+    rows = [{"model": "a", "collectives": 6, "figures_s": sum(figures), "handoff_s": 0.0, "measured_s": 0.0,
+             "points": points} for _ in range(2)]
+    assert prof.fit_link_ratio(rows) == (pytest.approx(1.8), pytest.approx(60e-6))
+    # faster after compute than after another collective: no handoff, the ratio alone
+    quick = [(f, 1.5 * f - 5e-6 * sh, sh) for f, sh in zip(figures, shares)]
+    ratio, handoff = prof.fit_link_ratio([{**rows[0], "points": quick}])
+    assert handoff == 0.0 and ratio == pytest.approx(sum(f * t for f, t, _ in quick) / sum(f * f for f in figures))
+    # a ratio beyond the range is held at it, the handoff fitted with it
+    slow = [(f, 10 * f + 60e-6 * sh, sh) for f, sh in zip(figures, shares)]
+    ratio, handoff = prof.fit_link_ratio([{**rows[0], "points": slow}])
+    assert ratio == prof.STEP_RATIO_RANGE[1] and handoff > 60e-6
+    fitted = {1: prof.fit(_rows(20e-6, 3e9, 0.0, 1), 1), 2: prof.fit(_rows(20e-6, 3e9, 35e-6, 2), 2)}
+    fitted[2].update(link_step_ratio=1.8, burst_handoff=fitted[2]["handoff"], handoff=60e-6)
+    measured = {1: _rows(20e-6, 3e9, 0.0, 1), 2: {**_rows(20e-6, 3e9, 35e-6, 2), "split": rows}}
+    out = tmp_path / "c.yaml"
+    prof.write_calibration(out, fitted, measured, "cpu", "shm")
+    assert "the link's step_ratio x1.8 and handoff 60 us (the bursts' first all-reduce: 35 us)" in out.read_text()
+    link = load_constants(out).apply(parse_devices("2xcpu")).nodes[0].intra_link
+    assert (link.step_ratio, link.handoff) == (pytest.approx(1.8), pytest.approx(60e-6))
+
+
 def test_the_links_step_ratio_is_what_makes_the_traced_collectives_take_their_time(tmp_path):
     """Collectives priced 2 ms, charged 1 ms of handoff on top, that took 5 ms and 6 ms from
     their last arrival in two traced runs: their figures x 2 and x 2.5, x 2.25 on the mean.
     Written on the link of that rank count, read back onto a mesh of it."""
     rows = [{"model": "a", "collectives": 3, "figures_s": 0.002, "handoff_s": 0.001, "measured_s": m}
             for m in (0.005, 0.006)]
-    assert prof.fit_link_ratio(rows) == pytest.approx(2.25)
-    assert prof.fit_link_ratio([]) == 1.0
-    assert prof.fit_link_ratio([{**rows[0], "measured_s": 1.0}]) == prof.STEP_RATIO_RANGE[1]
+    assert prof.fit_link_ratio(rows) == (pytest.approx(2.25), None)  # no points: the sums, the handoff kept
+    assert prof.fit_link_ratio([]) == (1.0, None)
+    assert prof.fit_link_ratio([{**rows[0], "measured_s": 1.0}])[0] == prof.STEP_RATIO_RANGE[1]
     fitted = {1: prof.fit(_rows(20e-6, 3e9, 0.0, 1), 1), 2: {**prof.fit(_rows(20e-6, 3e9, 0.0, 2), 2),
                                                            "link_step_ratio": 2.25}}
     measured = {1: _rows(20e-6, 3e9, 0.0, 1), 2: {**_rows(20e-6, 3e9, 0.0, 2), "split": rows}}
@@ -735,7 +764,9 @@ def test_profile_ends_with_reference_steps_that_set_the_step_ratio(tmp_path, mon
     split = measured[2]["split"]
     assert len(split) == prof.SPLIT_TRACES
     assert all(r["collectives"] > 0 and r["figures_s"] > 0 and r["measured_s"] > 0 for r in split)
-    assert link.step_ratio == pytest.approx(prof.fit_link_ratio(split))
+    ratio, handoff = prof.fit_link_ratio(split)
+    assert all(len(r["points"]) == r["collectives"] for r in split)
+    assert link.step_ratio == pytest.approx(ratio) and link.handoff == pytest.approx(handoff)
 
 
 def test_a_reference_step_that_fails_leaves_the_benchmarks_calibration_with_a_warning(tmp_path, monkeypatch):
@@ -751,6 +782,29 @@ def test_a_reference_step_that_fails_leaves_the_benchmarks_calibration_with_a_wa
                for line in said)
     assert "step_ratio" not in out.read_text()
     assert load_constants(out).apply(parse_devices("1xcpu")).devices[0].step_ratio == 1.0
+
+
+@needs_mpiexec
+def test_reference_steps_that_fail_after_the_split_one_leave_the_bursts_handoff(tmp_path, monkeypatch):
+    """The traced split reference fits the link's ratio and handoff; where the reference steps
+    after it fail, the calibration is written without ratios and with the bursts' handoff."""
+    from parc.exec.runner import RunError
+
+    points = [(f, 1.8 * f + 60e-6 * sh, sh) for f, sh in ((10e-6, 1.0), (40e-6, 0.0), (200e-6, 1.0))]
+    monkeypatch.setattr(prof, "reference_models", lambda *a, **k: ([], [("a", tmp_path / "a.onnx")]))
+    monkeypatch.setattr(prof, "link_ratios", lambda *a, **k: {2: [{"model": "a", "collectives": 3, "figures_s": 0.0,
+                                                                 "handoff_s": 0.0, "measured_s": 0.0,
+                                                                 "points": points}]})
+
+    def broken(*a, **k):
+        raise RunError("parc profile's reference step `parc run ref0.1 ...` failed: no")
+
+    monkeypatch.setattr(prof, "reference_steps", broken)
+    out, said = tmp_path / "c.yaml", []
+    measured = prof.profile(out, 2, budget=0.002, echo=said.append)
+    link = load_constants(out).apply(parse_devices("2xcpu")).nodes[0].intra_link
+    assert link.step_ratio == 1.0 and link.handoff == pytest.approx(prof.fit(measured[2], 2)["handoff"])
+    assert "fitted on them" not in out.read_text()
 
 
 @needs_mpiexec
