@@ -1269,27 +1269,28 @@ def fit_link_ratio(rows: Sequence[dict]) -> tuple[float, float | None]:
     """(the link's `step_ratio`, its handoff) for one rank count from its traced runs
     (`link_ratios`): each collective of each run took t = ratio x its figure + handoff x the share
     of the handoff the simulation charged it (1 after compute with every rank computing, 0 after
-    another collective), least squares over them, the ratio within `STEP_RATIO_RANGE` and the
-    handoff >= 0. The burst benchmarks time collectives back to back on one buffer, and their
-    handoff is a 64 B all-reduce's after one product; in a step a collective moves tensors the
-    modules just wrote, and the first after a module waits for the ranks' engines to let go. On
-    this project's 2-core VM, unet-tiny's 65 tensor-parallel collectives on 2 ranks fitted x1.84
-    and 61 us (one ratio: x2.68 with the 35 us of the bursts), and predicted moe-tiny's 30
-    gradient all-reduces, back to back after its step's compute, at 0.72 ms against 0.70 traced
-    (one ratio: 0.99 ms). Rows without points fit the ratio alone on their sums, the handoff
-    left as measured (None)."""
+    another collective). The two are fitted by least squares over the collectives, constrained to
+    give the runs' total (what a step's prediction adds up), the ratio within `STEP_RATIO_RANGE`
+    and the handoff >= 0. The burst benchmarks time collectives back to back on one buffer, and
+    their handoff is a 64 B all-reduce's after one product; in a step a collective moves tensors
+    the modules just wrote, and the first after a module waits for the ranks to let go of their
+    engines. On this project's 2-core VM, unet-tiny's 65 tensor-parallel collectives on 2 ranks
+    fitted x1.91 and 73 us (one ratio: x2.68 with the bursts' 35 us), which priced moe-tiny's 30
+    gradient all-reduces, back to back after its step's compute, at 0.76 ms against 0.70 traced
+    (one ratio: 0.99 ms). Rows without points fit the ratio alone on their sums, the handoff left
+    as measured (None)."""
     low, high = STEP_RATIO_RANGE
     points = [p for r in rows for p in r.get("points", ()) if p[0] > 0]
     if points:
-        a = np.array([[f, share] for f, _, share in points])
-        t = np.array([took for _, took, _ in points])
-        (ratio, handoff), *_ = np.linalg.lstsq(a, t, rcond=None)
-        if handoff < 0 or not a[:, 1].any():  # no excess after compute: the ratio alone
-            handoff, ratio = 0.0, float(a[:, 0] @ t / (a[:, 0] @ a[:, 0]))
-        if not low <= ratio <= high:  # held at the range, the handoff fitted with it
+        f, t, share = (np.array(column, float) for column in zip(*points))
+        total_f, total_s, total_t = f.sum(), share.sum(), t.sum()
+        # on the line ratio x total_f + handoff x total_s = total_t: the handoff that fits best
+        u, v = share - total_s * f / total_f, total_t / total_f * f - t
+        handoff = max(0.0, -float(v @ u) / float(u @ u)) if total_s > 0 and u @ u > 0 else 0.0
+        ratio = (total_t - handoff * total_s) / total_f
+        if not low <= ratio <= high:  # held at the range, the handoff taking the rest
             ratio = min(high, max(low, ratio))
-            rest = t - ratio * a[:, 0]
-            handoff = max(0.0, float(a[:, 1] @ rest / (a[:, 1] @ a[:, 1]))) if a[:, 1].any() else 0.0
+            handoff = max(0.0, (total_t - ratio * total_f) / total_s) if total_s > 0 else 0.0
         return float(ratio), float(handoff)
     ratios = [(r["measured_s"] - r["handoff_s"]) / r["figures_s"] for r in rows if r["figures_s"] > 0]
     if not ratios:

@@ -682,8 +682,9 @@ def test_the_step_ratio_is_what_makes_each_reference_step_take_its_measured_time
 def test_the_links_ratio_and_handoff_are_fitted_on_each_traced_collective(tmp_path):
     """Traced collectives that took 1.8x their figures plus 60 us times the share of the handoff
     they were charged (1 after compute, 0 after another collective, 0.5 on a half-crowded host):
-    both come back, from two runs; written under the link with the bursts' handoff kept in the
-    header, and read back onto a mesh of that rank count."""
+    both come back, from two runs; with noise, they still add up to the runs' total. Written
+    under the link with the bursts' handoff kept in the header, and read back onto a mesh of
+    that rank count."""
     figures = [10e-6, 40e-6, 200e-6, 1e-3, 15e-6, 80e-6]
     shares = [1.0, 0.0, 1.0, 0.5, 0.0, 1.0]
     points = [(f, 1.8 * f + 60e-6 * sh, sh) for f, sh in zip(figures, shares)]
@@ -693,7 +694,13 @@ def test_the_links_ratio_and_handoff_are_fitted_on_each_traced_collective(tmp_pa
     # faster after compute than after another collective: no handoff, the ratio alone
     quick = [(f, 1.5 * f - 5e-6 * sh, sh) for f, sh in zip(figures, shares)]
     ratio, handoff = prof.fit_link_ratio([{**rows[0], "points": quick}])
-    assert handoff == 0.0 and ratio == pytest.approx(sum(f * t for f, t, _ in quick) / sum(f * f for f in figures))
+    assert handoff == 0.0 and ratio == pytest.approx(sum(t for _, t, _ in quick) / sum(figures))
+    # noisy: whatever the split, the two give the runs' total
+    rng = np.random.default_rng(0)
+    noisy = [(f, t * rng.uniform(0.7, 1.3), sh) for f, t, sh in points]
+    ratio, handoff = prof.fit_link_ratio([{**rows[0], "points": noisy}])
+    assert ratio * sum(figures) + handoff * sum(shares) == pytest.approx(sum(t for _, t, _ in noisy))
+    assert 1.0 < ratio < 3.0 and handoff > 0
     # a ratio beyond the range is held at it, the handoff fitted with it
     slow = [(f, 10 * f + 60e-6 * sh, sh) for f, sh in zip(figures, shares)]
     ratio, handoff = prof.fit_link_ratio([{**rows[0], "points": slow}])
