@@ -31,7 +31,10 @@ memory than its L2: `POOL_BYTES`); the mean is kept:
   one after compute then a burst: the burst fits `call + 2(n-1) alpha + 2(n-1)/n B / beta`
   (`fit_collectives`: least squares on the relative error; the call cost needs two group
   sizes), the first's excess at the smallest size (64 B, where no bandwidth term is mixed in) is
-  the link's handoff.
+  the link's handoff; then reduce-scatters, all-gathers and all-to-alls in bursts, each kind's
+  own alpha and beta (`fit_kind`);
+- on CPUs, for each count of ranks with a core each, a traced tensor-parallel reference step
+  (`link_ratios`): the link's `step_ratio` and its handoff in a step's terms (`fit_link_ratio`).
 
 On CPUs the profile ends with reference training steps (`reference_steps`: the `--model` files,
 else a convolutional net and an encoder-decoder from the zoo, planned on k ranks with the figures
