@@ -318,9 +318,10 @@ def test_onnxruntime_removes_every_node_priced_as_removed():
 
 
 def test_reads_of_values_the_caches_no_longer_hold_cost_the_cold_rate():
-    """With a cold bandwidth, a module pays for its inputs (touched by an earlier task) and for a
-    value read back after more than the cache share of traffic, beyond the elementwise stream's
-    rate; not for a value read right after it was written. Without one, nothing more."""
+    """With a cold bandwidth, a module pays for its inputs (touched by an earlier task), for a
+    value read back after more than the cache share of traffic and for writing its outputs,
+    beyond the elementwise stream's rate; not for a value read right after it was written.
+    Without one, nothing more."""
     from parc.ir.dtypes import DType
     from parc.ir.graph import Node, Value
     from parc.passes.timing import far_bytes
@@ -336,6 +337,9 @@ def test_reads_of_values_the_caches_no_longer_hold_cost_the_cold_rate():
     assert far_bytes(nodes, share=100 * mib) == (1 + 64 + 1 + 1) * mib  # x, big, z first read; a after 129 MiB
     assert far_bytes(nodes, share=200 * mib) == (1 + 64 + 1) * mib  # a still held
     assert far_bytes(nodes, share=200 * mib, gone={1}) == (1 + 1) * mib  # the big node does not run
+    # the module's outputs are written into memory the caches do not hold (a step keeps them)
+    assert far_bytes(nodes, share=200 * mib, outputs={"out", "y"}) == (1 + 64 + 1 + 1 + 64) * mib
+    assert far_bytes(nodes, share=200 * mib, gone={1}, outputs={"out", "y"}) == (1 + 1 + 1) * mib
     unknown = Value("u", x.dtype, (None, 4))  # a dim the lowering does not know: no traffic
     assert far_bytes([Node("Add", [unknown, x], [v("w", 1)])], share=100 * mib) == mib
 
@@ -344,6 +348,7 @@ def test_reads_of_values_the_caches_no_longer_hold_cost_the_cold_rate():
     plain = module_seconds(model, cpu, info)
     cold = replace(cpu, cold_bandwidth=cpu.memory_bandwidth / 4, cache_share=1e12)
     assert cold.cold_cost() == pytest.approx(3 / cpu.memory_bandwidth)
-    # the module's inputs x, w, b, z are read from afar (4 tensors); nothing is read back far
-    assert module_seconds(model, cold, info) == pytest.approx(plain + 4 * 4 * N * cold.cold_cost())
+    # the module's inputs x, w, b, z are read from afar and its outputs t, zz written there (6
+    # tensors); nothing is read back far
+    assert module_seconds(model, cold, info) == pytest.approx(plain + 6 * 4 * N * cold.cold_cost())
     assert replace(cpu, cold_bandwidth=0.0).cold_cost() == 0.0
