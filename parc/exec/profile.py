@@ -1158,8 +1158,8 @@ def profile(output: Path, max_ranks: int | None, budget: float = BUDGET, device:
                     links = {}
                 for k, rows in links.items():
                     fitted[k]["link_step_ratio"], handoff = fit_link_ratio(rows)
-                    if handoff is not None:  # in a step's terms, as the ratio is
-                        fitted[k]["burst_handoff"], fitted[k]["handoff"] = fitted[k]["handoff"], handoff
+                    if handoff is not None:  # in a step's terms, as the ratio is (the bursts' stays in "handoff")
+                        fitted[k]["link_handoff"] = handoff
                     measured[k]["split"] = rows
                 if links:  # the compute's ratio is fitted with the collectives' in place
                     write_calibration(output, fitted, measured, device, link, _engine_text(kind), *text)
@@ -1167,8 +1167,7 @@ def profile(output: Path, max_ranks: int | None, budget: float = BUDGET, device:
         except RunError as e:  # the benchmarks' figures are written and stand without the ratios
             for k in fitted:
                 fitted[k].pop("link_step_ratio", None)
-                if "burst_handoff" in fitted[k]:
-                    fitted[k]["handoff"] = fitted[k].pop("burst_handoff")
+                fitted[k].pop("link_handoff", None)
                 measured[k].pop("split", None)
             write_calibration(output, fitted, measured, device, link, _engine_text(kind), *text)
             echo(f"warning: {e}; {output} is written without step_ratio (node times as the benchmarks price them)")
@@ -1280,25 +1279,21 @@ def fit_link_ratio(rows: Sequence[dict]) -> tuple[float, float | None]:
     engines. On this project's 2-core VM, unet-tiny's 65 tensor-parallel collectives on 2 ranks
     fitted x1.91 and 73 us (one ratio: x2.68 with the bursts' 35 us), which priced moe-tiny's 30
     gradient all-reduces, back to back after its step's compute, at 0.76 ms against 0.70 traced
-    (one ratio: 0.99 ms). Rows without points fit the ratio alone on their sums, the handoff left
-    as measured (None)."""
-    low, high = STEP_RATIO_RANGE
-    points = [p for r in rows for p in r.get("points", ()) if p[0] > 0]
-    if points:
-        f, t, share = (np.array(column, float) for column in zip(*points))
-        total_f, total_s, total_t = f.sum(), share.sum(), t.sum()
-        # on the line ratio x total_f + handoff x total_s = total_t: the handoff that fits best
-        u, v = share - total_s * f / total_f, total_t / total_f * f - t
-        handoff = max(0.0, -float(v @ u) / float(u @ u)) if total_s > 0 and u @ u > 0 else 0.0
-        ratio = (total_t - handoff * total_s) / total_f
-        if not low <= ratio <= high:  # held at the range, the handoff taking the rest
-            ratio = min(high, max(low, ratio))
-            handoff = max(0.0, (total_t - ratio * total_f) / total_s) if total_s > 0 else 0.0
-        return float(ratio), float(handoff)
-    ratios = [(r["measured_s"] - r["handoff_s"]) / r["figures_s"] for r in rows if r["figures_s"] > 0]
-    if not ratios:
+    (one ratio: 0.99 ms). No collective with a figure: (1, None), the bursts' handoff kept."""
+    points = [p for r in rows for p in r["points"] if p[0] > 0]
+    if not points:
         return 1.0, None
-    return min(high, max(low, statistics.fmean(ratios))), None
+    low, high = STEP_RATIO_RANGE
+    f, t, share = (np.array(column, float) for column in zip(*points))
+    total_f, total_s, total_t = f.sum(), share.sum(), t.sum()
+    # on the line ratio x total_f + handoff x total_s = total_t: the handoff that fits best
+    u, v = share - total_s * f / total_f, total_t / total_f * f - t
+    handoff = max(0.0, -float(v @ u) / float(u @ u)) if total_s > 0 and u @ u > 0 else 0.0
+    ratio = (total_t - handoff * total_s) / total_f
+    if not low <= ratio <= high:  # held at the range, the handoff taking the rest
+        ratio = min(high, max(low, ratio))
+        handoff = max(0.0, (total_t - ratio * total_f) / total_s) if total_s > 0 else 0.0
+    return float(ratio), float(handoff)
 
 
 def reference_steps(calibration: Path, counts: Sequence[int], device: str, engine: str, tmp: Path,
@@ -1389,7 +1384,8 @@ def _device_yaml(f: dict) -> dict:
 
 
 def _link_yaml(f: dict) -> dict:
-    return {"latency_us": f["latency"] * 1e6, "bandwidth_gbs": f["bandwidth"] / 1e9, "handoff_us": f["handoff"] * 1e6,
+    return {"latency_us": f["latency"] * 1e6, "bandwidth_gbs": f["bandwidth"] / 1e9,
+            "handoff_us": f.get("link_handoff", f["handoff"]) * 1e6,  # a traced step's, else the bursts'
             "call_us": f.get("call", 0.0) * 1e6,
             **{kind: {"latency_us": lat * 1e6, "bandwidth_gbs": bw / 1e9} for kind, (lat, bw) in f.get("kinds", {}).items()},
             **({"step_ratio": f["link_step_ratio"]} if "link_step_ratio" in f else {})}
@@ -1468,10 +1464,10 @@ def write_calibration(output: Path, fitted: dict[int, dict], measured: dict[int,
                             f"{r['model']} {r['collectives']} collectives {r['measured_s']:.3g} / {r['handoff_s']:.3g} / "
                             f"{r['figures_s']:.3g}" for r in rows["split"]))
             f = fitted.get(k, {})
-            if "burst_handoff" in f:
+            if "link_handoff" in f:
                 head.append(f"#    fitted on them (`fit_link_ratio`): the link's step_ratio x{f.get('link_step_ratio', 1.0):.3g} "
-                            f"and handoff {f['handoff'] * 1e6:.3g} us (the bursts' first all-reduce: "
-                            f"{f['burst_handoff'] * 1e6:.3g} us)")
+                            f"and handoff {f['link_handoff'] * 1e6:.3g} us (the bursts' first all-reduce: "
+                            f"{f['handoff'] * 1e6:.3g} us)")
         if rows.get("steps"):
             head.append("#    reference steps (simulated / its busiest rank's compute / measured median): " + ", ".join(
                 f"{r['model']} {r['simulated_s']:.3g} / {r['compute_s']:.3g} / {r['measured_s']:.3g}" for r in rows["steps"]))

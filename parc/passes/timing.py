@@ -160,7 +160,6 @@ def far_bytes(nodes: Sequence, share: float, gone: Collection[int] = (), outputs
     evicted as well; in its step, 4.0 ms."""
     last: dict[str, float] = {}
     traffic = far = 0.0
-    written: set[str] = set()
     for i, node in enumerate(nodes):
         runs = i not in gone
         for v in node.inputs:
@@ -177,9 +176,8 @@ def far_bytes(nodes: Sequence, share: float, gone: Collection[int] = (), outputs
             if nbytes is not None:
                 traffic += nbytes if runs else 0.0
                 last[v.name] = traffic
-                if runs and v.name in outputs and v.name not in written:
+                if runs and v.name in outputs:  # one node makes each value
                     far += nbytes
-                    written.add(v.name)
     return far
 
 

@@ -706,7 +706,7 @@ def test_the_links_ratio_and_handoff_are_fitted_on_each_traced_collective(tmp_pa
     ratio, handoff = prof.fit_link_ratio([{**rows[0], "points": slow}])
     assert ratio == prof.STEP_RATIO_RANGE[1] and handoff > 60e-6
     fitted = {1: prof.fit(_rows(20e-6, 3e9, 0.0, 1), 1), 2: prof.fit(_rows(20e-6, 3e9, 35e-6, 2), 2)}
-    fitted[2].update(link_step_ratio=1.8, burst_handoff=fitted[2]["handoff"], handoff=60e-6)
+    fitted[2].update(link_step_ratio=1.8, link_handoff=60e-6)
     measured = {1: _rows(20e-6, 3e9, 0.0, 1), 2: {**_rows(20e-6, 3e9, 35e-6, 2), "split": rows}}
     out = tmp_path / "c.yaml"
     prof.write_calibration(out, fitted, measured, "cpu", "shm")
@@ -716,20 +716,21 @@ def test_the_links_ratio_and_handoff_are_fitted_on_each_traced_collective(tmp_pa
 
 
 def test_the_links_step_ratio_is_what_makes_the_traced_collectives_take_their_time(tmp_path):
-    """Collectives priced 2 ms, charged 1 ms of handoff on top, that took 5 ms and 6 ms from
-    their last arrival in two traced runs: their figures x 2 and x 2.5, x 2.25 on the mean.
-    Written on the link of that rank count, read back onto a mesh of it."""
-    rows = [{"model": "a", "collectives": 3, "figures_s": 0.002, "handoff_s": 0.001, "measured_s": m}
-            for m in (0.005, 0.006)]
-    assert prof.fit_link_ratio(rows) == (pytest.approx(2.25), None)  # no points: the sums, the handoff kept
+    """Collectives whose traced times make the fit x2.25 with no handoff (none was charged):
+    written on the link of that rank count, read back onto a mesh of it; a count without a ratio
+    of its own keeps 1. No collective with a figure: ratio 1, the bursts' handoff kept."""
+    points = [(0.001, 0.00225, 0.0), (0.002, 0.0045, 0.0)]
+    rows = [{"model": "a", "collectives": 2, "figures_s": 0.003, "handoff_s": 0.0, "measured_s": 0.00675,
+             "points": points}]
+    assert prof.fit_link_ratio(rows) == (pytest.approx(2.25), 0.0)
     assert prof.fit_link_ratio([]) == (1.0, None)
-    assert prof.fit_link_ratio([{**rows[0], "measured_s": 1.0}])[0] == prof.STEP_RATIO_RANGE[1]
+    assert prof.fit_link_ratio([{**rows[0], "points": [(0.0, 0.001, 1.0)]}]) == (1.0, None)
     fitted = {1: prof.fit(_rows(20e-6, 3e9, 0.0, 1), 1), 2: {**prof.fit(_rows(20e-6, 3e9, 0.0, 2), 2),
                                                            "link_step_ratio": 2.25}}
     measured = {1: _rows(20e-6, 3e9, 0.0, 1), 2: {**_rows(20e-6, 3e9, 0.0, 2), "split": rows}}
     out = tmp_path / "c.yaml"
     prof.write_calibration(out, fitted, measured, "cpu", "shm")
-    assert "a 3 collectives 0.005 / 0.001 / 0.002" in out.read_text()
+    assert "a 2 collectives 0.00675 / 0 / 0.003" in out.read_text()
     link = load_constants(out).apply(parse_devices("2xcpu")).nodes[0].intra_link
     assert link.step_ratio == pytest.approx(2.25)
     # a count of ranks without a ratio of its own (4 sharing 2 cores) keeps 1, not 2's
