@@ -185,6 +185,19 @@ class MpiComm:
         self._wait(self.comm.Ialltoall(send, out), f"all_to_all of {x.shape}")
         return np.concatenate(list(out), axis=concat_dim)
 
+    def exchange(self, pieces: list[np.ndarray], sizes: list[int]) -> list[np.ndarray]:
+        """Send the 1-D `pieces[q]` to rank q; per rank p, the 1-D piece of `sizes[p]` elements p
+        sent here (an all_to_all of pieces of any sizes: `parc.sharding.layout.exchange`)."""
+        dtype = pieces[0].dtype
+        if _bf16(pieces[0]):
+            return [p.view(dtype) for p in self.exchange([_bits(p) for p in pieces], sizes)]
+        counts = [int(p.size) for p in pieces]
+        send = np.concatenate(pieces) if pieces else np.empty(0, dtype)
+        recv = np.empty(int(sum(sizes)), dtype=dtype)
+        self._wait(self.comm.Ialltoallv([send, (counts, _displs(counts))], [recv, (list(sizes), _displs(sizes))]),
+                   f"all_to_all of pieces of {sum(counts)} elements")
+        return np.split(recv, np.cumsum(sizes)[:-1])
+
     def gather_parts(self, x: np.ndarray) -> list[np.ndarray]:
         """Every rank's x, in rank order; shapes may differ in any dim (uneven or strided
         layouts, which the generic resharding step then rearranges)."""
@@ -246,6 +259,10 @@ class MpiComm:
 
 def _bf16(x) -> bool:
     return getattr(x, "dtype", None) is not None and x.dtype.name == "bfloat16"
+
+
+def _displs(counts) -> list[int]:
+    return [0, *np.cumsum(counts)[:-1].tolist()] if len(counts) else []
 
 
 def _bits(x: np.ndarray) -> np.ndarray:

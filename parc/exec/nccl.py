@@ -186,6 +186,21 @@ class NcclComm:
         self._wait(f"all_to_all of {x.shape}")
         return self.cp.concatenate(list(out), axis=concat_dim)
 
+    def exchange(self, pieces: list, sizes: list[int]) -> list:
+        """Send the 1-D `pieces[q]` to rank q; per rank p, the `sizes[p]` elements p sent here."""
+        send = [self._ready(p) for p in pieces]
+        out = [self.cp.empty(int(n), dtype=pieces[0].dtype) for n in sizes]
+        dtype = self._type(pieces[0])
+        self.nccl.groupStart()
+        for q in range(self.size):
+            if send[q].size:
+                self.comm.send(send[q].data.ptr, send[q].size, dtype, q, self.stream.ptr)
+            if sizes[q]:
+                self.comm.recv(out[q].data.ptr, int(sizes[q]), dtype, q, self.stream.ptr)
+        self.nccl.groupEnd()
+        self._wait(f"all_to_all of pieces of {sum(int(p.size) for p in send)} elements")
+        return out
+
     def gather_parts(self, x) -> list:
         """Every rank's x in rank order, any shapes: shapes over MPI, padded data over NCCL."""
         shapes = self.mpi.comm.allgather(tuple(x.shape))

@@ -85,6 +85,10 @@ class ThreadComm:
         parts = self._exchange(np.asarray(x), "all_to_all")
         return np.concatenate([np.split(p, self.size, axis=split_dim)[self.rank] for p in parts], axis=concat_dim)
 
+    def exchange(self, pieces: list[np.ndarray], sizes: list[int]) -> list[np.ndarray]:
+        parts = self._exchange([np.array(p, copy=True) for p in pieces], "all_to_all of pieces")
+        return [parts[p][self.rank] for p in range(self.size)]
+
     def gather_parts(self, x: np.ndarray) -> list[np.ndarray]:
         return self._exchange(np.asarray(x), "gather_parts")
 

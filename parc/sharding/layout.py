@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -32,6 +33,45 @@ def positions(extent: int, ax: Split, n: int, c: int) -> np.ndarray:
     if s * n == extent:
         return np.arange(c * s, (c + 1) * s)
     return np.arange(extent).reshape(-1, n, s)[:, c, :].ravel()
+
+
+@dataclass(frozen=True)
+class Exchange:
+    """An all_to_all between two splits as device `c` of the axis runs it on its own piece: the
+    positions of its piece it sends each peer, and where what each peer sends lands."""
+
+    send_dim: int  # the dim `send` indexes in the piece held
+    send: tuple[np.ndarray, ...]  # per peer q: local positions along send_dim of what q gets
+    recv_dim: int  # the dim `recv` indexes in the piece made
+    recv: tuple[np.ndarray, ...]  # per peer p: positions along recv_dim that p's part fills
+    parts: tuple[tuple[int, ...], ...]  # per peer p: the shape of the part p sends
+    shape: tuple[int, ...]  # the piece made
+
+
+def exchange(src: Split, dst: Split, n: int, shape: Sequence[int], c: int) -> Exchange:
+    """Device `c`'s side of an all_to_all from `src` to `dst` among `n` devices, its piece of
+    `shape` (strided and uneven splits included; `simulator._all_to_all` is the same step on
+    every device at once). Each device sends each peer only the positions the peer needs."""
+    i, j = src.dim, dst.dim
+    shape = tuple(int(e) for e in shape)
+    level_i = sum(src.sizes) if src.sizes is not None else shape[i] * n
+    held = [positions(level_i, src, n, p) for p in range(n)]
+
+    if i == j:
+        need = [positions(level_i, dst, n, q) for q in range(n)]
+        common = [np.intersect1d(held[p], need[c], assume_unique=True) for p in range(n)]
+        send = tuple(np.searchsorted(held[c], np.intersect1d(held[c], need[q], assume_unique=True))
+                     for q in range(n))
+        recv = tuple(np.searchsorted(need[c], m) for m in common)
+        parts = tuple(_resized(shape, {i: len(m)}) for m in common)
+        return Exchange(i, send, i, recv, parts, _resized(shape, {i: len(need[c])}))
+    need = [positions(shape[j], dst, n, q) for q in range(n)]  # the piece holds dim j whole
+    parts = tuple(_resized(shape, {i: len(h), j: len(need[c])}) for h in held)
+    return Exchange(j, tuple(need), i, tuple(held), parts, _resized(shape, {i: level_i, j: len(need[c])}))
+
+
+def _resized(shape: tuple[int, ...], extents: Mapping[int, int]) -> tuple[int, ...]:
+    return tuple(extents.get(d, e) for d, e in enumerate(shape))
 
 
 def devices(mesh_shape: Sequence[int]) -> list[Coords]:

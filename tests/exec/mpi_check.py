@@ -35,6 +35,16 @@ def check(comm: MpiComm) -> None:
     np.testing.assert_array_equal(comm.reduce_scatter(data(r), dim=0), np.split(sum(every), n, axis=0)[r])
     got = comm.all_to_all(data(r), split_dim=0, concat_dim=1)
     np.testing.assert_array_equal(got, np.concatenate([np.split(every[q], n, axis=0)[r] for q in range(n)], axis=1))
+    # pieces of any sizes (an all_to_all between strided or uneven splits): rank r sends q r+q+1
+    # elements of value 10 r + q, bfloat16 too
+    import ml_dtypes
+
+    for dtype in (np.float32, ml_dtypes.bfloat16):
+        pieces = [np.full(r + q + 1, 10 * r + q, dtype=dtype) for q in range(n)]
+        got = comm.exchange(pieces, [p + r + 1 for p in range(n)])
+        for p, part in enumerate(got):
+            np.testing.assert_array_equal(part, np.full(p + r + 1, 10 * p + r, dtype=dtype))
+            assert part.dtype == np.dtype(dtype)
     np.testing.assert_array_equal(comm.broadcast(data(r), root=1), every[1])
     if r == 0:
         comm.send(data(0), peer=1, tag=7)

@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from shard_strategies import array, meshes, resolve_partials, shapes, specs
 
@@ -22,6 +22,10 @@ from parc.sharding import (
     shard_index,
     split,
 )
+from parc.sharding.layout import exchange, positions
+from parc.sharding.reshard import Collective
+from parc.sharding.simulator import run_step
+from parc.sharding.spec import Split
 
 props = settings(max_examples=80, deadline=None)
 
@@ -114,3 +118,48 @@ def test_shard_index_is_what_split_gives(data):
     copies = math.prod(n for ax, n in zip(full_spec, mesh) if isinstance(ax, Replicated | Partial))
     assert (holders == copies).all()
     assert full_spec == ShardSpec(tuple(R if isinstance(a, Partial) else a for a in spec))
+
+
+def _split_of(draw, extent: int, n: int, dim: int) -> Split | None:
+    """An even, strided or uneven split of `extent` over n devices (None when none fits)."""
+    kinds = []
+    if extent % n == 0:
+        kinds.append(Split(dim))
+        kinds += [Split(dim, s) for s in range(1, extent // n) if extent % (s * n) == 0]
+    if extent >= n:
+        kinds.append("uneven")
+    if not kinds:
+        return None
+    kind = draw(st.sampled_from(kinds))
+    if kind != "uneven":
+        return kind
+    cuts = sorted(draw(st.lists(st.integers(0, extent), min_size=n - 1, max_size=n - 1)))
+    return Split(dim, sizes=tuple(b - a for a, b in zip([0, *cuts], [*cuts, extent])))
+
+
+@props
+@given(st.data())
+def test_each_devices_exchange_is_the_all_to_all(data):
+    """`exchange` on each device's own piece, every device's pieces delivered, gives what the
+    simulator's all_to_all gives (strided and uneven splits, one dim or two)."""
+    n = data.draw(st.integers(2, 4), label="n")
+    shape = tuple(data.draw(st.lists(st.integers(1, 12), min_size=1, max_size=3), label="shape"))
+    i = data.draw(st.integers(0, len(shape) - 1), label="i")
+    j = data.draw(st.integers(0, len(shape) - 1), label="j")
+    src, dst = _split_of(data.draw, shape[i], n, i), _split_of(data.draw, shape[j], n, j)
+    assume(src is not None and dst is not None)
+    whole = np.arange(math.prod(shape), dtype=np.float32).reshape(shape)
+    parts = [np.take(whole, positions(shape[i], src, n, c), axis=i) for c in range(n)]
+    step = Collective("all_to_all", 0, 0.0, n, ShardSpec((src,)), ShardSpec((dst,)))
+    want = run_step(step, parts)
+    plans = [exchange(src, dst, n, parts[c].shape, c) for c in range(n)]
+    sent = [[np.take(parts[c], plans[c].send[q], axis=plans[c].send_dim) for q in range(n)] for c in range(n)]
+    for q in range(n):
+        ex = plans[q]
+        got = np.full(ex.shape, np.nan, dtype=np.float32)
+        for p in range(n):
+            assert sent[p][q].shape == ex.parts[p]
+            index = [slice(None)] * len(shape)
+            index[ex.recv_dim] = ex.recv[p]
+            got[tuple(index)] = sent[p][q]
+        np.testing.assert_array_equal(got, want[q])
