@@ -25,6 +25,8 @@ def test_nccl_collectives_on_one_rank():
         np.testing.assert_array_equal(cupy.asnumpy(got), cupy.asnumpy(x))
     parts = comm.gather_parts(x[:3])
     assert len(parts) == 1 and parts[0].shape == (3, 6)
+    (piece,) = comm.exchange([x[1:3].reshape(-1)], [12])  # pieces of any size: to itself
+    np.testing.assert_array_equal(cupy.asnumpy(piece), cupy.asnumpy(x[1:3]).reshape(-1))
     assert comm.for_axis((1,), 0) is comm.for_axis((1,), 0)
 
 
