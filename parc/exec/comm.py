@@ -192,7 +192,7 @@ class MpiComm:
         if _bf16(pieces[0]):
             return [p.view(dtype) for p in self.exchange([_bits(p) for p in pieces], sizes)]
         counts = [int(p.size) for p in pieces]
-        send = np.concatenate(pieces) if pieces else np.empty(0, dtype)
+        send = np.concatenate(pieces)
         recv = np.empty(int(sum(sizes)), dtype=dtype)
         self._wait(self.comm.Ialltoallv([send, (counts, _displs(counts))], [recv, (list(sizes), _displs(sizes))]),
                    f"all_to_all of pieces of {sum(counts)} elements")
@@ -262,7 +262,7 @@ def _bf16(x) -> bool:
 
 
 def _displs(counts) -> list[int]:
-    return [0, *np.cumsum(counts)[:-1].tolist()] if len(counts) else []
+    return [0, *np.cumsum(counts)[:-1].tolist()]
 
 
 def _bits(x: np.ndarray) -> np.ndarray:

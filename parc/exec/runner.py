@@ -395,7 +395,7 @@ class Rank:
         self._shards: dict[tuple, tuple] = {}  # the shard indexes transfers cut (`_shard`)
         self._fault = _test_fault()
         self.steps = {t["id"]: Collective.from_json(t["step"]) for t in self.order if t["kind"] == "collective"}
-        self._exchanges: dict = {}  # (step, piece shape, rank in group) -> its cached `layout.exchange` and runs
+        self._exchanges: dict = {}  # (step, piece shape, rank in group) -> `layout.exchange`, runs, sizes
         self._pieces: dict[tuple[str, int | None], tuple[np.ndarray, ...]] = {}  # data slices, made once
         # called with each task's summary as it starts (None when the step ends): `parc run`
         # records it in the rank's state file (`parc.exec.watch`), for failure messages
@@ -657,11 +657,12 @@ class Rank:
         key = (step, tuple(x.shape), comm.rank)
         if key not in self._exchanges:
             ex = exchange(step.src, step.dst, step.n, tuple(x.shape), comm.rank)
-            self._exchanges[key] = (ex, [_runs(at) for at in ex.send], [_runs(at) for at in ex.recv])
-        ex, sends, recvs = self._exchanges[key]
+            self._exchanges[key] = (ex, [_runs(at) for at in ex.send], [_runs(at) for at in ex.recv],
+                                    [int(np.prod(s, dtype=np.int64)) for s in ex.parts])
+        ex, sends, recvs, sizes = self._exchanges[key]
         xp = self.xp
         pieces = [_cut(x, ex.send_dim, runs, xp).reshape(-1) for runs in sends]
-        got = comm.exchange(pieces, [int(np.prod(s, dtype=np.int64)) for s in ex.parts])
+        got = comm.exchange(pieces, sizes)
         out = xp.empty(ex.shape, dtype=x.dtype)
         for runs, shape, part in zip(recvs, ex.parts, got):
             part, at = part.reshape(shape), 0

@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
-from parc.sharding.layout import Coords, devices, place, positions, reduce_parts
+from parc.sharding.layout import Coords, devices, exchange, place, positions, reduce_parts
 from parc.sharding.reshard import Collective
 from parc.sharding.spec import Partial, ShardSpecError, Split
 
@@ -54,28 +54,17 @@ def _reduce_scatter(step: Collective, parts: list[np.ndarray]) -> list[np.ndarra
 
 
 def _all_to_all(step: Collective, parts: list[np.ndarray]) -> list[np.ndarray]:
-    """Device c builds its piece under dst from the overlap of its needs with each peer's piece."""
+    """Every device's side of the step (`layout.exchange`), each part delivered to its peer."""
     src: Split = step.src  # type: ignore[assignment]
     dst: Split = step.dst  # type: ignore[assignment]
-    n, i, j = step.n, src.dim, dst.dim
-    level = list(parts[0].shape)
-    level[i] = sum(p.shape[i] for p in parts)
+    sides = [exchange(src, dst, step.n, p.shape, c) for c, p in enumerate(parts)]
     out = []
-    for c in range(n):
-        need = positions(level[j], dst, n, c)
-        shape = list(level)
-        shape[j] = len(need)
-        mine = np.empty(shape, dtype=parts[0].dtype)
-        for peer, p in enumerate(parts):
-            held = positions(level[i], src, n, peer)
-            src_at = [np.arange(e) for e in p.shape]
-            dst_at = [np.arange(e) for e in shape]
-            for dim in {i, j}:  # the dims the step touches; level positions, then local ones
-                h = held if dim == i else np.arange(level[dim])
-                m = need if dim == j else np.arange(level[dim])
-                common = np.intersect1d(h, m, assume_unique=True)
-                src_at[dim], dst_at[dim] = np.searchsorted(h, common), np.searchsorted(m, common)
-            mine[np.ix_(*dst_at)] = p[np.ix_(*src_at)]
+    for ex in sides:
+        mine = np.empty(ex.shape, dtype=parts[0].dtype)
+        for p, (part, side) in enumerate(zip(parts, sides)):
+            index = [slice(None)] * mine.ndim
+            index[ex.recv_dim] = ex.recv[p]
+            mine[tuple(index)] = np.take(part, side.send[len(out)], axis=side.send_dim)
         out.append(mine)
     return out
 

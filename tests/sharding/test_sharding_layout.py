@@ -22,7 +22,7 @@ from parc.sharding import (
     shard_index,
     split,
 )
-from parc.sharding.layout import exchange, positions
+from parc.sharding.layout import exchange
 from parc.sharding.reshard import Collective
 from parc.sharding.simulator import run_step
 from parc.sharding.spec import Split
@@ -139,9 +139,10 @@ def _split_of(draw, extent: int, n: int, dim: int) -> Split | None:
 
 @props
 @given(st.data())
-def test_each_devices_exchange_is_the_all_to_all(data):
-    """`exchange` on each device's own piece, every device's pieces delivered, gives what the
-    simulator's all_to_all gives (strided and uneven splits, one dim or two)."""
+def test_each_devices_exchange_gives_its_piece_under_the_destination(data):
+    """`exchange` on each device's own piece, every device's parts delivered, gives each device
+    its piece of the whole under the destination split (strided and uneven splits, one dim or
+    two); the simulator's all_to_all, which runs every device's side, gives the same."""
     n = data.draw(st.integers(2, 4), label="n")
     shape = tuple(data.draw(st.lists(st.integers(1, 12), min_size=1, max_size=3), label="shape"))
     i = data.draw(st.integers(0, len(shape) - 1), label="i")
@@ -149,17 +150,18 @@ def test_each_devices_exchange_is_the_all_to_all(data):
     src, dst = _split_of(data.draw, shape[i], n, i), _split_of(data.draw, shape[j], n, j)
     assume(src is not None and dst is not None)
     whole = np.arange(math.prod(shape), dtype=np.float32).reshape(shape)
-    parts = [np.take(whole, positions(shape[i], src, n, c), axis=i) for c in range(n)]
-    step = Collective("all_to_all", 0, 0.0, n, ShardSpec((src,)), ShardSpec((dst,)))
-    want = run_step(step, parts)
-    plans = [exchange(src, dst, n, parts[c].shape, c) for c in range(n)]
-    sent = [[np.take(parts[c], plans[c].send[q], axis=plans[c].send_dim) for q in range(n)] for c in range(n)]
-    for q in range(n):
-        ex = plans[q]
+    parts = [split(whole, ShardSpec((src,)), (n,))[(c,)] for c in range(n)]
+    want = [split(whole, ShardSpec((dst,)), (n,))[(c,)] for c in range(n)]
+    sides = [exchange(src, dst, n, parts[c].shape, c) for c in range(n)]
+    for q, ex in enumerate(sides):
         got = np.full(ex.shape, np.nan, dtype=np.float32)
-        for p in range(n):
-            assert sent[p][q].shape == ex.parts[p]
+        for p, side in enumerate(sides):
+            sent = np.take(parts[p], side.send[q], axis=side.send_dim)
+            assert sent.shape == ex.parts[p]
             index = [slice(None)] * len(shape)
             index[ex.recv_dim] = ex.recv[p]
-            got[tuple(index)] = sent[p][q]
+            got[tuple(index)] = sent
         np.testing.assert_array_equal(got, want[q])
+    step = Collective("all_to_all", 0, 0.0, n, ShardSpec((src,)), ShardSpec((dst,)))
+    for got, piece in zip(run_step(step, parts), want):
+        np.testing.assert_array_equal(got, piece)
