@@ -9,9 +9,10 @@ rank's order from `taskgraph.json` once:
 - compute: one module on the engine;
 - collective: one resharding step among the task's group, on the mesh-axis communicator
   (created before the first step and cached). Even contiguous layouts use the matching MPI
-  collective; an all_to_all between strided or uneven splits sends each peer the positions it
-  needs (`parc.sharding.layout.exchange`); other strided and uneven steps gather the pieces and
-  rearrange them as `parc.sharding.simulator` defines;
+  collective; an all_to_all between strided or uneven splits, and a reduce_scatter to one, send
+  each peer only the positions it keeps (`parc.sharding.layout.exchange`, `positions`); other
+  strided and uneven steps gather the pieces and rearrange them as `parc.sharding.simulator`
+  defines;
 - sink: a graph output, handed back whole.
 
 After the microbatch part of a microbatched plan, the values the apply part reads are
@@ -36,7 +37,7 @@ from parc.exec.engines.gpu import device_out_of_memory
 from parc.exec.taskgraph import MB_END, MB_FIRST, MB_START, WHOLE, last_of_micro, last_uses, load_taskgraph
 from parc.exec.trace import FOLD
 from parc.plandir import TASKGRAPH_FILE, load_program, rank_dir
-from parc.sharding.layout import exchange, shard_index
+from parc.sharding.layout import exchange, positions, shard_index
 from parc.sharding.reshard import Collective
 from parc.sharding.simulator import run_step
 from parc.sharding.spec import ShardSpec, Split
@@ -671,6 +672,25 @@ class Rank:
                 at += stop - start
         return out
 
+    def _scatter_partial(self, comm, step: Collective, x):
+        """A reduce_scatter to a strided or uneven split: each rank sends each peer its partial
+        values at the positions the peer keeps and combines what arrives, moving a piece per
+        peer instead of gathering every rank's whole tensor."""
+        key = (step, tuple(x.shape), comm.rank)
+        if key not in self._exchanges:
+            d = step.dst.dim
+            keep = [positions(x.shape[d], step.dst, step.n, q) for q in range(step.n)]
+            shape = x.shape[:d] + (len(keep[comm.rank]),) + x.shape[d + 1:]
+            self._exchanges[key] = ([_runs(at) for at in keep], [int(np.prod(shape, dtype=np.int64))] * step.n, shape)
+        sends, sizes, shape = self._exchanges[key]
+        xp, d = self.xp, step.dst.dim
+        got = comm.exchange([_cut(x, d, runs, xp).reshape(-1) for runs in sends], sizes)
+        combine = {"sum": xp.add, "max": xp.maximum, "min": xp.minimum}[step.src.op]
+        out = got[0].reshape(shape).copy()
+        for part in got[1:]:
+            combine(out, part.reshape(shape), out=out)
+        return out
+
     def _collective(self, t: dict, x: np.ndarray) -> np.ndarray:
         step = self.steps[t["id"]]
         if len(t["group"]) == 1:
@@ -687,5 +707,7 @@ class Rank:
             return comm.all_to_all(x, split_dim=dst.dim, concat_dim=src.dim)
         if step.kind == "all_to_all" and isinstance(src, Split) and isinstance(dst, Split):
             return self._pieces_to_all(comm, step, x)  # strided or uneven: each peer gets what it needs
+        if step.kind == "reduce_scatter" and isinstance(dst, Split):
+            return self._scatter_partial(comm, step, x)
         parts = [to_host(p) for p in comm.gather_parts(x)]  # strided or uneven: rearranged on the host
         return self.xp.asarray(run_step(step, parts)[comm.rank])

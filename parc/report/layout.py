@@ -109,6 +109,11 @@ def _summary(r: Report) -> Section:
              ("solver", f"{s.solver_level or '?'}, {s.solver_status or '?'}, gap {fmt_gap(s.solver_gap)}, "
                         f"{s.solver_nodes if s.solver_nodes is not None else '?'} problem nodes, "
                         f"{fmt_time(s.solver_time_s)} planning")]
+    if r.simulation is not None:  # what `parc simulate` gives; the search's estimate above does not order the tasks
+        sim = r.simulation
+        pairs.insert(3, ("simulated step", f"{fmt_time(sim.step_time_s)} (the task graph replayed, as parc simulate: "
+                                           f"bubble {fmt_time(sim.bubble_s)} a rank, communication exposed "
+                                           f"{fmt_time(sim.exposed_comm_s)}, hidden {fmt_time(sim.hidden_comm_s)})"))
     if r.model:
         pairs.insert(0, ("model", r.model))
     staged = any(m.stage is not None for m in s.meshes)  # a pipeline: each stage's meshes

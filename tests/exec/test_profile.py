@@ -691,6 +691,13 @@ def test_the_links_ratio_and_handoff_are_fitted_on_each_traced_collective(tmp_pa
     rows = [{"model": "a", "collectives": 6, "figures_s": sum(figures), "handoff_s": 0.0, "measured_s": 0.0,
              "points": points} for _ in range(2)]
     assert prof.fit_link_ratio(rows) == (pytest.approx(1.8), pytest.approx(60e-6))
+    # a run on a slow spell of the host (every collective 3x) does not move the median of three
+    slow_run = {**rows[0], "points": [(f, 3 * t, sh) for f, t, sh in points]}
+    assert prof.fit_link_ratio([rows[0], slow_run, rows[1]]) == (pytest.approx(1.8), pytest.approx(60e-6))
+    # each model's collectives are matched to their own runs' and fitted together
+    other = [(f, 1.8 * f + 60e-6 * sh, sh) for f, sh in ((30e-6, 1.0), (500e-6, 0.0))]
+    both = [*rows, *({**rows[0], "model": "b", "points": other} for _ in range(3))]
+    assert prof.fit_link_ratio(both) == (pytest.approx(1.8), pytest.approx(60e-6))
     # faster after compute than after another collective: no handoff, the ratio alone
     quick = [(f, 1.5 * f - 5e-6 * sh, sh) for f, sh in zip(figures, shares)]
     ratio, handoff = prof.fit_link_ratio([{**rows[0], "points": quick}])
@@ -842,6 +849,34 @@ def test_a_split_reference_that_fails_leaves_the_links_figures_and_the_node_rati
     calibration = load_constants(out)
     assert calibration.apply(parse_devices("2xcpu")).nodes[0].intra_link.step_ratio == 1.0
     assert calibration.apply(parse_devices("2xcpu")).devices[0].step_ratio == pytest.approx(1.25)
+
+
+def test_the_links_are_fitted_over_every_reference_that_runs_split(tmp_path, monkeypatch):
+    """Each reference step is planned split and traced on each count of ranks with a core each;
+    one the split hints cannot plan is left out with a warning, the others' collectives kept."""
+    from parc.exec.runner import RunError
+
+    planned = []
+
+    def fake(*argv):
+        argv = [str(a) for a in argv]
+        planned.append(argv[1])
+        if argv[1].endswith("a.onnx"):
+            raise RunError("parc profile's reference step `parc plan a.onnx ...` failed: ineligible")
+        return ""
+
+    monkeypatch.setattr(prof, "_parc", fake)
+    monkeypatch.setattr(prof, "_traced_collectives", lambda plan, name, engine, stem: [{"model": name, "at": plan.name}])
+    refs = ([], [(n, tmp_path / f"{n}.onnx") for n in ("a", "b", "c")])
+    said: list[str] = []
+    rows = prof.link_ratios(tmp_path / "c.yaml", [1, 2, 4], 2, "cpu", "ort", tmp_path, said.append, refs)
+    assert planned == [str(tmp_path / f"{n}.onnx") for n in ("a", "b", "c")]  # on 2 ranks only: 4 share 2 cores
+    assert rows == {2: [{"model": "b", "at": "split.2.1"}, {"model": "c", "at": "split.2.2"}]}
+    assert said[-1] == ("warning: parc profile's reference step `parc plan a.onnx ...` failed: ineligible; "
+                        "the links are fitted without a")
+    # none can run split: the first failure is raised (the caller writes the links' figures)
+    with pytest.raises(RunError, match="a.onnx"):
+        prof.link_ratios(tmp_path / "c.yaml", [2], 2, "cpu", "ort", tmp_path, said.append, ([], refs[1][:1]))
 
 
 def test_the_models_given_are_the_reference_steps(tmp_path, monkeypatch):

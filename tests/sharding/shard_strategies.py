@@ -8,6 +8,7 @@ import numpy as np
 from hypothesis import strategies as st
 
 from parc.sharding import PARTIAL_OPS, P, R, S, ShardSpec, split
+from parc.sharding.spec import Split
 
 EXTENTS = st.sampled_from([1, 2, 3, 4, 6, 8, 12])
 
@@ -119,3 +120,20 @@ def _random_partial(a: np.ndarray, op: str, n: int, rng: np.random.Generator) ->
     winner = rng.integers(0, n, size=a.shape)  # the device that holds the exact value
     np.put_along_axis(parts, winner[None], a[None], axis=0)
     return list(parts)
+
+
+def split_of(draw, extent: int, n: int, dim: int) -> Split | None:
+    """An even, strided or uneven split of `extent` over n devices (None when none fits)."""
+    kinds = []
+    if extent % n == 0:
+        kinds.append(Split(dim))
+        kinds += [Split(dim, s) for s in range(1, extent // n) if extent % (s * n) == 0]
+    if extent >= n:
+        kinds.append("uneven")
+    if not kinds:
+        return None
+    kind = draw(st.sampled_from(kinds))
+    if kind != "uneven":
+        return kind
+    cuts = sorted(draw(st.lists(st.integers(0, extent), min_size=n - 1, max_size=n - 1)))
+    return Split(dim, sizes=tuple(b - a for a, b in zip([0, *cuts], [*cuts, extent])))

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
-from shard_strategies import array, meshes, resolve_partials, shapes, specs
+from shard_strategies import array, meshes, resolve_partials, shapes, specs, split_of
 
 from parc.sharding import (
     Partial,
@@ -25,7 +25,6 @@ from parc.sharding import (
 from parc.sharding.layout import exchange
 from parc.sharding.reshard import Collective
 from parc.sharding.simulator import run_step
-from parc.sharding.spec import Split
 
 props = settings(max_examples=80, deadline=None)
 
@@ -120,23 +119,6 @@ def test_shard_index_is_what_split_gives(data):
     assert full_spec == ShardSpec(tuple(R if isinstance(a, Partial) else a for a in spec))
 
 
-def _split_of(draw, extent: int, n: int, dim: int) -> Split | None:
-    """An even, strided or uneven split of `extent` over n devices (None when none fits)."""
-    kinds = []
-    if extent % n == 0:
-        kinds.append(Split(dim))
-        kinds += [Split(dim, s) for s in range(1, extent // n) if extent % (s * n) == 0]
-    if extent >= n:
-        kinds.append("uneven")
-    if not kinds:
-        return None
-    kind = draw(st.sampled_from(kinds))
-    if kind != "uneven":
-        return kind
-    cuts = sorted(draw(st.lists(st.integers(0, extent), min_size=n - 1, max_size=n - 1)))
-    return Split(dim, sizes=tuple(b - a for a, b in zip([0, *cuts], [*cuts, extent])))
-
-
 @props
 @given(st.data())
 def test_each_devices_exchange_gives_its_piece_under_the_destination(data):
@@ -147,7 +129,7 @@ def test_each_devices_exchange_gives_its_piece_under_the_destination(data):
     shape = tuple(data.draw(st.lists(st.integers(1, 12), min_size=1, max_size=3), label="shape"))
     i = data.draw(st.integers(0, len(shape) - 1), label="i")
     j = data.draw(st.integers(0, len(shape) - 1), label="j")
-    src, dst = _split_of(data.draw, shape[i], n, i), _split_of(data.draw, shape[j], n, j)
+    src, dst = split_of(data.draw, shape[i], n, i), split_of(data.draw, shape[j], n, j)
     assume(src is not None and dst is not None)
     whole = np.arange(math.prod(shape), dtype=np.float32).reshape(shape)
     parts = [split(whole, ShardSpec((src,)), (n,))[(c,)] for c in range(n)]
