@@ -220,9 +220,9 @@ REFERENCE_STEPS = (("unet-tiny", ("batch=16",)),
                    ("t5-tiny", ("batch=16", "d_model=128", "d_ff=512", "enc_seq=64", "dec_seq=32")))
 REFERENCE_RUNS, REFERENCE_WARMUP = 20, 5  # steps each reference runs; the median is of those after the warm-up
 STEP_RATIO_RANGE = (0.5, 4.0)  # a ratio outside says the reference went wrong, not the benchmarks
-# the tensor-parallel reference (`link_ratios`): the first reference step with every parameter
+# the tensor-parallel references (`link_ratios`): every reference step with every parameter
 # split over all ranks (Whale's split), so that a collective runs between most of its modules;
-# traced this many times (the trace is of a run's last step), each run this many steps
+# each traced this many times (the trace is of a run's last step), each run this many steps
 SPLIT_HINTS, SPLIT_TRACES, SPLIT_STEPS = "default: split\n", 3, 6
 
 
