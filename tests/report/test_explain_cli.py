@@ -62,7 +62,7 @@ def test_text_says_what_was_chosen_and_why(plan_dir, plan):
     assert "- communication is " in text and "% of the predicted step" in text
     # beside the search's estimate, the step `parc simulate` gives (plan.json's simulation)
     sim = plan["simulation"]["step_time_s"] * 1e3
-    assert f"simulated step  {sim:.3f} ms (the task graph replayed, as parc simulate: bubble" in text
+    assert f"simulated step  {sim:.3f} ms (the task graph replayed, as parc simulate: communication exposed" in text
     for name in plan["baselines"]:
         assert f"baseline {name} is predicted" in text
     assert all(len(line) <= 140 for line in text.splitlines())
