@@ -37,7 +37,7 @@ from parc.exec.engines.gpu import device_out_of_memory
 from parc.exec.taskgraph import MB_END, MB_FIRST, MB_START, WHOLE, last_of_micro, last_uses, load_taskgraph
 from parc.exec.trace import FOLD
 from parc.plandir import TASKGRAPH_FILE, load_program, rank_dir
-from parc.sharding.layout import exchange, positions, shard_index
+from parc.sharding.layout import exchange, positions, reduce_parts, shard_index
 from parc.sharding.reshard import Collective
 from parc.sharding.simulator import run_step
 from parc.sharding.spec import ShardSpec, Split
@@ -685,11 +685,7 @@ class Rank:
         sends, sizes, shape = self._exchanges[key]
         xp, d = self.xp, step.dst.dim
         got = comm.exchange([_cut(x, d, runs, xp).reshape(-1) for runs in sends], sizes)
-        combine = {"sum": xp.add, "max": xp.maximum, "min": xp.minimum}[step.src.op]
-        out = got[0].reshape(shape).copy()
-        for part in got[1:]:
-            combine(out, part.reshape(shape), out=out)
-        return out
+        return reduce_parts([part.reshape(shape) for part in got], step.src.op, xp)
 
     def _collective(self, t: dict, x: np.ndarray) -> np.ndarray:
         step = self.steps[t["id"]]

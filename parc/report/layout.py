@@ -111,9 +111,8 @@ def _summary(r: Report) -> Section:
                         f"{fmt_time(s.solver_time_s)} planning")]
     if r.simulation is not None:  # what `parc simulate` gives; the search's estimate above does not order the tasks
         sim = r.simulation
-        parts = [f"{what} {fmt_time(s)}{' a rank' if what == 'bubble' else ''}" for what, s in (
-            ("bubble", sim.bubble_s), ("communication exposed", sim.exposed_comm_s), ("hidden", sim.hidden_comm_s))
-            if s >= 1e-9]  # less is the replay's rounding
+        parts = [f"{what} {fmt_time(s)}" for what, s in (("bubble a rank", sim.bubble_s), ("communication exposed",
+                 sim.exposed_comm_s), ("hidden", sim.hidden_comm_s)) if s >= 1e-9]  # less: the replay's rounding
         pairs.insert(3, ("simulated step", f"{fmt_time(sim.step_time_s)} (the task graph replayed, as parc simulate"
                                            f"{': ' + ', '.join(parts) if parts else ''})"))
     if r.model:

@@ -138,12 +138,14 @@ def _cut(a: np.ndarray, ax, n: int, c: int) -> np.ndarray:
     return a
 
 
-def reduce_parts(parts: Sequence[np.ndarray], op: str) -> np.ndarray:
-    """Combine partial values with `op` (sum, max, min), keeping the dtype."""
-    stack = np.stack([np.asarray(p) for p in parts])
-    if op == "sum":
-        return stack.sum(axis=0, dtype=stack.dtype)
-    return stack.max(axis=0) if op == "max" else stack.min(axis=0)
+def reduce_parts(parts: Sequence, op: str, xp=np):
+    """Combine partial values with `op` (sum, max, min) in the order given, keeping the dtype
+    (`xp`: numpy, or cupy for a rank's device arrays)."""
+    combine = {"sum": xp.add, "max": xp.maximum, "min": xp.minimum}[op]
+    out = xp.array(parts[0], copy=True)
+    for part in parts[1:]:
+        combine(out, part, out=out)
+    return out
 
 
 def place(parts: Sequence[np.ndarray], ax: Split, n: int) -> np.ndarray:
