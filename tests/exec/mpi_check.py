@@ -2,6 +2,7 @@
 
     mpiexec -n 4 python tests/exec/mpi_check.py collectives
     mpiexec -n 2 python tests/exec/mpi_check.py timeout [spin|nap]
+    mpiexec -n 4 python tests/exec/mpi_check.py bells
 """
 
 from __future__ import annotations
@@ -74,8 +75,46 @@ def timeout(how: str) -> None:
         comm.abort(3)
 
 
+def bells() -> None:
+    """Ranks that share cores: ranks 0 and 1 compute about `busy` seconds while ranks 2 and 3
+    wait on a recv from them, then on a collective the computing ranks join late; once napping
+    50 us between polls (no doorbells), once on the doorbells (`MpiComm.bells`). On its doorbell
+    a waiting rank uses under half the CPU; what it gets is what was sent."""
+    world = MpiComm(timeout=60, spin=False)
+    assert world.bells is not None, "ranks of one host that share its cores have doorbells"
+    r = world.rank
+    if r in (0, 2):
+        assert world.for_ranks((0, 2)).bells is world.bells
+    a = np.random.default_rng(r).standard_normal((192, 192)).astype(np.float32)
+    busy = 0.4
+    used = {}
+    for comm in (MpiComm(world.comm, timeout=60, spin=False, bells=None), world):
+        used[comm.bells is not None] = []
+        for _ in range(3):
+            comm.barrier()
+            t, cpu = time.monotonic(), time.process_time()
+            if r < 2:
+                while time.monotonic() - t < busy:
+                    a = np.tanh(a @ a.T / 192)
+                comm.send(data(r), peer=r + 2, tag=3)
+            else:
+                np.testing.assert_array_equal(comm.recv((4, 6), np.float32, peer=r - 2, tag=3), data(r - 2))
+                assert time.monotonic() - t > busy / 2
+                used[comm.bells is not None].append(time.process_time() - cpu)
+            if r < 2:
+                time.sleep(busy / 4)  # late to the collective: the others wait for them
+            np.testing.assert_array_equal(comm.all_reduce(data(r)), sum(data(q) for q in range(comm.size)))
+    if r >= 2:
+        naps, bells_ = min(used[False]), min(used[True])
+        print(f"rank {r}: CPU in a {busy} s wait: {naps:.4f} s napping, {bells_:.4f} s on the doorbell", flush=True)
+        assert bells_ < 0.5 * naps, (naps, bells_)
+    print(f"rank {r}: ok", flush=True)
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "timeout":
         timeout(sys.argv[2])
+    elif sys.argv[1] == "bells":
+        bells()
     else:
         collectives()

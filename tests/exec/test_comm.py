@@ -3,6 +3,7 @@ sub-communicators, both ways of waiting (`MpiComm.spin`), and a timeout when a p
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -22,6 +23,17 @@ def test_collectives_on_four_ranks():
                          capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stdout + res.stderr
     assert sorted(re.findall(r"rank \d: ok", res.stdout)) == [f"rank {r}: ok" for r in range(4)]  # lines may interleave
+
+
+def test_a_waiting_rank_naps_on_its_doorbell_and_leaves_the_cores_to_the_others():
+    """Ranks sharing cores (`MpiComm.bells`): a rank waiting 0.4 s on a recv from a rank that
+    computes uses under half the CPU it used napping 50 us between polls, yet gets its message;
+    then a collective the computing ranks join late."""
+    env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}  # a core each, as the runner's
+    res = subprocess.run([MPIEXEC, "-n", "4", sys.executable, str(SCRIPT), "bells"],
+                         capture_output=True, text=True, timeout=120, env=env)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert sorted(re.findall(r"rank \d: ok", res.stdout)) == [f"rank {r}: ok" for r in range(4)]
 
 
 @pytest.mark.parametrize("how", ["spin", "nap"])
