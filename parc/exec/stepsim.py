@@ -147,8 +147,8 @@ def _settle(graph: TaskGraph) -> tuple[dict[str, float], dict[str, float]]:
     sharing gives them: while a ranks of its host compute (itself included) a task runs at the
     rate of its time at a, interpolated linearly between the counts its `shared_s` has (below
     the least of them, that one's time) and its `time_s` at the host's full count. A rank
-    that waits for a message or a collective gives its core up (`parc.exec.comm` yields and
-    sleeps between polls), so a pipeline stage computing while the other waits runs faster
+    that waits for a message or a collective gives its core up (`parc.exec.comm` yields, then
+    naps on its doorbell), so a pipeline stage computing while the other waits runs faster
     than with every rank computing, which is what `time_s` is priced at.
 
     Which tasks overlap depends on their times, so the times are found by replaying the step
