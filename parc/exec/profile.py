@@ -44,7 +44,9 @@ The benchmarks price each node warm and alone; a step's nodes run on tensors oth
 and its ranks wait at each collective for the last of them.
 
 A fixed product (`host_probe`) is timed before each rank count and at the end: the file's header
-lists the host's speed at each against the first, and a spread above 15% is warned about.
+lists the host's speed at each against the first, and a spread above 15% is warned about. It is
+timed again before each reference step, whose measured time is taken at the speed its count's
+figures saw (`reference_steps`' `host_speed`).
 
 The file (docs/cluster.md, "Calibration") holds one rank's device figures and the smallest
 multi-rank count's link figures at the top, and k ranks' figures under `sharing."k"`, which
@@ -1163,7 +1165,8 @@ def profile(output: Path, max_ranks: int | None, budget: float = BUDGET, device:
                     measured[k]["split"] = rows
                 if links:  # the compute's ratio is fitted with the collectives' in place
                     write_calibration(output, fitted, measured, device, link, _engine_text(kind), *text)
-                steps = reference_steps(output, counts, device, engine, Path(tmp), echo, refs=refs)
+                steps = reference_steps(output, counts, device, engine, Path(tmp), echo, refs=refs,
+                                        probes=dict(zip(counts, probes)))
         except RunError as e:  # the benchmarks' figures are written and stand without the ratios
             for k in fitted:
                 fitted[k].pop("link_step_ratio", None)
@@ -1330,16 +1333,24 @@ def _typical_points(rows: Sequence[dict]) -> list[tuple[float, float, float]]:
 def reference_steps(calibration: Path, counts: Sequence[int], device: str, engine: str, tmp: Path,
                     echo=print, models: Sequence[str | Path] = (),
                     dims: Mapping[str, int] | None = None,
-                    refs: tuple[list[str], list[tuple[str, Path]]] | None = None) -> dict[int, list[dict]]:
+                    refs: tuple[list[str], list[tuple[str, Path]]] | None = None,
+                    probes: Mapping[int, float] | None = None) -> dict[int, list[dict]]:
     """Per rank count k, each reference training step planned on k ranks with `calibration` and
     run with `parc run`, as a user would: its simulated step, the compute of its busiest rank in
-    that simulation, and the measured median step. The references are `models` (training steps;
+    that simulation, and the measured median step. With `probes` (k -> `host_probe`'s seconds
+    when k's figures were measured), also `host_speed`: how fast the host ran the probe just
+    before the run against then (0.84: the run had 84% of the speed k's figures saw), which
+    `fit_step_ratio` takes out of the measured step: a shared VM's speed moves by tens of
+    percent over the minutes a profile takes, and a reference run in a slow spell otherwise
+    makes every step of k ranks look slow (this project's VM: 1-rank steps predicted 18-22% long,
+    the probe at 0.84 when their references ran). The references are `models` (training steps;
     `dims` binds their symbolic dims) where given, else the zoo's `REFERENCE_STEPS`: a calibration
     from `--model` prices the classes the model has at its own shapes, a figure meant for that
     model, which another model's step would be measured against. The benchmarks price each node
     warm and alone; in a step the nodes run one after another on tensors other nodes wrote, the
     ranks' modules finish apart and each collective waits for the last (on this project's 2-core VM
     the steps of two ranks ran 15-28% over their simulation)."""
+    from parc.exec.runner import pick_engine, rank_threads
     from parc.plandir import load_plan
 
     bound, steps = refs if refs is not None else reference_models(tmp, models, dims)
@@ -1350,11 +1361,13 @@ def reference_steps(calibration: Path, counts: Sequence[int], device: str, engin
             plan = tmp / f"ref{i}.{k}"
             _parc("plan", model, "--devices", f"{k}x{device}", "--calibration", calibration, *bound, "-o", plan)
             sim = load_plan(plan)["simulation"]  # the replay `parc simulate` gives, written by `parc plan`
+            speed = probes[k] / host_probe(rank_threads(1), pick_engine(engine)) if probes and k in probes else None
             out = _parc("run", plan, "--steps", REFERENCE_RUNS, "--json", "--engine", engine)
             times = [json.loads(line)["step_time_s"] for line in out.splitlines() if line.startswith("{")]
             rows[k].append({"model": name, "simulated_s": sim["step_time_s"],
                             "compute_s": max(r["compute_s"] for r in sim["ranks"]),
-                            "measured_s": statistics.median(times[REFERENCE_WARMUP:])})
+                            "measured_s": statistics.median(times[REFERENCE_WARMUP:]),
+                            **({"host_speed": speed} if speed is not None else {})})
     return rows
 
 
@@ -1362,8 +1375,11 @@ def fit_step_ratio(rows: Sequence[dict]) -> float:
     """The `step_ratio` of one rank count from its reference steps: each step's ratio is what its
     simulated compute must be multiplied by for the simulation to take the measured time (1 +
     (measured - simulated) / compute, the compute on the simulation's critical path taken as the
-    busiest rank's), and the figure is their geometric mean, within `STEP_RATIO_RANGE`."""
-    ratios = [1.0 + (r["measured_s"] - r["simulated_s"]) / r["compute_s"] for r in rows if r["compute_s"] > 0]
+    busiest rank's; the measured time at the speed the host had when the figures were measured:
+    times its `host_speed` where the row has one), and the figure is their geometric mean, within
+    `STEP_RATIO_RANGE`."""
+    ratios = [1.0 + (r["measured_s"] * r.get("host_speed", 1.0) - r["simulated_s"]) / r["compute_s"]
+              for r in rows if r["compute_s"] > 0]
     if not ratios:
         return 1.0
     low, high = STEP_RATIO_RANGE
@@ -1500,8 +1516,10 @@ def write_calibration(output: Path, fitted: dict[int, dict], measured: dict[int,
                             f"and handoff {f['link_handoff'] * 1e6:.3g} us (the bursts' first all-reduce: "
                             f"{f['handoff'] * 1e6:.3g} us)")
         if rows.get("steps"):
-            head.append("#    reference steps (simulated / its busiest rank's compute / measured median): " + ", ".join(
-                f"{r['model']} {r['simulated_s']:.3g} / {r['compute_s']:.3g} / {r['measured_s']:.3g}" for r in rows["steps"]))
+            head.append("#    reference steps (simulated / its busiest rank's compute / measured median, the host's speed "
+                        "then against when these figures were measured): " + ", ".join(
+                            f"{r['model']} {r['simulated_s']:.3g} / {r['compute_s']:.3g} / {r['measured_s']:.3g}"
+                            + (f" at {r['host_speed']:.2f}" if "host_speed" in r else "") for r in rows["steps"]))
         if rows.get("collectives"):
             head.append("#    in a burst " + ", ".join(f"{r['kind']} {r['n']} ranks {r['bytes']} B: {r['s']:.3g}"
                                                    for r in rows["collectives"]))

@@ -668,12 +668,16 @@ def test_the_step_ratio_is_what_makes_each_reference_step_take_its_measured_time
     # a reference far off is held within the range, and no reference at all leaves 1
     assert prof.fit_step_ratio([{**rows[0], "measured_s": 1.0}]) == prof.STEP_RATIO_RANGE[1]
     assert prof.fit_step_ratio([]) == 1.0
+    # run when the host had 80% of the speed the figures saw: 15 ms then is 12 ms at their speed
+    assert prof.fit_step_ratio([{**rows[0], "measured_s": 0.015, "host_speed": 0.8}]) == pytest.approx(1.25)
+    rows[1]["host_speed"] = 1.0
     fitted = {k: {**prof.fit(_rows(20e-6, 3e9, 0.0, k), k), "step_ratio": r} for k, r in ((1, 1.1), (2, 1.3))}
     measured = {1: _rows(20e-6, 3e9, 0.0, 1), 2: {**_rows(20e-6, 3e9, 0.0, 2), "steps": rows}}
     out = tmp_path / "c.yaml"
     prof.write_calibration(out, fitted, measured, "cpu", "shm")
-    assert "reference steps (simulated / its busiest rank's compute / measured median): a 0.01 / 0.008 / 0.012" \
-        in out.read_text()
+    text = out.read_text()
+    assert ("reference steps (simulated / its busiest rank's compute / measured median, the host's speed then "
+            "against when these figures were measured): a 0.01 / 0.008 / 0.012, b 0.02 / 0.02 / 0.02 at 1.00") in text
     calibration = load_constants(out)
     assert calibration.apply(parse_devices("1xcpu")).devices[0].step_ratio == pytest.approx(1.1)
     assert calibration.apply(parse_devices("2xcpu")).devices[0].step_ratio == pytest.approx(1.3)
@@ -837,6 +841,7 @@ def test_a_split_reference_that_fails_leaves_the_links_figures_and_the_node_rati
         return ""
 
     monkeypatch.setattr(prof, "_parc", fake)
+    monkeypatch.setattr(prof, "host_probe", lambda *a, **k: 0.01)  # a host as fast throughout
     monkeypatch.setattr(prof.os, "cpu_count", lambda: 2)  # two ranks with a core each
     import parc.plandir
 
@@ -905,3 +910,10 @@ def test_the_models_given_are_the_reference_steps(tmp_path, monkeypatch):
         ["1xcpu", "2xcpu"]
     assert rows[2] == [{"model": "mine.train.onnx", "simulated_s": 0.010, "compute_s": 0.008, "measured_s": 0.012}]
     assert prof.fit_step_ratio(rows[2]) == pytest.approx(1.25)
+    # with the probes of each count's figures, each run is probed before it: its host_speed
+    probed = iter([0.5, 0.4])  # the host's probe before each run: slower, then as before
+    monkeypatch.setattr(prof, "host_probe", lambda *a, **k: next(probed))
+    timed = prof.reference_steps(tmp_path / "c.yaml", [1, 2], "cpu", "ort", tmp_path, lambda s: None,
+                                 models=[tmp_path / "mine.train.onnx"], probes={1: 0.4, 2: 0.4})
+    assert [r["host_speed"] for k in (1, 2) for r in timed[k]] == [pytest.approx(0.8), pytest.approx(1.0)]
+    assert prof.fit_step_ratio(timed[1]) == pytest.approx(1 + (0.012 * 0.8 - 0.010) / 0.008)
