@@ -140,11 +140,11 @@ class Bells:
                 except (BlockingIOError, BrokenPipeError):
                     pass
 
-    def done(self, ranks, p2p: bool) -> None:
-        """After a wait: a recv rings its sender, who may wait for it to complete its send (a
-        send that is done rings nothing: its receiver has its message); the rings this rank got
-        meanwhile are taken, so that they do not stand for a later wait's."""
-        if p2p:
+    def done(self, ranks, received: bool) -> None:
+        """After a wait: a recv (`received`) rings its sender, who may wait for it to complete
+        its send (a send or a collective rings nothing here); the rings this rank got meanwhile
+        are taken, so that they do not stand for a later wait's."""
+        if received:
             self.ring(ranks, RECEIVED)
         self.sleep(0.0)
 
@@ -237,18 +237,20 @@ class MpiComm:
 
     # -- collectives -------------------------------------------------------------------------
 
-    def _wait(self, request, what: str, peer: int | None = None) -> None:
+    def _wait(self, request, what: str, peer: int | None = None, receiving: bool = False) -> None:
         """Poll until done, until the deadline. Where this host's ranks have a core each
         (`spin`), every poll follows the last: MPI moves a large message only while its ranks
         poll, and on 2 cores a 3.4 MB all-reduce between 2 ranks, one arriving 3 ms late, took
         3.1 ms with the naps below and 2.4 ms without. Where ranks share cores, yielding the CPU
         between the first polls (a collective among ranks that share cores completes in
-        microseconds), then sleeping between polls: 50 us where a counterpart (`peer`, else every
-        other member) is on another host; on this host's doorbell (`Bells`) otherwise, which a
-        counterpart rings when it sends here or joins the collective, for 50 us first and twice
-        as long each time nothing rang, up to BELL_NAP_S. A rank that naps 50 us while the host's
-        other ranks compute takes their cores from them: on 2 cores, two ranks' 41 ms of products
-        took 66-87 ms with two ranks waiting so beside them, 45 ms with those ranks backing off."""
+        microseconds), then sleeping between polls: 50 us where a counterpart (`peer`, whose
+        message this rank is `receiving` or who receives its send; else every other member) is on
+        another host; else on this host's doorbell (`Bells`), from 50 us up to BELL_NAP_S, twice
+        as long each time nothing it waits for rang, and 50 us once every counterpart has rung
+        (joined the collective, posted the send, completed the recv of this rank's send). A rank
+        that naps 50 us while the host's other ranks compute takes their cores from them: on 2
+        cores, two ranks' 41 ms of products took 66-87 ms with two ranks waiting so beside them,
+        40-46 ms with those ranks on their doorbells."""
         bells = self.bells
         others = self._counterparts(peer) if bells is not None else ()
         quiet = bells is not None and bells.covers(others)
@@ -256,12 +258,11 @@ class MpiComm:
             bells.ring(others, JOINED)
         if request.Test():
             if quiet:
-                bells.done(others, peer is not None)
+                bells.done(others, receiving)
             return
         # the rings this wait waits for: every other member's joining, or `peer`'s post
-        awaited = {bells.code(w, JOINED if peer is None else POSTED) for w in others} if quiet else set()
-        if quiet and peer is not None:
-            awaited.add(bells.code(others[0], RECEIVED))  # a send waits for its recv
+        kind = JOINED if peer is None else POSTED if receiving else RECEIVED  # a send waits for its recv
+        awaited = {bells.code(w, kind) for w in others} if quiet else set()
         deadline = time.monotonic() + self.timeout
         polls, beat, nap, heard = 0, 0.0, NAP_S, set()
         while not request.Test():
@@ -287,7 +288,7 @@ class MpiComm:
             elif not heard:
                 nap = min(2 * nap, BELL_NAP_S)
         if quiet:
-            bells.done(others, peer is not None)
+            bells.done(others, receiving)
 
     def _counterparts(self, peer: int | None) -> tuple[int, ...]:
         """The world ranks this rank waits on: `peer`'s, else every other member's."""
@@ -402,7 +403,7 @@ class MpiComm:
 
     def recv(self, shape: tuple[int, ...], dtype, peer: int, tag: int = 0) -> np.ndarray:
         out = np.empty(shape, dtype=dtype)
-        self._wait(self.comm.Irecv(_bits(out), source=peer, tag=tag), f"recv from rank {peer}", peer)
+        self._wait(self.comm.Irecv(_bits(out), source=peer, tag=tag), f"recv from rank {peer}", peer, receiving=True)
         return out
 
     def barrier(self) -> None:
