@@ -155,7 +155,9 @@ def run_parc(work: Path, steps: int, tf32: bool, kernels: bool = True, plan: str
                    *(["--tf32"] if tf32 else []), env=None if kernels else {"PARC_CUPY_KERNELS": "0"})
     records = [json.loads(line) for line in res.stdout.splitlines() if line.startswith("{")]
     return {"losses": [r["loss"] for r in records], "step_times_s": [r["step_time_s"] for r in records],
-            "device_bytes": max(r.get("device_bytes", 0) for r in records)}
+            "device_bytes": max(r.get("device_bytes", 0) for r in records),
+            # the tensors the rank held at its peak, counted as on a CPU (what `parc simulate` predicts)
+            "held_bytes": max(records[-1].get("peak_bytes_per_rank") or [0])}
 
 
 WARM_STEPS = 3  # a run's steps 1-2 compile kernels and size the pool (step 2: 1.0-1.6 s on an H100)
@@ -324,7 +326,8 @@ def calibrate(work: Path, tf32: bool, seconds: float = 0.3) -> dict:
     return {"device": device, "figures": figures, "profile_s": profile_s,
             "header": [line for line in text.splitlines() if line.startswith("#")],
             "predicted_step_s": doc["simulation"]["step_time_s"], "search_step_s": predicted["step_time_s"],
-            "predicted_memory_bytes": max(predicted["memory_bytes_per_device"])}
+            "predicted_memory_bytes": max(predicted["memory_bytes_per_device"]),
+            "simulated_held_bytes": max(r.get("peak_bytes") or 0 for r in doc["simulation"]["ranks"])}
 
 
 # ---- the whole measurement -----------------------------------------------------------------------
@@ -396,10 +399,12 @@ def summary(r: dict) -> str:
                 f"{f['task_overhead_us']:.1f} us; plan on 1x{cal['device']} with it predicts "
                 f"{cal['predicted_step_s'] * 1e3:.1f} ms, {cal['predicted_memory_bytes'] / 2**30:.2f} GiB")
         if p:
-            pb = p.get("device_bytes", 0)
+            pb, held, sim_held = p.get("device_bytes", 0), p.get("held_bytes", 0), cal.get("simulated_held_bytes", 0)
             line += (f" (measured {med(p['step_times_s']) * 1e3:.1f} ms: predicted/measured "
                      f"{cal['predicted_step_s'] / med(p['step_times_s']):.3f}"
-                     + (f"; memory {cal['predicted_memory_bytes'] / pb:.3f}" if pb else "") + ")")
+                     + (f"; memory {cal['predicted_memory_bytes'] / pb:.3f} of the pool's high-water mark" if pb else "")
+                     + (f"; tensors held at peak: simulated {sim_held / 2**30:.2f} GiB, counted {held / 2**30:.2f} "
+                        f"GiB, {sim_held / held:.3f}" if held and sim_held else "") + ")")
         lines.append(line)
     prof = r.get("profile_parc")
     if prof:
