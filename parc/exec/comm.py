@@ -16,6 +16,7 @@ others (the executor then aborts the job).
 from __future__ import annotations
 
 import os
+import select
 import sys
 import time
 from dataclasses import dataclass, field
@@ -69,6 +70,7 @@ class Bells:
         self.comm = comm  # the communicator whose ranks `doors` is keyed by
         self.fd = fd
         self.doors = doors  # rank -> the write end of its pipe (this host's other ranks)
+        self.me = comm.Get_rank()
 
     @classmethod
     def make(cls, comm) -> Bells | None:
@@ -81,7 +83,7 @@ class Bells:
         host = comm.Split_type(MPI.COMM_TYPE_SHARED)
         me = comm.Get_rank()
         mates = host.allgather(me)
-        where, fd, doors = None, -1, {}
+        fd, doors = -1, {}
         try:
             made = tempfile.mkdtemp(prefix="parc-bells-") if host.Get_rank() == 0 else None
         except OSError:
@@ -131,7 +133,7 @@ class Bells:
         return (rank % 85) * 3 + kind
 
     def ring(self, ranks, kind: int) -> None:
-        me = bytes([self.code(self.comm.Get_rank(), kind)])
+        me = bytes([self.code(self.me, kind)])
         for r in ranks:
             door = self.doors.get(r)
             if door is not None:
@@ -150,8 +152,6 @@ class Bells:
 
     def sleep(self, seconds: float) -> set[int]:
         """Nap until rung or `seconds` pass; the rings that came (they are taken)."""
-        import select
-
         if seconds and not select.select([self.fd], [], [], seconds)[0]:
             return set()
         rings: set[int] = set()
@@ -197,9 +197,11 @@ class MpiComm:
         elif self.bells is False:
             self.bells = None
         self._world: list[int] = []  # each member's rank in the bells' communicator
+        self._members: tuple[int, ...] = ()  # the others', which a collective waits on
         if self.bells is not None:
             self._world = [int(w) for w in MPI.Group.Translate_ranks(
                 self.comm.Get_group(), list(range(self.size)), self.bells.comm.Get_group())]
+            self._members = tuple(w for i, w in enumerate(self._world) if i != self.rank)
 
     @property
     def rank(self) -> int:
@@ -292,9 +294,7 @@ class MpiComm:
 
     def _counterparts(self, peer: int | None) -> tuple[int, ...]:
         """The world ranks this rank waits on: `peer`'s, else every other member's."""
-        if peer is not None:
-            return (self._world[peer],)
-        return tuple(w for i, w in enumerate(self._world) if i != self.rank)
+        return self._members if peer is None else (self._world[peer],)
 
     def _op(self, op: str):
         if op not in _OPS:
@@ -380,10 +380,7 @@ class MpiComm:
         return x
 
     def send(self, x: np.ndarray, peer: int, tag: int = 0) -> None:
-        request = self.comm.Isend(_bits(np.asarray(x, order="C")), dest=peer, tag=tag)
-        if self.bells is not None:
-            self.bells.ring(self._counterparts(peer), POSTED)
-        self._wait(request, f"send to rank {peer}", peer)
+        self.wait_sends([self.isend(x, peer, tag)])
 
     def open_links(self, pairs) -> None:
         """Nothing to make: MPI matches a transfer by its peer and tag (NcclComm makes one
