@@ -111,3 +111,19 @@ def assert_one_line_error(res, *needles: str) -> None:
     assert "Traceback" not in res.stderr and not res.stdout
     for needle in needles:
         assert needle in lines[0], lines[0]
+
+
+def masked_softmax_model(shape, mask_shape, dtype=np.float32, opset: int = 18) -> onnx.ModelProto:
+    """Attention's softmax and its gradient as parc's GPT and autodiff write them, over x of
+    `shape`: y = Softmax(Where(mask, x * 0.125, -1e9)), dx = y * (dy - ReduceSum(dy * y, [-1])),
+    g = Where(mask, dx, 0) * 0.125; outputs y and g. `mask` is a bool input of `mask_shape`."""
+    elem = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    n = helper.make_node
+    nodes = [n("Mul", ["x", "scale"], ["xs"]), n("Where", ["mask", "xs", "low"], ["xm"]),
+             n("Softmax", ["xm"], ["y"], axis=-1), n("Mul", ["dy", "y"], ["p"]),
+             n("ReduceSum", ["p", "axes"], ["s"], keepdims=1), n("Sub", ["dy", "s"], ["d"]),
+             n("Mul", ["y", "d"], ["dx"]), n("Where", ["mask", "dx", "zero"], ["dm"]), n("Mul", ["dm", "scale"], ["g"])]
+    inputs = [inp("x", list(shape), elem), inp("mask", list(mask_shape), TensorProto.BOOL), inp("dy", list(shape), elem)]
+    consts = [tensor("scale", np.array(0.125, dtype)), tensor("low", np.array(-1e9, dtype)),
+              tensor("zero", np.array(0, dtype)), tensor("axes", np.array([-1], np.int64))]
+    return make_model(nodes, inputs, [inp("y", None, elem), inp("g", None, elem)], consts, opset=opset)

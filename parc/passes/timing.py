@@ -133,7 +133,8 @@ def module_seconds(model: onnx.ModelProto, device: DeviceSpec, info: Mapping[str
         if device.gpu:
             consts = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer
                       if t.data_type == onnx.TensorProto.INT64 and len(t.dims) <= 1}
-            work = _on_the_array_engine(nodes, work, [o.name for o in model.graph.output], consts)
+            opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
+            work = _on_the_array_engine(nodes, work, [o.name for o in model.graph.output], consts, opset)
         else:
             gone = removed_by_onnxruntime(model, {name: dtype for name, (dtype, _) in shapes.items() if dtype})
             work = [w for i, w in enumerate(work) if i not in gone]
@@ -277,14 +278,25 @@ def removed_by_onnxruntime(model: onnx.ModelProto, dtypes: Mapping[str, int]) ->
 
 
 def _on_the_array_engine(nodes: list, work: list[tuple], graph_outputs: list[str],
-                         consts: Mapping[str, np.ndarray]) -> list[tuple]:
+                         consts: Mapping[str, np.ndarray], opset: int = 13) -> list[tuple]:
     """`work` (FLOPs, bytes, dtype, class, pieces per node) as parc's array engine runs it on a GPU: a
     softmax's gradient as autodiff writes it (`fusion.softmax_grad_groups`) is one kernel reading
     dy and y and writing the result; a tree of two or more elementwise nodes (`fusion.trees`,
     the grouping the engine makes) is one kernel reading its leaves once and writing its root; a
-    Transpose returns a view (its reader takes the strides), moving nothing itself. `consts`:
-    the module's small integer initializers (ReduceSum's axes)."""
-    from parc.exec.engines.fusion import fusible, softmax_grad_groups, trees
+    softmax or softmax gradient that takes in a tree (`fusion.row_groups`, where the engine's row
+    kernel applies: the last axis, rows of up to 8,192, leaves the flat index reads) is one kernel
+    too, without the tree's root (in) or the gradient (out) in memory; a Transpose returns a view
+    (its reader takes the strides), moving nothing itself. `consts`: the module's small integer
+    initializers (ReduceSum's axes)."""
+    from parc.exec.engines import gpu
+    from parc.exec.engines.fusion import (
+        flat_layout,
+        fusible,
+        row_groups,
+        softmax_columns,
+        softmax_grad_groups,
+        trees,
+    )
 
     def reduce_axis(i: int) -> int | None:
         n = nodes[i]
@@ -313,18 +325,53 @@ def _on_the_array_engine(nodes: list, work: list[tuple], graph_outputs: list[str
         ok = n.domain in ("", "ai.onnx") and i not in groups and fusible(n.op_type, inputs, outputs)
         steps.append((ok, inputs, outputs[0][1] if ok else None))
         index.append(i)
-    for tree in ([index[j] for j in t] for t in trees(steps, graph_outputs)):
-        if len(tree) < 2:
+    found = trees(steps, graph_outputs)
+
+    def leaves(tree: list[int]) -> dict:
+        inner = {nodes[index[j]].outputs[0].name for j in tree}
+        return {v.name: v for j in tree for v in nodes[index[j]].inputs if v.name not in inner}
+
+    def applies(j: int, kind: str, tree: list[int]) -> bool:
+        """Whether the engine's row kernel takes step j and its tree (`RowGroup.launch`)."""
+        n = nodes[index[j]]
+        x = n.inputs[0] if kind == "in" else n.outputs[0]
+        if x is None or x.shape is None:
+            return False
+        if kind == "in":
+            cols = softmax_columns(n.attr("axis", -1 if opset >= 13 else 1), opset)(x.shape)
+        else:
+            cols = x.shape[-1] if x.shape and groups[index[j]][5] % len(x.shape) == len(x.shape) - 1 else None
+        shapes = [v.shape for v in leaves(tree).values()]
+        return bool(cols) and gpu.row_shape(cols, True)[1] is not None and None not in shapes \
+            and flat_layout(shapes, [True] * len(shapes)) is not None
+
+    values = {v.name: v for n in nodes for v in (*n.inputs, *n.outputs) if v is not None}
+    row_ops = ["SoftmaxGrad" if i in groups else nodes[i].op_type for i in index]
+    rows = row_groups(row_ops, [names[i] for i in index], [[v.name for v in nodes[i].outputs] for i in index],
+                      found, graph_outputs, applies)
+    joined = {tree[-1]: (j, kind) for j, (kind, tree) in rows.items()}
+    for tree in found:
+        row = joined.get(tree[-1])
+        if len(tree) < 2 and row is None:
             continue
-        inner = {nodes[i].outputs[0].name for i in tree}
-        leaves = {v.name: v for i in tree for v in nodes[i].inputs if v.name not in inner}
-        root = nodes[tree[-1]].outputs[0]
-        nbytes = sum(v.nbytes for v in leaves.values() if v.shape is not None)
-        nbytes += root.nbytes if root.shape is not None else 0
-        flops = sum(out[i][0] for i in tree)
-        for i in tree[:-1]:
-            out[i] = None
-        out[tree[-1]] = (flops, nbytes, out[tree[-1]][2], "", 0.0)
+        target, flops = index[tree[-1]], sum(out[index[j]][0] for j in tree)
+        read = leaves(tree)
+        written = nodes[target].outputs[0]
+        if row is not None and row[1] == "in":  # the softmax reads the tree's leaves, writes its output
+            target = index[row[0]]
+            flops += out[target][0]
+            written = nodes[target].outputs[0]
+        elif row is not None:  # the gradient reads dy and y; its output goes to the tree, not memory
+            grad = index[row[0]]
+            read = {k: v for k, v in read.items() if k != nodes[grad].outputs[0].name}
+            read.update({k: values[k] for k in groups[grad][3:5]})
+            flops += out[grad][0]
+            out[grad] = None
+        nbytes = sum(v.nbytes for v in read.values() if v.shape is not None)
+        nbytes += written.nbytes if written.shape is not None else 0
+        for j in tree:
+            out[index[j]] = None
+        out[target] = (flops, nbytes, work[target][2], "", 0.0)
     return [w for w in out if w is not None]
 
 

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from helpers import inp, make_model, tensor, tiny_training_step
+from helpers import inp, make_model, masked_softmax_model, tensor, tiny_training_step
 from onnx import TensorProto, helper
 
 from parc.exec.engines.array import ArrayEngine
-from parc.exec.engines.fusion import Group
+from parc.exec.engines.fusion import Group, RowGroup
 
 n = helper.make_node
 
@@ -97,13 +97,15 @@ def _softmax_grad_model(axis: int):
 @pytest.mark.parametrize("axis", [-1, 2, 1])
 def test_softmax_gradient_is_one_step(axis):
     """The four nodes of a softmax's gradient run as one step (on a GPU one pass per row over the
-    last axis); the Mul after it still fuses with what follows."""
+    last axis), which takes in the Mul reading it (`RowGroup`, "out")."""
     rng = np.random.default_rng(0)
     feeds = {"x": rng.standard_normal((2, 3, 5)).astype(np.float32),
              "dy": rng.standard_normal((2, 3, 5)).astype(np.float32)}
     fused = ArrayEngine(_softmax_grad_model(axis), fuse=True)
     labels = [s[4] for s in fused._steps]
-    assert len(fused._steps) == 3 and labels[1].endswith("and 3 more (SoftmaxGrad)"), labels
+    assert labels == ["node '#0 (y)' (Softmax)", "node '#4 (dx)' and 4 more (SoftmaxGrad)"], labels
+    row = fused._steps[1][0]
+    assert isinstance(row, RowGroup) and row.kind == "out" and row.key == "dx" and row.leaves == ("dy", "y", "two")
     got, want = fused.run(feeds)["out"], ArrayEngine(_softmax_grad_model(axis), fuse=False).run(feeds)["out"]
     np.testing.assert_array_equal(got, want)
 
@@ -112,3 +114,76 @@ def test_a_softmax_gradient_whose_parts_are_read_elsewhere_is_left_alone():
     model = _softmax_grad_model(-1)
     model.graph.output.append(helper.make_empty_tensor_value_info("s"))  # the row sums are an output too
     assert not any("SoftmaxGrad" in s[4] for s in ArrayEngine(model, fuse=True)._steps)
+
+
+def _masked_feeds(shape, mask_shape, dtype=np.float32, seed=0):
+    rng = np.random.default_rng(seed)
+    return {"x": (rng.standard_normal(shape) * 8).astype(dtype), "mask": rng.random(mask_shape) > 0.3,
+            "dy": rng.standard_normal(shape).astype(dtype)}
+
+
+def test_a_softmax_takes_in_the_tree_before_it_and_its_gradient_the_tree_after_it():
+    """Attention's scale and mask before its softmax, and their gradients after the softmax's
+    gradient, join the row steps (`RowGroup`): two steps for nine nodes, and the same values."""
+    model = masked_softmax_model((2, 3, 4, 6), (4, 6))
+    fused = ArrayEngine(model, fuse=True)
+    assert [s[4] for s in fused._steps] == ["node '#2 (y)' and 2 more (Softmax)", "node '#6 (dx)' and 5 more (SoftmaxGrad)"]
+    into, out = fused._steps[0][0], fused._steps[1][0]
+    assert (into.kind, [o.op for o in into.group.ops], into.leaves) == ("in", ["Mul", "Where"], ("x", "scale", "mask", "low"))
+    assert (out.kind, [o.op for o in out.group.ops], out.key) == ("out", ["Where", "Mul"], "dx")
+    assert out.leaves == ("dy", "y", "mask", "zero", "scale")
+    feeds = _masked_feeds((2, 3, 4, 6), (4, 6))
+    got, want = fused.run(feeds), ArrayEngine(model, fuse=False).run(feeds)
+    for k in ("y", "g"):
+        np.testing.assert_array_equal(got[k], want[k])
+
+
+def test_a_tree_read_elsewhere_or_an_output_stays_apart_from_the_softmax():
+    model = masked_softmax_model((2, 6), (2, 6))
+    model.graph.output.append(helper.make_empty_tensor_value_info("xm"))  # the softmax's input is an output
+    model.graph.output.append(helper.make_empty_tensor_value_info("dx"))  # so is the gradient
+    steps = ArrayEngine(model, fuse=True)._steps
+    assert not any(isinstance(s[0], RowGroup) for s in steps)
+    assert [s[4] for s in steps][-1] == "node '#8 (g)' and 1 more (Fused)"
+
+
+@pytest.mark.parametrize(("shape", "mask_shape", "want"), [
+    ((2, 3, 4, 6), (4, 6), (("full", "one", "tail", "one"), 6, 32, 1, 4)),  # a warp a row, 4 rows a block
+    ((1, 2, 64, 1024), (64, 1024), (("full", "one", "tail", "one"), 1024, 128, 8, 1)),
+    ((3, 3000), (3, 3000), (("full", "one", "full", "one"), 3000, 256, 16, 1)),
+    ((2, 8192), (1, 8192), (("full", "one", "tail", "one"), 8192, 256, 32, 1)),
+    ((2, 5, 40), (2, 5, 1), (("full", "one", "head", "one"), 40, 128, 1, 1)),  # a row's own mask value
+    ((2, 8193), (2, 8193), None),  # a row longer than the registers hold
+    ((2, 3, 4, 6), (2, 1, 1, 6), None),  # a padding mask broadcast in the middle: the flat index cannot read it
+])
+def test_a_row_group_launches_where_its_kernel_applies(shape, mask_shape, want):
+    """`RowGroup.launch` on NumPy arrays: each leaf's mode, the row length, threads, elements a
+    thread holds, rows a block; None where the kernel does not apply (the tree and the softmax then
+    run one after the other, as on NumPy)."""
+    engine = ArrayEngine(masked_softmax_model(shape, mask_shape), fuse=True)
+    feeds = _masked_feeds(shape, mask_shape)
+    env = {"scale": np.array(0.125, np.float32), "low": np.array(-1e9, np.float32), **feeds}
+    run = engine._steps[0][0].launch(env)
+    got = None if run is None else (run.modes, run.cols, run.threads, run.per, run.each)
+    assert got == want
+    if run is not None:
+        assert run.types == ("float", "float", "bool", "float") and run.shape == shape
+        assert [k for k, _ in run.reads] == ["x", "scale", "mask", "low"]
+
+
+def test_a_softmax_over_another_axis_or_before_opset_13():
+    from parc.exec.engines.fusion import softmax_columns
+
+    assert softmax_columns(-1, 18)((2, 3, 5)) == 5 and softmax_columns(2, 18)((2, 3, 5)) == 5
+    assert softmax_columns(1, 18)((2, 3, 5)) is None  # the kernels take the last axis only
+    assert softmax_columns(1, 11)((2, 3, 5)) == 15  # before opset 13: the input as [2, 15]
+    assert softmax_columns(-1, 11)((2, 3, 5)) == 5 and softmax_columns(-1, 18)(()) is None
+    nodes = [n("Mul", ["x", "two"], ["xs"]), n("Softmax", ["xs"], ["y"], axis=1)]
+    for opset in (11, 18):  # opset 11: over [2, 15]; opset 18: over axis 1 (NumPy's, not a row kernel)
+        model = make_model(nodes, [inp("x", [2, 3, 5])], [inp("y", None)], [tensor("two", np.float32(2))], opset=opset)
+        fused = ArrayEngine(model, fuse=True)
+        assert isinstance(fused._steps[0][0], RowGroup)
+        x = np.random.default_rng(opset).standard_normal((2, 3, 5)).astype(np.float32)
+        run = fused._steps[0][0].launch({"x": x, "two": np.float32(2)})
+        assert (run.cols if run else None) == (15 if opset == 11 else None)
+        np.testing.assert_array_equal(fused.run({"x": x})["y"], ArrayEngine(model, fuse=False).run({"x": x})["y"])

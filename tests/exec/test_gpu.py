@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from parc.exec.runner import gpu_available
-from tests.helpers import parc, tiny_training_step
+from tests.helpers import masked_softmax_model, parc, tiny_training_step
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not gpu_available(), reason="needs a CUDA GPU and CuPy")]
 
@@ -331,3 +331,31 @@ def test_strided_batched_matmul_matches_numpy(dtype, sa, sb, ta, tb):
     tol = {"float64": 1e-12, "float32": 1e-5, "float16": 2**-10, "bfloat16": 2**-7}[dtype.name]
     # half types accumulate in float32 and round the result once: within one unit of the result
     np.testing.assert_allclose(cupy.asnumpy(got).astype(np.float64), want, rtol=tol, atol=tol * 10)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize(("shape", "mask_shape"), [
+    ((2, 3, 4, 6), (4, 6)), ((2, 2, 64, 1024), (64, 1024)), ((3, 3000), (3, 3000)), ((2, 5, 40), (2, 5, 1)),
+    ((2, 8192), (1, 8192)), ((2, 9000), (2, 9000)), ((2, 3, 4, 6), (2, 1, 1, 6))])
+def test_row_groups_equal_their_parts_on_the_gpu(dtype, shape, mask_shape):
+    """A softmax with the scale and mask before it, and its gradient with theirs after it, as one
+    kernel each (`fusion.RowGroup`), against the trees and the row kernels run apart: the same to
+    the bit (each element is computed by the same C text, with --fmad=false). Rows over 8,192 and
+    a mask broadcast in the middle run apart in both."""
+    import cupy
+
+    from parc.exec.engines.array import ArrayEngine
+    from parc.exec.engines.fusion import RowGroup
+
+    rng = np.random.default_rng(5)
+    x = (rng.standard_normal(shape) * 8).astype(dtype)
+    x.reshape(-1, shape[-1])[0, 1] = np.nan  # a NaN makes its row NaN
+    feeds = {"x": x, "mask": rng.random(mask_shape) > 0.3, "dy": rng.standard_normal(shape).astype(dtype)}
+    model = masked_softmax_model(shape, mask_shape, dtype)
+    fused, apart = ArrayEngine(model, device="gpu", fuse=True), ArrayEngine(model, device="gpu", fuse=False)
+    got, want = fused.run(feeds), apart.run(feeds)
+    rows = [s[0] for s in fused._steps if isinstance(s[0], RowGroup)]
+    one_kernel = shape[-1] <= 8192 and mask_shape != (2, 1, 1, 6)
+    assert [r.kind for r in rows] == ["in", "out"] and [bool(r._kernels) for r in rows] == [one_kernel] * 2
+    for k in ("y", "g"):
+        np.testing.assert_array_equal(cupy.asnumpy(got[k]), cupy.asnumpy(want[k]))

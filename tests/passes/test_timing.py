@@ -78,11 +78,7 @@ def test_views_move_no_bytes_but_into_an_output_on_a_cpu():
     assert module_seconds(model, cpu, info) == pytest.approx(2 * cpu.launch_floor + copy)
 
 
-def test_a_gpu_prices_a_softmax_gradient_as_one_pass():
-    """y * (dy - ReduceSum(dy * y, -1, keepdims=1)), as autodiff writes a softmax's gradient, is
-    one step of the engine (`fusion.softmax_grad_groups`): priced as one kernel reading dy and y
-    and writing the result; the Mul after it reads that result."""
-    shape = [1024, N // 1024]
+def _softmax_gradient_module(shape: list[int]) -> tuple[onnx.ModelProto, dict]:
     nodes = [helper.make_node("Mul", ["dy", "y"], ["p"]), helper.make_node("ReduceSum", ["p", "axes"], ["s"]),
              helper.make_node("Sub", ["dy", "s"], ["d"]), helper.make_node("Mul", ["y", "d"], ["dx"]),
              helper.make_node("Mul", ["dx", "two"], ["out"])]
@@ -90,15 +86,49 @@ def test_a_gpu_prices_a_softmax_gradient_as_one_pass():
     inits = [helper.make_tensor("axes", TensorProto.INT64, [1], [-1]), helper.make_tensor("two", TensorProto.FLOAT, [], [2.0])]
     model = helper.make_model(helper.make_graph(nodes, "m", io, [helper.make_tensor_value_info("out", TensorProto.FLOAT, shape)],
                                                 inits), opset_imports=[helper.make_opsetid("", 17)])
-
     info = {n: (TensorProto.FLOAT, tuple(shape)) for n in ("dy", "y", "p", "d", "dx", "out")}
     info["s"] = (TensorProto.FLOAT, (shape[0], 1))
+    return model, info
+
+
+def test_a_gpu_prices_a_softmax_gradient_as_one_pass():
+    """y * (dy - ReduceSum(dy * y, -1, keepdims=1)), as autodiff writes a softmax's gradient, is
+    one step of the engine (`fusion.softmax_grad_groups`), which takes in the Mul reading it
+    (`fusion.RowGroup`): priced as one kernel reading dy and y and writing the Mul's result."""
+    model, info = _softmax_gradient_module([1024, N // 1024])
     engine = ArrayEngine(model, device="cpu", fuse=True)
-    assert [s[4].rpartition("(")[2] for s in engine._steps] == ["SoftmaxGrad)", "Mul)"]
-    h100 = DEVICES["h100-80g"]
-    floor, bw, tensor = h100.launch_floor, h100.memory_bandwidth, 4 * N
-    want = max(3 * tensor / bw, floor) + max((2 * tensor + 4) / bw, floor)
-    assert module_seconds(model, h100, info) == pytest.approx(want)
+    assert [s[4].rpartition("(")[2] for s in engine._steps] == ["SoftmaxGrad)"]
+    h100 = replace(DEVICES["h100-80g"], launch_floor=0.0)
+    bw, tensor = h100.memory_bandwidth, 4 * N
+    assert module_seconds(model, h100, info) == pytest.approx((3 * tensor + 4) / bw)
+    # rows longer than the row kernel holds in registers (8,192): the gradient, then the Mul
+    model, info = _softmax_gradient_module([64, N // 64])
+    assert module_seconds(model, h100, info) == pytest.approx((3 * tensor + 2 * tensor + 4) / bw)
+
+
+def test_a_gpu_prices_a_softmax_with_the_tree_before_it_as_one_pass():
+    """Attention's scale and mask, its softmax, the softmax's gradient and the mask's and scale's
+    gradients (`masked_softmax_model`): two kernels on a GPU (`fusion.RowGroup`). The first reads
+    x and the mask and writes y; the second reads dy and y and the mask and writes g. Where the
+    mask is broadcast in the middle (a padding mask [B, 1, 1, S]) the flat index cannot read it:
+    the trees and the row kernels run apart."""
+    from helpers import masked_softmax_model
+
+    shape, mask = (8, 4, 256, 256), (256, 256)
+    model = masked_softmax_model(shape, mask)
+    f = TensorProto.FLOAT
+    info = {k: (f, shape) for k in ("x", "dy", "xs", "xm", "y", "p", "d", "dx", "dm", "g")}
+    info.update({"mask": (TensorProto.BOOL, mask), "s": (f, shape[:-1] + (1,))})
+    h100 = replace(DEVICES["h100-80g"], launch_floor=0.0)
+    bw, tensor, scalar = h100.memory_bandwidth, 4 * np.prod(shape), 4
+    masked = np.prod(mask)
+    fused = (2 * tensor + masked + 2 * scalar) + (3 * tensor + masked + 2 * scalar)
+    assert module_seconds(model, h100, info) == pytest.approx(fused / bw)
+    middle = (8, 1, 1, 256)  # the tree before: x, scale, mask, low -> xm; then the softmax; the
+    info["mask"] = (TensorProto.BOOL, middle)  # gradient; then the tree after it
+    model = masked_softmax_model(shape, middle)
+    apart = (tensor + 2 * scalar + 2048 + tensor) + 2 * tensor + 3 * tensor + (tensor + 2048 + 2 * scalar + tensor)
+    assert module_seconds(model, h100, info) == pytest.approx(apart / bw)
 
 
 def test_onnxruntime_copies_a_view_into_or_out_of_a_module_output():

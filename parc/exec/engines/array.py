@@ -147,8 +147,8 @@ class ArrayEngine:
             ops.append(node.op_type)
             nodes.append(node)
         if fuse if fuse is not None else (xp is not np and gpu.kernels_enabled()):
-            steps, ops = fusion.softmax_grads(steps, ops, nodes, consts, self._outputs, xp)
-            steps = fusion.fuse(steps, ops, self._outputs, xp)
+            steps, ops, nodes = fusion.softmax_grads(steps, ops, nodes, consts, self._outputs, xp)
+            steps = fusion.fuse(steps, ops, nodes, self._outputs, xp, opset)
         self._steps = self._with_frees(steps)
         # op type -> [calls, seconds]; filled by run() while not None (CUDA events on a GPU)
         self.profile: dict[str, list] | None = None

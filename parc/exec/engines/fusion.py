@@ -31,6 +31,7 @@ import numpy as np
 
 from parc.exec.engines import gpu
 from parc.exec.engines.gpu import CTYPES
+from parc.exec.engines.kernels import norm_axis
 
 # op -> (inputs, C body with {0}, {1}, {2} for the inputs and T for the float type)
 OPS: dict[str, tuple[int, str]] = {
@@ -112,9 +113,7 @@ class Group:
         if layout is None:
             return kernel
         shape, modes, extents = layout
-        conditions = {o.inputs[0] for o in self.ops if o.op == "Where"}
-        dtype = next(a.dtype for k, a in zip(self.leaves, leaves) if k not in conditions)
-        types = tuple("bool" if k in conditions else CTYPES[dtype] for k in self.leaves)
+        dtype, types = self.types([a.dtype for a in leaves])
         flat = self._flats.get((types, modes))
         if flat is None:
             flat = self._flats[(types, modes)] = self.xp.RawKernel(
@@ -184,17 +183,27 @@ extern "C" __global__ void parc_flat({params}) {{
             self._kernels[types] = self._compile(types)
         return self._kernels[types]
 
-    def _compile(self, types: tuple) -> Any:
+    def types(self, dtypes: Sequence[Any]) -> tuple[np.dtype, tuple[str, ...]] | None:
+        """(the group's float type, each leaf's C type) for leaves of `dtypes`, or None where a
+        kernel of the group cannot take them: the leaves other than Where's conditions must be of
+        one float type of CTYPES, the conditions bool leaves."""
         conditions = {o.inputs[0] for o in self.ops if o.op == "Where"}
-        floats = {t for k, t in zip(self.leaves, types) if k not in conditions}
+        floats = {t for k, t in zip(self.leaves, dtypes) if k not in conditions}
         if len(floats) != 1 or next(iter(floats)) not in CTYPES:
             return None
-        if any(t != np.dtype(np.bool_) for k, t in zip(self.leaves, types) if k in conditions):
+        if any(t != np.dtype(np.bool_) for k, t in zip(self.leaves, dtypes) if k in conditions):
             return None
-        if any(o.inputs[0] in {p.output for p in self.ops} for o in self.ops if o.op == "Where"):
+        if conditions & {o.output for o in self.ops}:
             return None  # a condition computed inside the group (the ops here make floats only)
-        dtype = next(iter(floats))  # parameters take NumPy's type names ("float" would be float64)
-        params = ", ".join(f"{'bool' if k in conditions else dtype.name} in{i}" for i, k in enumerate(self.leaves))
+        dtype = next(iter(floats))
+        return dtype, tuple("bool" if k in conditions else CTYPES[dtype] for k in self.leaves)
+
+    def _compile(self, types: tuple) -> Any:
+        found = self.types(types)
+        if found is None:
+            return None
+        dtype, ctypes = found  # parameters take NumPy's type names ("float" would be float64)
+        params = ", ".join(f"{'bool' if c == 'bool' else dtype.name} in{i}" for i, c in enumerate(ctypes))
         try:
             return self.xp.ElementwiseKernel(params, f"{dtype.name} out", self.body(CTYPES[dtype]),
                                              f"parc_fused_{len(self.ops)}", options=("--fmad=false",))
@@ -278,27 +287,261 @@ def trees(steps: Sequence[tuple[bool, Sequence[str], str | None]], graph_outputs
     return list(pending.values())
 
 
-def fuse(steps: list[tuple], ops: list[str], graph_outputs: Sequence[str], xp: Any) -> list[tuple]:
+def fuse(steps: list[tuple], ops: list[str], nodes: list, graph_outputs: Sequence[str], xp: Any,
+         opset: int = 13) -> list[tuple]:
     """The engine's steps (kernel, input keys, outputs, label) with elementwise trees fused, each
-    at its root's place. `ops` is each step's op type."""
+    at its root's place, and a softmax or softmax gradient that takes in a tree (`row_groups`) as
+    one step (`RowGroup`). `ops` is each step's op type, `nodes` its ONNX node (a Softmax's axis),
+    `opset` the model's."""
     flags = [fusible(op, inputs, outputs) for (_, inputs, outputs, _), op in zip(steps, ops)]
     groups = trees([(ok, inputs, outputs[0][1] if ok else None)
                     for ok, (_, inputs, outputs, _) in zip(flags, steps)], graph_outputs)
+    rows = row_groups(ops, [s[1] for s in steps], [[k for _, k in s[2]] for s in steps], groups, graph_outputs)
+
+    def group(tree: list[int]) -> Group:
+        return Group([Op(steps[j][0], ops[j], tuple(steps[j][1]), steps[j][2][0][1], steps[j][3]) for j in tree], xp)
+
+    at: dict[int, tuple] = {}  # step index -> the fused step that takes its place
+    taken: set[int] = set()
+    for i, (kind, tree) in rows.items():
+        kernel, _, outputs, label = steps[i]
+        name, more = label.rpartition(" (")[0], len(tree)
+        head, _, tail = name.rpartition(" and ")
+        if tail.endswith(" more") and tail[:-5].isdigit():  # a softmax gradient's "and 3 more"
+            name, more = head, more + int(tail[:-5])
+        if kind == "in":
+            node = nodes[i]
+            axis = next((a.i for a in node.attribute if a.name == "axis"), -1 if opset >= 13 else 1)
+            row = RowGroup("in", kernel, group(tree), xp, softmax_columns(axis, opset))
+            at[i] = (row, row.leaves, outputs, f"{name} and {more} more (Softmax)")
+            taken.update(tree)
+        else:
+            row = RowGroup("out", kernel, group(tree), xp, last_columns(kernel.axis), tuple(steps[i][1]), outputs[0][1])
+            at[tree[-1]] = (row, row.leaves, ((0, row.group.output),), f"{name} and {more} more (SoftmaxGrad)")
+            taken.update([i, *tree[:-1]])
     # on a GPU a lone elementwise node runs as a group of one too: the flat kernel reads ahead,
     # CuPy's own kernel for it does not
-    root = {tree[-1]: tree for tree in groups if len(tree) > 1 or xp is not np}
-    taken = {i for tree in root.values() for i in tree[:-1]}
-    out: list[tuple] = []
-    for i, step in enumerate(steps):
-        if i in taken:
+    for tree in groups:
+        if tree[-1] not in at and tree[-1] not in taken and (len(tree) > 1 or xp is not np):
+            g = group(tree)
+            at[tree[-1]] = (g, g.leaves, ((0, g.output),), g.label)
+            taken.update(tree[:-1])
+    return [at.get(i, step) for i, step in enumerate(steps) if i not in taken or i in at]
+
+
+ROW_OPS = ("Softmax", "SoftmaxGrad")  # the row kernels that take in a tree (`RowGroup`)
+
+
+def row_groups(ops: Sequence[str], inputs: Sequence[Sequence[str]], outputs: Sequence[Sequence[str]],
+               groups: Sequence[list[int]], graph_outputs: Sequence[str],
+               applies=lambda i, kind, tree: True) -> dict[int, tuple[str, list[int]]]:
+    """Which row steps take in an elementwise tree (`trees`' `groups`): a Softmax whose input is a
+    tree's root read by nobody else -> ("in", tree); a SoftmaxGrad (`softmax_grad_groups`) whose
+    output is read by one node of a tree and by nobody else -> ("out", tree). Each tree joins one
+    row step at most; `applies(i, kind, tree)` may refuse a pair (the cost model's, where it knows
+    the engine's kernel will not take it). The engine runs each pair as one kernel (`RowGroup`); the cost
+    model prices it so (`parc.passes.timing`)."""
+    readers = Counter(k for ins in inputs for k in ins)
+    keep = set(graph_outputs)
+    root_of = {outputs[t[-1]][0]: t for t in groups}
+    tree_of = {j: t for t in groups for j in t}
+    reader_of = {k: j for j, ins in enumerate(inputs) for k in ins}
+    found: dict[int, tuple[str, list[int]]] = {}
+    used: set[int] = set()  # trees (by root) already joined
+    for i, op in enumerate(ops):
+        if op == "Softmax" and inputs[i] and inputs[i][0]:
+            k, kind = inputs[i][0], "in"
+            tree = root_of.get(k)
+        elif op == "SoftmaxGrad" and outputs[i] and outputs[i][0]:
+            k, kind = outputs[i][0], "out"
+            tree = tree_of.get(reader_of.get(k, -1))
+        else:
             continue
-        if i not in root:
-            out.append(step)
+        if tree is None or readers[k] != 1 or k in keep or tree[-1] in used or not applies(i, kind, tree):
             continue
-        group = Group([Op(steps[j][0], ops[j], tuple(steps[j][1]), steps[j][2][0][1], steps[j][3])
-                       for j in root[i]], xp)
-        out.append((group, group.leaves, ((0, group.output),), group.label))
-    return out
+        found[i] = (kind, tree)
+        used.add(tree[-1])
+    return found
+
+
+def softmax_columns(axis: int, opset: int):
+    """Elements a row of a Softmax over an input of a given shape, as the row kernels see it, or
+    None where its axis is not the last (the kernels do not apply). Before opset 13 the input is
+    seen as 2-D, [prod(dims before axis), prod(the rest)]: a row is the rest."""
+    def columns(shape: tuple[int, ...]) -> int | None:
+        if not shape:
+            return None
+        a = norm_axis(axis, len(shape))
+        if opset >= 13:
+            return shape[-1] if a == len(shape) - 1 else None
+        return math.prod(shape[a:])
+    return columns
+
+
+def last_columns(axis: int):
+    """Elements a row of a softmax gradient over `axis`, or None where it is not the last."""
+    return lambda shape: shape[-1] if shape and axis % len(shape) == len(shape) - 1 else None
+
+
+@dataclass(frozen=True)
+class RowLaunch:
+    """How a `RowGroup`'s kernel runs: the float type and each tree leaf's C type and mode
+    (`flat_layout`), the output's shape and its rows' length, `gpu.row_shape`'s threads, elements
+    a thread holds and rows a block, and the leaves read from memory with their extents."""
+
+    dtype: np.dtype
+    types: tuple[str, ...]
+    modes: tuple[str, ...]
+    shape: tuple[int, ...]
+    cols: int
+    threads: int
+    per: int
+    each: int
+    reads: tuple[tuple[str, int], ...]
+
+
+@dataclass
+class RowGroup:
+    """A row kernel with the elementwise tree beside it, as one step: "in", a Softmax whose input
+    the tree makes (the kernel computes the tree's value of each element as it loads it: the
+    attention's scale and mask before its softmax); "out", a softmax gradient whose output the
+    tree reads (each element of the gradient goes through the tree as it is stored: the mask's and
+    the scale's gradients after it). The tree's root value is never written (in) or the
+    gradient's (out): on gpt-medium's attention each is a 512 MiB write and read a layer.
+
+    The kernel is generated from the tree's C text (`Group.body`) and the register-held row
+    kernels (`gpu.softmax_held`, `gpu.softmax_grad_held`), built with `--fmad=false`: each
+    element is computed as the tree's and the row kernel's own kernels compute it, so the results
+    are the same to the bit. Where it does not apply (NumPy; types other than the tree's kernels
+    take; a leaf the flat kernel cannot read; a softmax over another axis; rows of more than the
+    held kernels' 8,192 elements) the tree and the row kernel run one after the other."""
+
+    kind: str  # "in" or "out"
+    row: Any  # the row step's own kernel: softmax(x) -> (y,), or softmax_grad(dy, y) -> (dx,)
+    group: Group
+    xp: Any
+    columns: Any  # elements a row from the row input's shape, or None (`softmax_columns`)
+    row_inputs: tuple[str, ...] = ()  # "out": the gradient's inputs (dy, y)
+    key: str = ""  # "out": the gradient, the tree's leaf it fills
+    leaves: tuple[str, ...] = ()
+    _kernels: dict[tuple, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        others = tuple(k for k in self.group.leaves if k != self.key)
+        self.leaves = tuple(dict.fromkeys(self.row_inputs + others))
+
+    def __call__(self, *args: Any) -> tuple[Any, ...]:
+        env = dict(zip(self.leaves, args))
+        if self.xp is not np:
+            out = self._fused(env)
+            if out is not None:
+                return (out,)
+        if self.kind == "in":
+            return self.row(self.group(*args)[0])
+        env[self.key] = self.row(*[env[k] for k in self.row_inputs])[0]
+        return self.group(*[env[k] for k in self.group.leaves])
+
+    def launch(self, env: dict[str, Any]) -> RowLaunch | None:
+        """How the one kernel runs on these leaves (arrays by key: CuPy's, or NumPy's in tests), or
+        None where it does not apply."""
+        dx = None
+        if self.kind == "out":
+            dy, y = (env[k] for k in self.row_inputs)
+            if dy.shape != y.shape or dy.dtype != y.dtype or y.size == 0:
+                return None
+            dx = y
+        leaves = [None if k == self.key else env[k] for k in self.group.leaves]  # None: the gradient
+        found = self.group.types([dx.dtype if a is None else a.dtype for a in leaves])
+        layout = flat_layout([dx.shape if a is None else a.shape for a in leaves],
+                             [a is None or a.flags.c_contiguous for a in leaves])
+        if found is None or layout is None:
+            return None
+        (dtype, types), (shape, modes, extents) = found, layout
+        if dx is not None and (shape != dx.shape or modes[self.group.leaves.index(self.key)] != "full"):
+            return None  # the tree broadcasts the gradient
+        cols = self.columns(shape)
+        if not cols or math.prod(shape) >= FLAT_MAX:
+            return None
+        threads, per, each = gpu.row_shape(cols, True)
+        if per is None:
+            return None
+        reads = tuple((k, m) for k, m in zip(self.group.leaves, extents) if k != self.key)
+        return RowLaunch(dtype, types, modes, shape, cols, threads, per, each, reads)
+
+    def _fused(self, env: dict[str, Any]) -> Any | None:
+        """The one kernel's result, or None where it does not apply."""
+        run = self.launch(env)
+        if run is None:
+            return None
+        xp = self.xp
+        kernel = self._kernels.get((run.types, run.modes, run.per))
+        if kernel is None:
+            kernel = self._kernels[(run.types, run.modes, run.per)] = xp.RawKernel(
+                self.source(run.types, run.modes, CTYPES[run.dtype], run.per), "parc_row",
+                options=("--std=c++14", "--fmad=false"))
+        head = tuple(xp.ascontiguousarray(env[k]) for k in self.row_inputs) if self.kind == "out" else ()
+        out = xp.empty(run.shape, run.dtype)
+        rows = math.prod(run.shape) // run.cols
+        kernel(*gpu.row_grid(rows, run.threads, run.each),
+               (*head, *[env[k] for k, _ in run.reads], out, np.int64(rows), np.int64(run.cols),
+                *[np.uint32(m) for _, m in run.reads]))
+        return out
+
+    def source(self, types: Sequence[str], modes: Sequence[str], ctype: str, per: int) -> str:
+        """The kernel's CUDA C: a functor computing the tree for element i (`Load` for "in",
+        `Store` for "out", where the gradient's element is the leaf `key`), and `parc_row`, which
+        runs the register-held row kernel over one row through it."""
+        index = {"full": "i", "one": "0", "tail": "i % m{0}", "head": "i / m{0}"}
+        mine = [j for j, k in enumerate(self.group.leaves) if k != self.key]  # leaves read from memory
+        fields = " ".join([f"const {types[j]}* __restrict__ p{j};" for j in mine] + [f"unsigned int m{j};" for j in mine])
+        reads = " ".join(f"const {types[j]} in{j} = {'d' if j not in mine else f'p{j}[{index[modes[j]].format(j)}]'};"
+                         for j in range(len(types)))
+        body = self.group.body(ctype)
+        members = ", ".join([f"p{j}" for j in mine] + [f"m{j}" for j in mine])
+        pointers = [f"const {types[j]}* __restrict__ p{j}" for j in mine]
+        extents = [f"unsigned int m{j}" for j in mine]
+        shape = "long long rows, long long cols"
+        if self.kind == "in":
+            functor = f"""struct Load {{
+    {fields}
+    __device__ {ctype} operator()(long long at) const {{
+        const unsigned int i = (unsigned int)at;
+        {reads}
+        {ctype} out;
+        {{
+{body}
+        }}
+        return out;
+    }}
+}};"""
+            params = ", ".join([*pointers, f"{ctype}* __restrict__ o", shape, *extents])
+            call = f"softmax_held<{ctype}, {per}>(Load{{{members}}}, Write<{ctype}>{{o}}, r, cols, shared);"
+        else:
+            functor = f"""struct Store {{
+    {ctype}* __restrict__ o;
+    {fields}
+    __device__ void operator()(long long at, {ctype} d) const {{
+        const unsigned int i = (unsigned int)at;
+        {reads}
+        {ctype} out;
+        {{
+{body}
+        }}
+        o[i] = out;
+    }}
+}};"""
+            params = ", ".join([f"const {ctype}* __restrict__ dy", f"const {ctype}* __restrict__ y", *pointers,
+                                f"{ctype}* __restrict__ o", shape, *extents])
+            call = f"softmax_grad_held<{ctype}, {per}>(dy, y, Store{{o, {members}}}, r, cols, shared);"
+        return f"""{gpu.ROW_SOURCE}
+{functor}
+
+extern "C" __global__ void parc_row({params}) {{
+    __shared__ {ctype} shared[32];
+    ROW
+    {call}
+}}
+"""
 
 
 def softmax_grad_groups(ops: Sequence[str], inputs: Sequence[Sequence[str]], outputs: Sequence[Sequence[str]],
@@ -338,11 +581,10 @@ def softmax_grad_groups(ops: Sequence[str], inputs: Sequence[Sequence[str]], out
 
 
 def softmax_grads(steps: list[tuple], ops: list[str], nodes: list, consts: dict, graph_outputs: Sequence[str],
-                  xp: Any) -> tuple[list[tuple], list[str]]:
-    """The engine's steps with each softmax gradient (`softmax_grad_groups`) as one step:
-    `gpu.softmax_grad_last` reads dy and y once per row where the axis is the last, CuPy's
-    operations otherwise. `nodes` are the steps' ONNX nodes (for ReduceSum's axes and keepdims).
-    Returns the steps and op types."""
+                  xp: Any) -> tuple[list[tuple], list[str], list]:
+    """The engine's steps with each softmax gradient (`softmax_grad_groups`) as one step
+    (`SoftmaxGrad`). `nodes` are the steps' ONNX nodes (for ReduceSum's axes and keepdims).
+    Returns the steps, op types and nodes (the final Mul's for a gradient)."""
     def reduce_axis(i: int) -> int | None:
         node = nodes[i]
         keepdims = next((a.i for a in node.attribute if a.name == "keepdims"), 1)
@@ -354,27 +596,35 @@ def softmax_grads(steps: list[tuple], ops: list[str], nodes: list, consts: dict,
     found = softmax_grad_groups(ops, [s[1] for s in steps], [[k for _, k in s[2]] for s in steps],
                                 graph_outputs, reduce_axis)
     if not found:
-        return steps, ops
+        return steps, ops, nodes
     taken = {i for a, b, c, *_ in found.values() for i in (a, b, c)}
-
-    def make(axis: int):
-        def softmax_grad(dy, y):
-            if xp is not np and axis % y.ndim == y.ndim - 1:
-                dx = gpu.softmax_grad_last(xp, dy, y)
-                if dx is not None:
-                    return (dx,)
-            return (y * (dy - xp.sum(dy * y, axis=axis, keepdims=True)),)
-        return softmax_grad
-
-    out, out_ops = [], []
+    out, out_ops, out_nodes = [], [], []
     for i, step in enumerate(steps):
         if i in taken:
             continue
         if i in found:
             *_, dy, y, axis = found[i]
-            out.append((make(axis), (dy, y), step[2], f"{step[3].rpartition(' (')[0]} and 3 more (SoftmaxGrad)"))
+            out.append((SoftmaxGrad(axis, xp), (dy, y), step[2], f"{step[3].rpartition(' (')[0]} and 3 more (SoftmaxGrad)"))
             out_ops.append("SoftmaxGrad")
         else:
             out.append(step)
             out_ops.append(ops[i])
-    return out, out_ops
+        out_nodes.append(nodes[i])
+    return out, out_ops, out_nodes
+
+
+@dataclass
+class SoftmaxGrad:
+    """y * (dy - sum(dy * y, axis, keepdims)): `gpu.softmax_grad_last` reads dy and y once per
+    row where the axis is the last, CuPy's (or NumPy's) operations otherwise."""
+
+    axis: int
+    xp: Any
+
+    def __call__(self, dy: Any, y: Any) -> tuple[Any]:
+        xp = self.xp
+        if xp is not np and self.axis % y.ndim == y.ndim - 1:
+            dx = gpu.softmax_grad_last(xp, dy, y)
+            if dx is not None:
+                return (dx,)
+        return (y * (dy - xp.sum(dy * y, axis=self.axis, keepdims=True)),)

@@ -187,29 +187,33 @@ _HELD = r"""
 #define EACH for (int k = 0; k < PER; ++k)
 #define J (threadIdx.x + (long long)k * blockDim.x)
 
-template <typename T, int PER>
-__global__ void softmax_rows_held(const T* x, T* y, long long rows, long long cols) {
-    __shared__ T shared[32];
-    ROW
-    const T* row = x + r * cols;
-    T* out = y + r * cols;
+// The softmax and its gradient read and write through functors, so that a row kernel can take in
+// the elementwise tree that makes its input or reads its output (`fusion.RowGroup`): `Load` gives
+// element i of the input, `Store` takes element i of the output. The plain kernels read and write
+// arrays. Element 0 stands in for the lanes past the row's end in the max.
+template <typename T> struct Plain { const T* x; __device__ T operator()(long long i) const { return x[i]; } };
+template <typename T> struct Write { T* y; __device__ void operator()(long long i, T v) const { y[i] = v; } };
+
+template <typename T, int PER, typename Load, typename Store>
+__device__ void softmax_held(const Load& load, const Store& store, long long r, long long cols, T* shared) {
+    const long long at = r * cols;
     T v[PER];
-    T m = row[0];
+    const T first = load(at);
+    T m = first;
     #pragma unroll
-    EACH { v[k] = J < cols ? row[J] : row[0]; m = v[k] > m ? v[k] : m; }
-    m = block_reduce<T>(m, shared, true, row[0]);
+    EACH { v[k] = J < cols ? load(at + J) : first; m = v[k] > m ? v[k] : m; }
+    m = block_reduce<T>(m, shared, true, first);
     T s = 0;
     #pragma unroll
     EACH { v[k] = ex(v[k] - m); if (J < cols) s += v[k]; }
     s = block_reduce<T>(s, shared, false, (T)0);
     #pragma unroll
-    EACH if (J < cols) out[J] = v[k] / s;
+    EACH if (J < cols) store(at + J, v[k] / s);
 }
 
-template <typename T, int PER>
-__global__ void softmax_grad_rows_held(const T* dy, const T* y, T* dx, long long rows, long long cols) {
-    __shared__ T shared[32];
-    ROW
+template <typename T, int PER, typename Store>
+__device__ void softmax_grad_held(const T* dy, const T* y, const Store& store, long long r, long long cols,
+                                  T* shared) {
     const long long at = r * cols;
     T g[PER], v[PER];
     T s = 0;
@@ -217,7 +221,21 @@ __global__ void softmax_grad_rows_held(const T* dy, const T* y, T* dx, long long
     EACH if (J < cols) { g[k] = dy[at + J]; v[k] = y[at + J]; s += g[k] * v[k]; }
     s = block_reduce<T>(s, shared, false, (T)0);
     #pragma unroll
-    EACH if (J < cols) dx[at + J] = v[k] * (g[k] - s);
+    EACH if (J < cols) store(at + J, v[k] * (g[k] - s));
+}
+
+template <typename T, int PER>
+__global__ void softmax_rows_held(const T* x, T* y, long long rows, long long cols) {
+    __shared__ T shared[32];
+    ROW
+    softmax_held<T, PER>(Plain<T>{x}, Write<T>{y}, r, cols, shared);
+}
+
+template <typename T, int PER>
+__global__ void softmax_grad_rows_held(const T* dy, const T* y, T* dx, long long rows, long long cols) {
+    __shared__ T shared[32];
+    ROW
+    softmax_grad_held<T, PER>(dy, y, Write<T>{dx}, r, cols, shared);
 }
 
 template <typename T, int PER>
@@ -244,6 +262,7 @@ __global__ void layer_norm_rows_held(const T* x, const T* scale, const T* bias, 
     if (threadIdx.x == 0) { mean_out[r] = mean; inv_out[r] = inv; }
 }
 """
+ROW_SOURCE = _ROWS + _HELD  # the row kernels' module; `fusion.RowGroup` builds on its device functions
 ROW_KERNELS = ("softmax_rows", "softmax_grad_rows", "layer_norm_rows")  # each has a `_held` variant
 ONE_PASS = ("logsumexp_rows",)
 HELD = (1, 2, 4, 8, 16, 32)  # elements a thread keeps in registers: the `_held` kernels' PER
@@ -255,19 +274,30 @@ BLOCK_THREADS = 128
 def _row_module(cupy: ModuleType, dtype: str) -> Any:
     names = ([f"{k}<{dtype}>" for k in ROW_KERNELS + ONE_PASS]
              + [f"{k}_held<{dtype}, {p}>" for k in ROW_KERNELS for p in HELD])
-    return cupy.RawModule(code=_ROWS + _HELD, options=("--std=c++14", "--fmad=false"), name_expressions=names)
+    return cupy.RawModule(code=ROW_SOURCE, options=("--std=c++14", "--fmad=false"), name_expressions=names)
+
+
+def row_shape(cols: int, held: bool) -> tuple[int, int | None, int]:
+    """(threads a row, elements a thread holds or None for the looping kernel, rows a block) for
+    rows of `cols` elements: a warp a row for rows of up to WARP_ROWS elements, 4 rows a block,
+    else a block of 128 or 256 threads a row; the register-held variant (`held`) where the row
+    fits (up to 32 elements a thread). (A warp a row for rows of 1,024, as PyTorch's softmax,
+    measured 2.9 times slower on an H200 with these kernels: docs/benchmarks.md.)"""
+    threads = 32 if cols <= WARP_ROWS else 128 if cols <= 1024 else 256
+    per = next((p for p in HELD if p * threads >= cols), None) if held else None
+    return threads, per, BLOCK_THREADS // threads if threads == 32 else 1
+
+
+def row_grid(rows: int, threads: int, each: int) -> tuple[tuple[int], tuple[int, int]]:
+    """The grid and block of a row kernel over `rows` rows (`row_shape`'s threads and rows a block)."""
+    return ((rows + each - 1) // each,), (threads, each)
 
 
 def _row_launch(cupy: ModuleType, name: str, dtype: str, rows: int, cols: int, args: tuple) -> None:
-    """Run a row kernel (arguments `args`) over `rows` rows of `cols` elements: a warp a row for
-    rows of up to WARP_ROWS elements, else a block of 128 or 256 threads a row; the register-held
-    variant where the row fits (up to 32 elements a thread). (A warp a row for rows of 1,024, as
-    PyTorch's softmax, measured 2.9 times slower on an H200 with these kernels: docs/benchmarks.md.)"""
-    threads = 32 if cols <= WARP_ROWS else 128 if cols <= 1024 else 256
-    per = next((p for p in HELD if p * threads >= cols), None) if name in ROW_KERNELS else None
+    """Run a row kernel (arguments `args`) over `rows` rows of `cols` elements (`row_shape`)."""
+    threads, per, each = row_shape(cols, name in ROW_KERNELS)
     fn = f"{name}<{dtype}>" if per is None else f"{name}_held<{dtype}, {per}>"
-    each = BLOCK_THREADS // threads if threads == 32 else 1
-    _row_module(cupy, dtype).get_function(fn)(((rows + each - 1) // each,), (threads, each), args)
+    _row_module(cupy, dtype).get_function(fn)(*row_grid(rows, threads, each), args)
 
 
 def _last_axis(cupy: ModuleType, x: Any) -> tuple[str, Any, int, int] | None:

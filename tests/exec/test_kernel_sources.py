@@ -1,0 +1,82 @@
+"""Every CUDA kernel parc writes compiles: the row kernels, the casts, the column sums, and the
+kernels fusion generates (flat elementwise trees, row kernels with a tree beside them), compiled
+by NVRTC for an H100 (sm_90) on this machine, without a GPU (`tests/nvrtc.py`). What they compute
+is checked against NumPy on a GPU (`test_gpu.py`); this catches a source that would not build
+before a lent GPU's minutes are spent on it."""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import pytest
+from helpers import masked_softmax_model, tiny_training_step
+
+from parc.exec.engines import gpu
+from parc.exec.engines.array import ArrayEngine
+from parc.exec.engines.fusion import Group, RowGroup, flat_layout
+from tests.nvrtc import CompileError, compile_cuda
+
+pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the nvidia-cuda-nvrtc wheel is built for Linux")
+
+ROW_OPTIONS = ("--std=c++14", "--fmad=false")
+
+
+@pytest.mark.parametrize("ctype", ["float", "double"])
+def test_the_row_kernels_compile(ctype):
+    names = ([f"{k}<{ctype}>" for k in gpu.ROW_KERNELS + gpu.ONE_PASS]
+             + [f"{k}_held<{ctype}, {p}>" for k in gpu.ROW_KERNELS for p in gpu.HELD])
+    assert compile_cuda(gpu.ROW_SOURCE, ROW_OPTIONS, names)
+
+
+def test_the_casts_and_column_sums_compile():
+    assert compile_cuda(gpu._CAST_BF16, ("--std=c++14",))
+    assert compile_cuda(gpu._COLUMN_SUM, ("--std=c++14",), ["column_sums<float>", "column_sums<double>"])
+
+
+def test_a_broken_source_is_refused_with_its_log():
+    with pytest.raises(CompileError, match="identifier \"undefined_name\" is undefined"):
+        compile_cuda(gpu.ROW_SOURCE + "__global__ void k(float* x) { x[0] = undefined_name; }", ROW_OPTIONS)
+
+
+def _row_groups(shape, mask_shape, dtype):
+    """The masked softmax's two row steps and the arrays their leaves are."""
+    engine = ArrayEngine(masked_softmax_model(shape, mask_shape, dtype), fuse=True)
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal(shape).astype(dtype)
+    env = {"x": x, "dy": x, "y": x, "mask": rng.random(mask_shape) > 0.5, "scale": np.array(0.125, dtype),
+           "low": np.array(-1e9, dtype), "zero": np.array(0, dtype)}
+    return [s[0] for s in engine._steps if isinstance(s[0], RowGroup)], env
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("cols", [6, 100, 200, 400, 1000, 2000, 4000, 8000])  # every elements-a-thread of gpu.HELD
+def test_row_groups_compile(dtype, cols):
+    rows, env = _row_groups((2, 3, cols), (3, cols), dtype)
+    assert [r.kind for r in rows] == ["in", "out"]
+    for row in rows:
+        run = row.launch(env)
+        assert run is not None and run.modes[:1] in (("full",), ("tail",))
+        assert compile_cuda(row.source(run.types, run.modes, gpu.CTYPES[np.dtype(dtype)], run.per), ROW_OPTIONS)
+
+
+def test_the_flat_kernels_of_a_training_step_compile(tmp_path, monkeypatch):
+    """The flat kernel of every elementwise tree of gpt-tiny's AdamW step (GELU and its gradient,
+    layer normalisation's, the mask's, the optimizer's update), with the types and leaf modes the
+    step's arrays give them."""
+    sources = {}
+
+    def record(self, *leaves):
+        layout = flat_layout([a.shape for a in leaves], [a.flags.c_contiguous for a in leaves])
+        found = self.types([a.dtype for a in leaves])
+        if layout is not None and found is not None:
+            dtype, types = found
+            sources[(types, layout[1], self.body("float"))] = self.flat_source(types, layout[1], gpu.CTYPES[dtype])
+        return (self.unfused(leaves),)
+
+    monkeypatch.setattr(Group, "__call__", record)
+    model, feeds = tiny_training_step("gpt-tiny", tmp_path)
+    ArrayEngine(model, fuse=True).run(feeds)
+    assert len(sources) > 10 and any("bool" in k[0] for k in sources) and any("head" in k[1] for k in sources)
+    for source in sources.values():
+        assert compile_cuda(source, ("--fmad=false",))
