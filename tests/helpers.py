@@ -127,3 +127,13 @@ def masked_softmax_model(shape, mask_shape, dtype=np.float32, opset: int = 18) -
     consts = [tensor("scale", np.array(0.125, dtype)), tensor("low", np.array(-1e9, dtype)),
               tensor("zero", np.array(0, dtype)), tensor("axes", np.array([-1], np.int64))]
     return make_model(nodes, inputs, [inp("y", None, elem), inp("g", None, elem)], consts, opset=opset)
+
+
+def loss_softmax_model(rows: int, cols: int, dtype=np.float32) -> onnx.ModelProto:
+    """A classification loss's gradient as parc's autodiff writes it: g = (Softmax(z) - onehot) *
+    scale, the one-hot labels [rows, cols] and the scale [rows, 1] inputs; output g."""
+    elem = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    n = helper.make_node
+    nodes = [n("Softmax", ["z"], ["y"], axis=-1), n("Sub", ["y", "onehot"], ["d"]), n("Mul", ["d", "scale"], ["g"])]
+    inputs = [inp("z", [rows, cols], elem), inp("onehot", [rows, cols], elem), inp("scale", [rows, 1], elem)]
+    return make_model(nodes, inputs, [inp("g", None, elem)])

@@ -284,11 +284,10 @@ def _on_the_array_engine(nodes: list, work: list[tuple], graph_outputs: list[str
     dy and y and writing the result; a tree of two or more elementwise nodes (`fusion.trees`,
     the grouping the engine makes) is one kernel reading its leaves once and writing its root; a
     softmax or softmax gradient that takes in a tree (`fusion.row_groups`, where the engine's row
-    kernel applies: the last axis, rows of up to 8,192, leaves the flat index reads) is one kernel
-    too, without the tree's root (in) or the gradient (out) in memory; a Transpose returns a view
+    kernel applies: the last axis, leaves the flat index reads) is one kernel
+    too, without the tree's root (in) or the row step's output (out) in memory; a Transpose returns a view
     (its reader takes the strides), moving nothing itself. `consts`: the module's small integer
     initializers (ReduceSum's axes)."""
-    from parc.exec.engines import gpu
     from parc.exec.engines.fusion import (
         flat_layout,
         fusible,
@@ -334,16 +333,15 @@ def _on_the_array_engine(nodes: list, work: list[tuple], graph_outputs: list[str
     def applies(j: int, kind: str, tree: list[int]) -> bool:
         """Whether the engine's row kernel takes step j and its tree (`RowGroup.launch`)."""
         n = nodes[index[j]]
-        x = n.inputs[0] if kind == "in" else n.outputs[0]
+        x = n.outputs[0]
         if x is None or x.shape is None:
             return False
-        if kind == "in":
+        if index[j] not in groups:  # a Softmax
             cols = softmax_columns(n.attr("axis", -1 if opset >= 13 else 1), opset)(x.shape)
         else:
             cols = x.shape[-1] if x.shape and groups[index[j]][5] % len(x.shape) == len(x.shape) - 1 else None
         shapes = [v.shape for v in leaves(tree).values()]
-        return bool(cols) and gpu.row_shape(cols, True)[1] is not None and None not in shapes \
-            and flat_layout(shapes, [True] * len(shapes)) is not None
+        return bool(cols) and None not in shapes and flat_layout(shapes, [True] * len(shapes)) is not None
 
     values = {v.name: v for n in nodes for v in (*n.inputs, *n.outputs) if v is not None}
     row_ops = ["SoftmaxGrad" if i in groups else nodes[i].op_type for i in index]
@@ -361,12 +359,12 @@ def _on_the_array_engine(nodes: list, work: list[tuple], graph_outputs: list[str
             target = index[row[0]]
             flops += out[target][0]
             written = nodes[target].outputs[0]
-        elif row is not None:  # the gradient reads dy and y; its output goes to the tree, not memory
-            grad = index[row[0]]
-            read = {k: v for k, v in read.items() if k != nodes[grad].outputs[0].name}
-            read.update({k: values[k] for k in groups[grad][3:5]})
-            flops += out[grad][0]
-            out[grad] = None
+        elif row is not None:  # the row step reads its inputs; its output goes to the tree, not memory
+            step = index[row[0]]
+            read = {k: v for k, v in read.items() if k != nodes[step].outputs[0].name}
+            read.update({k: values[k] for k in (groups[step][3:5] if step in groups else names[step][:1])})
+            flops += out[step][0]
+            out[step] = None
         nbytes = sum(v.nbytes for v in read.values() if v.shape is not None)
         nbytes += written.nbytes if written.shape is not None else 0
         for j in tree:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from helpers import inp, make_model, masked_softmax_model, tensor, tiny_training_step
+from helpers import inp, loss_softmax_model, make_model, masked_softmax_model, tensor, tiny_training_step
 from onnx import TensorProto, helper
 
 from parc.exec.engines.array import ArrayEngine
@@ -153,7 +153,7 @@ def test_a_tree_read_elsewhere_or_an_output_stays_apart_from_the_softmax():
     ((3, 3000), (3, 3000), (("full", "one", "full", "one"), 3000, 256, 16, 1)),
     ((2, 8192), (1, 8192), (("full", "one", "tail", "one"), 8192, 256, 32, 1)),
     ((2, 5, 40), (2, 5, 1), (("full", "one", "head", "one"), 40, 128, 1, 1)),  # a row's own mask value
-    ((2, 8193), (2, 8193), None),  # a row longer than the registers hold
+    ((2, 8193), (2, 8193), (("full", "one", "full", "one"), 8193, 256, None, 1)),  # longer than registers hold: loops
     ((2, 3, 4, 6), (2, 1, 1, 6), None),  # a padding mask broadcast in the middle: the flat index cannot read it
 ])
 def test_a_row_group_launches_where_its_kernel_applies(shape, mask_shape, want):
@@ -187,3 +187,36 @@ def test_a_softmax_over_another_axis_or_before_opset_13():
         run = fused._steps[0][0].launch({"x": x, "two": np.float32(2)})
         assert (run.cols if run else None) == (15 if opset == 11 else None)
         np.testing.assert_array_equal(fused.run({"x": x})["y"], ArrayEngine(model, fuse=False).run({"x": x})["y"])
+
+
+def _loss_feeds(rows, cols, dtype=np.float32):
+    rng = np.random.default_rng(1)
+    onehot = np.eye(cols, dtype=dtype)[rng.integers(0, cols, rows)]
+    return {"z": (rng.standard_normal((rows, cols)) * 4).astype(dtype), "onehot": onehot,
+            "scale": rng.random((rows, 1)).astype(dtype)}
+
+
+@pytest.mark.parametrize("cols", [7, 9000])
+def test_a_softmax_hands_its_output_to_the_tree_reading_it(cols):
+    """A loss's gradient, (Softmax(z) - onehot) * scale: the softmax stores each element through
+    the Sub and the Mul (`RowGroup` "out"), registers-held rows or looping ones."""
+    model = loss_softmax_model(3, cols)
+    fused = ArrayEngine(model, fuse=True)
+    (row,) = [s[0] for s in fused._steps]
+    assert (row.kind, row.op, row.key, row.leaves) == ("out", "Softmax", "y", ("z", "onehot", "scale"))
+    feeds = _loss_feeds(3, cols)
+    run = row.launch(feeds)
+    assert (run.modes, run.per) == (("full", "full", "head"), 1 if cols == 7 else None)
+    assert [k for k, _ in run.reads] == ["onehot", "scale"]
+    np.testing.assert_array_equal(fused.run(feeds)["g"], ArrayEngine(model, fuse=False).run(feeds)["g"])
+
+
+def test_a_training_steps_loss_and_attention_take_in_their_trees(tmp_path):
+    """gpt-tiny's AdamW step: each layer's attention softmax takes in its scale and mask, its
+    gradient their gradients, and the loss's softmax (in the backward pass) its one-hot Sub and
+    the scale."""
+    model, _ = tiny_training_step("gpt-tiny", tmp_path)
+    rows = [s[0] for s in ArrayEngine(model, fuse=True)._steps if isinstance(s[0], RowGroup)]
+    kinds = sorted((r.kind, r.op, tuple(o.op for o in r.group.ops)) for r in rows)
+    assert kinds == [("in", "Softmax", ("Mul", "Where"))] * 2 + [("out", "Softmax", ("Sub", "Mul"))] \
+        + [("out", "SoftmaxGrad", ("Where", "Mul"))] * 2

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from parc.exec.runner import gpu_available
-from tests.helpers import masked_softmax_model, parc, tiny_training_step
+from tests.helpers import loss_softmax_model, masked_softmax_model, parc, tiny_training_step
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not gpu_available(), reason="needs a CUDA GPU and CuPy")]
 
@@ -340,8 +340,8 @@ def test_strided_batched_matmul_matches_numpy(dtype, sa, sb, ta, tb):
 def test_row_groups_equal_their_parts_on_the_gpu(dtype, shape, mask_shape):
     """A softmax with the scale and mask before it, and its gradient with theirs after it, as one
     kernel each (`fusion.RowGroup`), against the trees and the row kernels run apart: the same to
-    the bit (each element is computed by the same C text, with --fmad=false). Rows over 8,192 and
-    a mask broadcast in the middle run apart in both."""
+    the bit (each element is computed by the same C text, with --fmad=false). Rows over 8,192
+    take the looping kernels; a mask broadcast in the middle runs apart in both."""
     import cupy
 
     from parc.exec.engines.array import ArrayEngine
@@ -355,7 +355,26 @@ def test_row_groups_equal_their_parts_on_the_gpu(dtype, shape, mask_shape):
     fused, apart = ArrayEngine(model, device="gpu", fuse=True), ArrayEngine(model, device="gpu", fuse=False)
     got, want = fused.run(feeds), apart.run(feeds)
     rows = [s[0] for s in fused._steps if isinstance(s[0], RowGroup)]
-    one_kernel = shape[-1] <= 8192 and mask_shape != (2, 1, 1, 6)
+    one_kernel = mask_shape != (2, 1, 1, 6)
     assert [r.kind for r in rows] == ["in", "out"] and [bool(r._kernels) for r in rows] == [one_kernel] * 2
     for k in ("y", "g"):
         np.testing.assert_array_equal(cupy.asnumpy(got[k]), cupy.asnumpy(want[k]))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("cols", [7, 1000, 9000, 51200])
+def test_a_softmax_storing_through_its_tree_equals_the_two_on_the_gpu(dtype, cols):
+    """A loss's gradient, (Softmax(z) - onehot) * scale, as one kernel (`RowGroup` "out" of a
+    Softmax; rows over 8,192 loop) against the softmax and the tree run apart: the same bits."""
+    import cupy
+
+    from parc.exec.engines.array import ArrayEngine
+
+    rng = np.random.default_rng(6)
+    feeds = {"z": (rng.standard_normal((5, cols)) * 4).astype(dtype),
+             "onehot": np.eye(cols, dtype=dtype)[rng.integers(0, cols, 5)], "scale": rng.random((5, 1)).astype(dtype)}
+    model = loss_softmax_model(5, cols, dtype)
+    fused, apart = ArrayEngine(model, device="gpu", fuse=True), ArrayEngine(model, device="gpu", fuse=False)
+    got, want = fused.run(feeds)["g"], apart.run(feeds)["g"]
+    assert fused._steps[0][0]._kernels
+    np.testing.assert_array_equal(cupy.asnumpy(got), cupy.asnumpy(want))

@@ -10,7 +10,7 @@ import sys
 
 import numpy as np
 import pytest
-from helpers import masked_softmax_model, tiny_training_step
+from helpers import loss_softmax_model, masked_softmax_model, tiny_training_step
 
 from parc.exec.engines import gpu
 from parc.exec.engines.array import ArrayEngine
@@ -50,7 +50,7 @@ def _row_groups(shape, mask_shape, dtype):
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-@pytest.mark.parametrize("cols", [6, 100, 200, 400, 1000, 2000, 4000, 8000])  # every elements-a-thread of gpu.HELD
+@pytest.mark.parametrize("cols", [6, 100, 200, 400, 1000, 2000, 4000, 8000, 9000])  # each of gpu.HELD, and loops
 def test_row_groups_compile(dtype, cols):
     rows, env = _row_groups((2, 3, cols), (3, cols), dtype)
     assert [r.kind for r in rows] == ["in", "out"]
@@ -58,6 +58,16 @@ def test_row_groups_compile(dtype, cols):
         run = row.launch(env)
         assert run is not None and run.modes[:1] in (("full",), ("tail",))
         assert compile_cuda(row.source(run.types, run.modes, gpu.CTYPES[np.dtype(dtype)], run.per), ROW_OPTIONS)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("cols", [7, 9000])
+def test_a_softmax_storing_through_a_tree_compiles(dtype, cols):
+    (row,) = [s[0] for s in ArrayEngine(loss_softmax_model(3, cols, dtype), fuse=True)._steps]
+    x = np.zeros((3, cols), dtype)
+    run = row.launch({"z": x, "onehot": x, "scale": np.zeros((3, 1), dtype)})
+    assert (row.kind, row.op) == ("out", "Softmax") and (run.per is None) == (cols > 8192)
+    assert compile_cuda(row.source(run.types, run.modes, gpu.CTYPES[np.dtype(dtype)], run.per), ROW_OPTIONS)
 
 
 def test_the_flat_kernels_of_a_training_step_compile(tmp_path, monkeypatch):

@@ -309,15 +309,19 @@ def fuse(steps: list[tuple], ops: list[str], nodes: list, graph_outputs: Sequenc
         head, _, tail = name.rpartition(" and ")
         if tail.endswith(" more") and tail[:-5].isdigit():  # a softmax gradient's "and 3 more"
             name, more = head, more + int(tail[:-5])
-        if kind == "in":
+        if ops[i] == "Softmax":
             node = nodes[i]
-            axis = next((a.i for a in node.attribute if a.name == "axis"), -1 if opset >= 13 else 1)
-            row = RowGroup("in", kernel, group(tree), xp, softmax_columns(axis, opset))
-            at[i] = (row, row.leaves, outputs, f"{name} and {more} more (Softmax)")
+            columns = softmax_columns(next((a.i for a in node.attribute if a.name == "axis"), -1 if opset >= 13 else 1),
+                                      opset)
+        else:
+            columns = last_columns(kernel.axis)
+        if kind == "in":
+            row = RowGroup("in", ops[i], kernel, group(tree), xp, columns)
+            at[i] = (row, row.leaves, outputs, f"{name} and {more} more ({ops[i]})")
             taken.update(tree)
         else:
-            row = RowGroup("out", kernel, group(tree), xp, last_columns(kernel.axis), tuple(steps[i][1]), outputs[0][1])
-            at[tree[-1]] = (row, row.leaves, ((0, row.group.output),), f"{name} and {more} more (SoftmaxGrad)")
+            row = RowGroup("out", ops[i], kernel, group(tree), xp, columns, tuple(steps[i][1]), outputs[0][1])
+            at[tree[-1]] = (row, row.leaves, ((0, row.group.output),), f"{name} and {more} more ({ops[i]})")
             taken.update([i, *tree[:-1]])
     # on a GPU a lone elementwise node runs as a group of one too: the flat kernel reads ahead,
     # CuPy's own kernel for it does not
@@ -336,9 +340,9 @@ def row_groups(ops: Sequence[str], inputs: Sequence[Sequence[str]], outputs: Seq
                groups: Sequence[list[int]], graph_outputs: Sequence[str],
                applies=lambda i, kind, tree: True) -> dict[int, tuple[str, list[int]]]:
     """Which row steps take in an elementwise tree (`trees`' `groups`): a Softmax whose input is a
-    tree's root read by nobody else -> ("in", tree); a SoftmaxGrad (`softmax_grad_groups`) whose
-    output is read by one node of a tree and by nobody else -> ("out", tree). Each tree joins one
-    row step at most; `applies(i, kind, tree)` may refuse a pair (the cost model's, where it knows
+    tree's root read by nobody else -> ("in", tree); else a Softmax or SoftmaxGrad
+    (`softmax_grad_groups`) whose output is read by one node of a tree and by nobody else ->
+    ("out", tree). Each tree joins one row step at most; `applies(i, kind, tree)` may refuse a pair (the cost model's, where it knows
     the engine's kernel will not take it). The engine runs each pair as one kernel (`RowGroup`); the cost
     model prices it so (`parc.passes.timing`)."""
     readers = Counter(k for ins in inputs for k in ins)
@@ -349,18 +353,17 @@ def row_groups(ops: Sequence[str], inputs: Sequence[Sequence[str]], outputs: Seq
     found: dict[int, tuple[str, list[int]]] = {}
     used: set[int] = set()  # trees (by root) already joined
     for i, op in enumerate(ops):
-        if op == "Softmax" and inputs[i] and inputs[i][0]:
-            k, kind = inputs[i][0], "in"
-            tree = root_of.get(k)
-        elif op == "SoftmaxGrad" and outputs[i] and outputs[i][0]:
-            k, kind = outputs[i][0], "out"
-            tree = tree_of.get(reader_of.get(k, -1))
-        else:
+        if op not in ROW_OPS:
             continue
-        if tree is None or readers[k] != 1 or k in keep or tree[-1] in used or not applies(i, kind, tree):
-            continue
-        found[i] = (kind, tree)
-        used.add(tree[-1])
+        pairs = [("in", inputs[i][0], root_of.get(inputs[i][0]))] if op == "Softmax" and inputs[i] else []
+        if outputs[i] and outputs[i][0]:
+            pairs.append(("out", outputs[i][0], tree_of.get(reader_of.get(outputs[i][0], -1))))
+        for kind, k, tree in pairs:
+            if tree is not None and k and readers[k] == 1 and k not in keep and tree[-1] not in used \
+                    and applies(i, kind, tree):
+                found[i] = (kind, tree)
+                used.add(tree[-1])
+                break
     return found
 
 
@@ -395,7 +398,7 @@ class RowLaunch:
     shape: tuple[int, ...]
     cols: int
     threads: int
-    per: int
+    per: int | None  # None: the looping kernels, which read the row from memory each pass
     each: int
     reads: tuple[tuple[str, int], ...]
 
@@ -404,25 +407,29 @@ class RowLaunch:
 class RowGroup:
     """A row kernel with the elementwise tree beside it, as one step: "in", a Softmax whose input
     the tree makes (the kernel computes the tree's value of each element as it loads it: the
-    attention's scale and mask before its softmax); "out", a softmax gradient whose output the
-    tree reads (each element of the gradient goes through the tree as it is stored: the mask's and
-    the scale's gradients after it). The tree's root value is never written (in) or the
-    gradient's (out): on gpt-medium's attention each is a 512 MiB write and read a layer.
+    attention's scale and mask before its softmax); "out", a softmax gradient or a softmax whose
+    output the tree reads (each element goes through the tree as it is stored: the mask's and the
+    scale's gradients after attention's softmax gradient; the one-hot labels subtracted from a
+    loss's softmax and the result scaled). The tree's root value is never written (in) or the
+    row step's output (out): on gpt-medium's attention each is a 512 MiB write and read a layer.
 
     The kernel is generated from the tree's C text (`Group.body`) and the register-held row
     kernels (`gpu.softmax_held`, `gpu.softmax_grad_held`), built with `--fmad=false`: each
     element is computed as the tree's and the row kernel's own kernels compute it, so the results
-    are the same to the bit. Where it does not apply (NumPy; types other than the tree's kernels
-    take; a leaf the flat kernel cannot read; a softmax over another axis; rows of more than the
-    held kernels' 8,192 elements) the tree and the row kernel run one after the other."""
+    are the same to the bit. Rows of more than the held kernels' 8,192 elements take the looping
+    kernels (`gpu.softmax_loop`, `gpu.softmax_grad_loop`), which compute the tree's value at each
+    of their passes over the row. Where it does not apply (NumPy; types other than the tree's
+    kernels take; a leaf the flat kernel cannot read; a softmax over another axis) the tree and
+    the row kernel run one after the other."""
 
     kind: str  # "in" or "out"
+    op: str  # "Softmax" or "SoftmaxGrad" (ROW_OPS)
     row: Any  # the row step's own kernel: softmax(x) -> (y,), or softmax_grad(dy, y) -> (dx,)
     group: Group
     xp: Any
     columns: Any  # elements a row from the row input's shape, or None (`softmax_columns`)
-    row_inputs: tuple[str, ...] = ()  # "out": the gradient's inputs (dy, y)
-    key: str = ""  # "out": the gradient, the tree's leaf it fills
+    row_inputs: tuple[str, ...] = ()  # "out": the row step's inputs (x, or dy and y)
+    key: str = ""  # "out": the row step's output, the tree's leaf it fills
     leaves: tuple[str, ...] = ()
     _kernels: dict[tuple, Any] = field(default_factory=dict)
 
@@ -444,12 +451,12 @@ class RowGroup:
     def launch(self, env: dict[str, Any]) -> RowLaunch | None:
         """How the one kernel runs on these leaves (arrays by key: CuPy's, or NumPy's in tests), or
         None where it does not apply."""
-        dx = None
+        dx = None  # "out": an array of the row step's output's shape and type
         if self.kind == "out":
-            dy, y = (env[k] for k in self.row_inputs)
-            if dy.shape != y.shape or dy.dtype != y.dtype or y.size == 0:
+            heads = [env[k] for k in self.row_inputs]
+            dx = heads[0]
+            if any(a.shape != dx.shape or a.dtype != dx.dtype for a in heads) or dx.size == 0:
                 return None
-            dx = y
         leaves = [None if k == self.key else env[k] for k in self.group.leaves]  # None: the gradient
         found = self.group.types([dx.dtype if a is None else a.dtype for a in leaves])
         layout = flat_layout([dx.shape if a is None else a.shape for a in leaves],
@@ -458,13 +465,11 @@ class RowGroup:
             return None
         (dtype, types), (shape, modes, extents) = found, layout
         if dx is not None and (shape != dx.shape or modes[self.group.leaves.index(self.key)] != "full"):
-            return None  # the tree broadcasts the gradient
+            return None  # the tree broadcasts the row step's output
         cols = self.columns(shape)
         if not cols or math.prod(shape) >= FLAT_MAX:
             return None
         threads, per, each = gpu.row_shape(cols, True)
-        if per is None:
-            return None
         reads = tuple((k, m) for k, m in zip(self.group.leaves, extents) if k != self.key)
         return RowLaunch(dtype, types, modes, shape, cols, threads, per, each, reads)
 
@@ -487,11 +492,12 @@ class RowGroup:
                 *[np.uint32(m) for _, m in run.reads]))
         return out
 
-    def source(self, types: Sequence[str], modes: Sequence[str], ctype: str, per: int) -> str:
+    def source(self, types: Sequence[str], modes: Sequence[str], ctype: str, per: int | None) -> str:
         """The kernel's CUDA C: a functor computing the tree for element i (`Load` for "in",
-        `Store` for "out", where the gradient's element is the leaf `key`), and `parc_row`, which
+        `Store` for "out", where the row step.s element is the leaf `key`), and `parc_row`, which
         runs the register-held row kernel over one row through it."""
         index = {"full": "i", "one": "0", "tail": "i % m{0}", "head": "i / m{0}"}
+        held = f"loop<{ctype}>" if per is None else f"held<{ctype}, {per}>"  # the row kernel's variant
         mine = [j for j, k in enumerate(self.group.leaves) if k != self.key]  # leaves read from memory
         fields = " ".join([f"const {types[j]}* __restrict__ p{j};" for j in mine] + [f"unsigned int m{j};" for j in mine])
         reads = " ".join(f"const {types[j]} in{j} = {'d' if j not in mine else f'p{j}[{index[modes[j]].format(j)}]'};"
@@ -515,7 +521,7 @@ class RowGroup:
     }}
 }};"""
             params = ", ".join([*pointers, f"{ctype}* __restrict__ o", shape, *extents])
-            call = f"softmax_held<{ctype}, {per}>(Load{{{members}}}, Write<{ctype}>{{o}}, r, cols, shared);"
+            call = f"softmax_{held}(Load{{{members}}}, Write<{ctype}>{{o}}, r, cols, shared);"
         else:
             functor = f"""struct Store {{
     {ctype}* __restrict__ o;
@@ -530,9 +536,12 @@ class RowGroup:
         o[i] = out;
     }}
 }};"""
-            params = ", ".join([f"const {ctype}* __restrict__ dy", f"const {ctype}* __restrict__ y", *pointers,
+            heads = ["x"] if self.op == "Softmax" else ["dy", "y"]
+            params = ", ".join([*[f"const {ctype}* __restrict__ {h}" for h in heads], *pointers,
                                 f"{ctype}* __restrict__ o", shape, *extents])
-            call = f"softmax_grad_held<{ctype}, {per}>(dy, y, Store{{o, {members}}}, r, cols, shared);"
+            store = f"Store{{o, {members}}}"
+            call = f"softmax_{held}(Plain<{ctype}>{{x}}, {store}, r, cols, shared);" \
+                if self.op == "Softmax" else f"softmax_grad_{held}(dy, y, {store}, r, cols, shared);"
         return f"""{gpu.ROW_SOURCE}
 {functor}
 

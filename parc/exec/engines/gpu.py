@@ -106,20 +106,32 @@ __device__ T block_reduce(T v, T* shared, bool is_max, T pad) {
     return r;
 }
 
+// The softmax and its gradient read and write through functors, so that a row kernel can take in
+// the elementwise tree that makes its input or reads its output (`fusion.RowGroup`): `Load` gives
+// element i of the input, `Store` takes element i of the output. The plain kernels read and write
+// arrays.
+template <typename T> struct Plain { const T* x; __device__ T operator()(long long i) const { return x[i]; } };
+template <typename T> struct Write { T* y; __device__ void operator()(long long i, T v) const { y[i] = v; } };
+
+template <typename T, typename Load, typename Store>
+__device__ void softmax_loop(const Load& load, const Store& store, long long r, long long cols, T* shared) {
+    const long long at = r * cols;
+    const T first = load(at);
+    T m = first;  // a lower bound of the row's max (NaNs never compare greater: as NumPy, a NaN
+                  // in the row makes the sum, and so every output, NaN)
+    for (long long j = threadIdx.x; j < cols; j += blockDim.x) { const T v = load(at + j); m = v > m ? v : m; }
+    m = block_reduce<T>(m, shared, true, first);
+    T s = 0;
+    for (long long j = threadIdx.x; j < cols; j += blockDim.x) s += ex(load(at + j) - m);
+    s = block_reduce<T>(s, shared, false, (T)0);
+    for (long long j = threadIdx.x; j < cols; j += blockDim.x) store(at + j, ex(load(at + j) - m) / s);
+}
+
 template <typename T>
 __global__ void softmax_rows(const T* x, T* y, long long rows, long long cols) {
     __shared__ T shared[32];
     ROW
-    const T* row = x + r * cols;
-    T* out = y + r * cols;
-    T m = row[0];  // a lower bound of the row's max (NaNs never compare greater: as NumPy, a NaN
-                   // in the row makes the sum, and so every output, NaN)
-    for (long long j = threadIdx.x; j < cols; j += blockDim.x) m = row[j] > m ? row[j] : m;
-    m = block_reduce<T>(m, shared, true, row[0]);
-    T s = 0;
-    for (long long j = threadIdx.x; j < cols; j += blockDim.x) s += ex(row[j] - m);
-    s = block_reduce<T>(s, shared, false, (T)0);
-    for (long long j = threadIdx.x; j < cols; j += blockDim.x) out[j] = ex(row[j] - m) / s;
+    softmax_loop<T>(Plain<T>{x}, Write<T>{y}, r, cols, shared);
 }
 
 // log(sum(exp(row))) in one pass: each thread keeps a running max m and sum s of exp(v - m),
@@ -147,15 +159,21 @@ CTYPES = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}  # the 
 
 _ROWS = _SOFTMAX + r"""
 // d loss / d x of y = softmax(x) over a row, from dy and y: y * (dy - sum(dy * y)).
-template <typename T>
-__global__ void softmax_grad_rows(const T* dy, const T* y, T* dx, long long rows, long long cols) {
-    __shared__ T shared[32];
-    ROW
+template <typename T, typename Store>
+__device__ void softmax_grad_loop(const T* dy, const T* y, const Store& store, long long r, long long cols,
+                                  T* shared) {
     const long long at = r * cols;
     T s = 0;
     for (long long j = threadIdx.x; j < cols; j += blockDim.x) s += dy[at + j] * y[at + j];
     s = block_reduce<T>(s, shared, false, (T)0);
-    for (long long j = threadIdx.x; j < cols; j += blockDim.x) dx[at + j] = y[at + j] * (dy[at + j] - s);
+    for (long long j = threadIdx.x; j < cols; j += blockDim.x) store(at + j, y[at + j] * (dy[at + j] - s));
+}
+
+template <typename T>
+__global__ void softmax_grad_rows(const T* dy, const T* y, T* dx, long long rows, long long cols) {
+    __shared__ T shared[32];
+    ROW
+    softmax_grad_loop<T>(dy, y, Write<T>{dx}, r, cols, shared);
 }
 
 // LayerNormalization over a row: its mean, 1 / sqrt(variance + eps), and (x - mean) * inv * scale + bias.
@@ -187,13 +205,8 @@ _HELD = r"""
 #define EACH for (int k = 0; k < PER; ++k)
 #define J (threadIdx.x + (long long)k * blockDim.x)
 
-// The softmax and its gradient read and write through functors, so that a row kernel can take in
-// the elementwise tree that makes its input or reads its output (`fusion.RowGroup`): `Load` gives
-// element i of the input, `Store` takes element i of the output. The plain kernels read and write
-// arrays. Element 0 stands in for the lanes past the row's end in the max.
-template <typename T> struct Plain { const T* x; __device__ T operator()(long long i) const { return x[i]; } };
-template <typename T> struct Write { T* y; __device__ void operator()(long long i, T v) const { y[i] = v; } };
-
+// Through functors as the looping kernels above; element 0 stands in for the lanes past the row's
+// end in the max.
 template <typename T, int PER, typename Load, typename Store>
 __device__ void softmax_held(const Load& load, const Store& store, long long r, long long cols, T* shared) {
     const long long at = r * cols;
