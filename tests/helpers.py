@@ -30,16 +30,17 @@ def inp(name: str, shape, dtype=TensorProto.FLOAT) -> onnx.ValueInfoProto:
     return helper.make_tensor_value_info(name, dtype, shape)
 
 
-def tiny_training_step(name: str, directory, optimizer=None) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
-    """(a zoo model's training step, built in `directory`; seeded feeds for its data inputs:
-    floats standard normal, token ids and labels below the size they index)."""
+def tiny_training_step(name: str, directory, optimizer=None, precision: str = "fp32") -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    """(a zoo model's training step, built in `directory`, its products in `precision`; seeded
+    feeds for its data inputs: floats standard normal, token ids and labels below the size they
+    index)."""
     from parc.autodiff import OptimizerConfig, make_training_step
     from parc.ir import from_model, load, to_onnx
     from parc.models import build_model
     from parc.passes.lower import index_limit
 
     graph = load(build_model(name, directory / f"{name}.onnx"))
-    make_training_step(graph, optimizer or OptimizerConfig("adamw", lr=1e-3, weight_decay=0.01))
+    make_training_step(graph, optimizer or OptimizerConfig("adamw", lr=1e-3, weight_decay=0.01), precision=precision)
     model = to_onnx(graph)
     rng = np.random.default_rng(0)
     feeds = {}
@@ -137,3 +138,18 @@ def loss_softmax_model(rows: int, cols: int, dtype=np.float32) -> onnx.ModelProt
     nodes = [n("Softmax", ["z"], ["y"], axis=-1), n("Sub", ["y", "onehot"], ["d"]), n("Mul", ["d", "scale"], ["g"])]
     inputs = [inp("z", [rows, cols], elem), inp("onehot", [rows, cols], elem), inp("scale", [rows, 1], elem)]
     return make_model(nodes, inputs, [inp("g", None, elem)])
+
+
+def bf16_casts_model(shape=(4, 8), width: int = 8) -> onnx.ModelProto:
+    """Mixed precision as `parc grad --precision bf16` writes it: y = MatMul(Cast(x, bf16),
+    Cast(w, bf16)) in bfloat16, then Cast(y, float) + b, times 2, Cast to bfloat16 for a second
+    MatMul, whose output is cast back to float (the output z); and r = Cast(Cast(x, bf16), float)
+    * x, a value rounded to bfloat16 and back (output r)."""
+    n = helper.make_node
+    bf, f = TensorProto.BFLOAT16, TensorProto.FLOAT
+    nodes = [n("Cast", ["x"], ["xl"], to=bf), n("Cast", ["w"], ["wl"], to=bf), n("MatMul", ["xl", "wl"], ["yl"]),
+             n("Cast", ["yl"], ["y"], to=f), n("Add", ["y", "b"], ["h"]), n("Mul", ["h", "two"], ["h2"]),
+             n("Cast", ["h2"], ["hl"], to=bf), n("MatMul", ["hl", "wl"], ["zl"]), n("Cast", ["zl"], ["z"], to=f),
+             n("Cast", ["xl"], ["xr"], to=f), n("Mul", ["xr", "x"], ["r"])]
+    inputs = [inp("x", list(shape)), inp("w", [shape[-1], width]), inp("b", [width])]
+    return make_model(nodes, inputs, [inp("z", None), inp("r", None)], [tensor("two", np.float32(2))])

@@ -289,6 +289,7 @@ def _on_the_array_engine(nodes: list, work: list[tuple], graph_outputs: list[str
     (its reader takes the strides), moving nothing itself. `consts`: the module's small integer
     initializers (ReduceSum's axes)."""
     from parc.exec.engines.fusion import (
+        cast_kind,
         flat_layout,
         fusible,
         row_groups,
@@ -321,8 +322,10 @@ def _on_the_array_engine(nodes: list, work: list[tuple], graph_outputs: list[str
             continue
         inputs = names[i]
         outputs = [(j, v.name) for j, v in enumerate(n.outputs)]
-        ok = n.domain in ("", "ai.onnx") and i not in groups and fusible(n.op_type, inputs, outputs)
-        steps.append((ok, inputs, outputs[0][1] if ok else None))
+        low = [v is not None and v.dtype is not None and v.dtype.name == "bfloat16" for v in n.inputs]
+        kind = cast_kind(n.op_type, n.attr("to"), low)
+        ok = n.domain in ("", "ai.onnx") and i not in groups and fusible(n.op_type, inputs, outputs, kind)
+        steps.append((ok and ("root" if kind == "down" else True), inputs, outputs[0][1] if ok else None))
         index.append(i)
     found = trees(steps, graph_outputs)
 

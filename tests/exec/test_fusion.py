@@ -8,11 +8,19 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from helpers import inp, loss_softmax_model, make_model, masked_softmax_model, tensor, tiny_training_step
+from helpers import (
+    bf16_casts_model,
+    inp,
+    loss_softmax_model,
+    make_model,
+    masked_softmax_model,
+    tensor,
+    tiny_training_step,
+)
 from onnx import TensorProto, helper
 
 from parc.exec.engines.array import ArrayEngine
-from parc.exec.engines.fusion import Group, RowGroup
+from parc.exec.engines.fusion import BF16, Group, RowGroup, cast_kind, fusible, trees
 
 n = helper.make_node
 
@@ -220,3 +228,59 @@ def test_a_training_steps_loss_and_attention_take_in_their_trees(tmp_path):
     kinds = sorted((r.kind, r.op, tuple(o.op for o in r.group.ops)) for r in rows)
     assert kinds == [("in", "Softmax", ("Mul", "Where"))] * 2 + [("out", "Softmax", ("Sub", "Mul"))] \
         + [("out", "SoftmaxGrad", ("Where", "Mul"))] * 2
+
+
+def test_cast_kinds():
+    assert cast_kind("Cast", 1, [True]) == "up" and cast_kind("Cast", 16, [False]) == "down"
+    assert cast_kind("Cast", 10, [False]) == "other" and cast_kind("Cast", 1, [False]) == "other"  # float16; a no-op
+    assert cast_kind("Mul", None, [False, True]) == "bf16" and cast_kind("Mul", None, [False, False]) == ""
+    assert fusible("Cast", ["x"], [(0, "y")], "up") and fusible("Cast", ["x"], [(0, "y")], "down")
+    assert not fusible("Cast", ["x"], [(0, "y")], "other") and not fusible("Cast", ["x"], [(0, "y")])
+    assert not fusible("Mul", ["a", "b"], [(0, "y")], "bf16") and fusible("Mul", ["a", "b"], [(0, "y")])
+    # a cast to bfloat16 ends its tree: the Mul reading it starts its own
+    steps = [(True, ["x", "x"], "a"), ("root", ["a"], "al"), (True, ["al"], "ar"), (True, ["ar", "x"], "m")]
+    assert trees(steps, ["m"]) == [[0, 1], [2, 3]]
+
+
+def test_casts_between_float_and_bfloat16_join_the_trees_beside_them():
+    """A product's bfloat16 output cast up joins the tree reading it (read as float), and a tree's
+    cast down to bfloat16 is its root (stored rounded): `Group.types` gives the bfloat16 leaves
+    and `out_dtype` the root's type. Nodes on bfloat16 values stay out of trees."""
+    model = bf16_casts_model()
+    fused = ArrayEngine(model, fuse=True)
+    groups = {tuple((o.op, o.cast) for o in g.ops): g for g in _groups(fused)}
+    assert set(groups) == {(("Cast", "up"), ("Add", ""), ("Mul", ""), ("Cast", "down")), (("Cast", "up"), ("Mul", ""))}
+    tree = groups[(("Cast", "up"), ("Add", ""), ("Mul", ""), ("Cast", "down"))]
+    from parc.exec.engines.fusion import BFLOAT16
+    f32 = np.dtype(np.float32)
+    assert tree.leaves == ("yl", "b", "two")
+    assert tree.types([BFLOAT16, f32, f32]) == (f32, (BF16, "float", "float")) and tree.out_dtype(f32) == BFLOAT16
+    assert tree.types([f32, f32, f32]) is None  # the cast's leaf must be bfloat16
+    assert tree.types([BFLOAT16, np.dtype(np.float64), np.dtype(np.float64)]) is None  # casts compute in float32
+    source = tree.flat_source((BF16, "float", "float"), ("full", "tail", "one"), "float", BF16)
+    assert "const unsigned short* __restrict__ p0" in source and "const float in0 = bf16_value(a0[j]);" in source
+    assert "unsigned short* __restrict__ o" in source and "o[i] = bf16_bits(out);" in source
+    rng = np.random.default_rng(3)
+    feeds = {"x": rng.standard_normal((4, 8)).astype(np.float32), "w": rng.standard_normal((8, 8)).astype(np.float32),
+             "b": rng.standard_normal(8).astype(np.float32)}
+    got, want = fused.run(feeds), ArrayEngine(model, fuse=False).run(feeds)
+    for k in ("z", "r"):
+        np.testing.assert_array_equal(got[k], want[k])
+
+
+def test_a_bf16_training_steps_casts_join_its_trees(tmp_path):
+    """gpt-tiny's bf16 AdamW step: products' outputs cast up and tree roots cast down are in
+    trees (attention's scale gradient and the loss's gradient, cast down for their products, in
+    the row steps before them), and the fused step equals the unfused on NumPy."""
+    model, feeds = tiny_training_step("gpt-tiny", tmp_path, precision="bf16")
+    fused = ArrayEngine(model, fuse=True)
+    steps = [s[0] for s in fused._steps]
+    casts = [o.cast for s in steps for o in getattr(s, "ops", getattr(getattr(s, "group", None), "ops", []))
+             if o.op == "Cast"]
+    assert casts.count("up") >= 8 and casts.count("down") >= 4
+    rows = [s for s in steps if isinstance(s, RowGroup) and s.group.ops[-1].cast == "down"]
+    assert sorted((r.op, tuple(o.op for o in r.group.ops)) for r in rows) == \
+        [("Softmax", ("Sub", "Mul", "Cast"))] + [("SoftmaxGrad", ("Where", "Mul", "Cast"))] * 2
+    got, want = fused.run(feeds), ArrayEngine(model, fuse=False).run(feeds)
+    for k in want:
+        np.testing.assert_array_equal(got[k], want[k])

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from parc.exec.runner import gpu_available
-from tests.helpers import loss_softmax_model, masked_softmax_model, parc, tiny_training_step
+from tests.helpers import bf16_casts_model, loss_softmax_model, masked_softmax_model, parc, tiny_training_step
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not gpu_available(), reason="needs a CUDA GPU and CuPy")]
 
@@ -378,3 +378,42 @@ def test_a_softmax_storing_through_its_tree_equals_the_two_on_the_gpu(dtype, col
     got, want = fused.run(feeds)["g"], apart.run(feeds)["g"]
     assert fused._steps[0][0]._kernels
     np.testing.assert_array_equal(cupy.asnumpy(got), cupy.asnumpy(want))
+
+
+def test_casts_to_and_from_bfloat16_in_trees_equal_the_casts_alone_on_the_gpu():
+    """A product's bfloat16 output cast up into the tree reading it, the tree's root cast down to
+    bfloat16 (`fusion.cast_kind`): the fused kernels read and write bfloat16's bits as
+    `gpu.cast_bfloat16` does, so the result equals the unfused engine's to the bit."""
+    import cupy
+
+    from parc.exec.engines.array import ArrayEngine
+    from parc.exec.engines.fusion import Group
+
+    rng = np.random.default_rng(7)
+    feeds = {"x": rng.standard_normal((64, 96)).astype(np.float32), "w": rng.standard_normal((96, 96)).astype(np.float32),
+             "b": rng.standard_normal(96).astype(np.float32)}
+    feeds["x"][0, :3] = [np.nan, np.inf, 1 + 2 ** -8]  # a NaN, an infinity, a tie to even
+    model = bf16_casts_model((64, 96), 96)
+    fused, apart = ArrayEngine(model, device="gpu", fuse=True), ArrayEngine(model, device="gpu", fuse=False)
+    got, want = fused.run(feeds), apart.run(feeds)
+    trees = [s[0] for s in fused._steps if isinstance(s[0], Group) and any(o.cast for o in s[0].ops) and len(s[0].ops) > 1]
+    assert len(trees) == 2 and all(g._flats for g in trees)  # the flat kernel ran them
+    for k in ("z", "r"):
+        np.testing.assert_array_equal(cupy.asnumpy(got[k]), cupy.asnumpy(want[k]))
+
+
+def test_fused_bf16_training_step_equals_unfused_on_the_gpu(tmp_path, capfd):
+    import cupy
+
+    from parc.autodiff import OptimizerConfig
+    from parc.exec.engines.array import ArrayEngine
+
+    model, feeds = tiny_training_step("gpt-tiny", tmp_path, OptimizerConfig("sgd", lr=1e-3), precision="bf16")
+    fused, plain = ArrayEngine(model, device="gpu", fuse=True), ArrayEngine(model, device="gpu", fuse=False)
+    got, want = fused.run(feeds), plain.run(feeds)
+    assert "could not fuse" not in capfd.readouterr().err
+    # SGD moves each float32 master weight by lr times its gradient; a kernel that read or wrote
+    # bfloat16 wrongly would be off by about lr, rounding (a sum in another order) by far less
+    for k in want:
+        np.testing.assert_allclose(cupy.asnumpy(got[k]).astype(np.float32), cupy.asnumpy(want[k]).astype(np.float32),
+                                   rtol=1e-6, atol=1e-5)

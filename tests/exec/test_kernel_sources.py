@@ -14,7 +14,7 @@ from helpers import loss_softmax_model, masked_softmax_model, tiny_training_step
 
 from parc.exec.engines import gpu
 from parc.exec.engines.array import ArrayEngine
-from parc.exec.engines.fusion import Group, RowGroup, flat_layout
+from parc.exec.engines.fusion import BF16, BFLOAT16, Group, RowGroup, flat_layout
 from tests.nvrtc import CompileError, compile_cuda
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the nvidia-cuda-nvrtc wheel is built for Linux")
@@ -70,10 +70,12 @@ def test_a_softmax_storing_through_a_tree_compiles(dtype, cols):
     assert compile_cuda(row.source(run.types, run.modes, gpu.CTYPES[np.dtype(dtype)], run.per), ROW_OPTIONS)
 
 
-def test_the_flat_kernels_of_a_training_step_compile(tmp_path, monkeypatch):
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_the_kernels_fusion_makes_for_a_training_step_compile(precision, tmp_path, monkeypatch):
     """The flat kernel of every elementwise tree of gpt-tiny's AdamW step (GELU and its gradient,
-    layer normalisation's, the mask's, the optimizer's update), with the types and leaf modes the
-    step's arrays give them."""
+    layer normalisation's, the mask's, the optimizer's update; in bf16 the casts up and down
+    beside them), and the kernel of every row step with its tree, with the types and leaf modes
+    the step's arrays give them."""
     sources = {}
 
     def record(self, *leaves):
@@ -81,12 +83,26 @@ def test_the_flat_kernels_of_a_training_step_compile(tmp_path, monkeypatch):
         found = self.types([a.dtype for a in leaves])
         if layout is not None and found is not None:
             dtype, types = found
-            sources[(types, layout[1], self.body("float"))] = self.flat_source(types, layout[1], gpu.CTYPES[dtype])
+            out = BF16 if self.out_dtype(dtype) == BFLOAT16 else ""
+            sources[(types, layout[1], self.body("float"), out)] = self.flat_source(types, layout[1], gpu.CTYPES[dtype], out)
         return (self.unfused(leaves),)
 
+    def record_row(self, *args):
+        run = self.launch(dict(zip(self.leaves, args)))
+        assert run is not None
+        out = BF16 if run.out == BFLOAT16 else ""
+        sources[(self.kind, self.op, run.types, run.modes, run.per, out)] = \
+            self.source(run.types, run.modes, gpu.CTYPES[run.dtype], run.per, out)
+        return row_call(self, *args)
+
+    row_call = RowGroup.__call__
     monkeypatch.setattr(Group, "__call__", record)
-    model, feeds = tiny_training_step("gpt-tiny", tmp_path)
+    monkeypatch.setattr(RowGroup, "__call__", record_row)
+    model, feeds = tiny_training_step("gpt-tiny", tmp_path, precision=precision)
     ArrayEngine(model, fuse=True).run(feeds)
     assert len(sources) > 10 and any("bool" in k[0] for k in sources) and any("head" in k[1] for k in sources)
+    assert sum(k[0] in ("in", "out") for k in sources) == 3  # attention's softmax, its gradient, the loss's
+    if precision == "bf16":
+        assert any(BF16 in k[0] or BF16 in k[2] for k in sources) and any(k[-1] == BF16 for k in sources)
     for source in sources.values():
-        assert compile_cuda(source, ("--fmad=false",))
+        assert compile_cuda(source, ROW_OPTIONS)

@@ -148,7 +148,9 @@ class ArrayEngine:
             nodes.append(node)
         if fuse if fuse is not None else (xp is not np and gpu.kernels_enabled()):
             steps, ops, nodes = fusion.softmax_grads(steps, ops, nodes, consts, self._outputs, xp)
-            steps = fusion.fuse(steps, ops, nodes, self._outputs, xp, opset)
+            kinds = [fusion.cast_kind(n.op_type, _cast_to(n, graph) if n.op_type == "Cast" else None,
+                                      [k in bf16 for k in n.input]) for n in nodes]
+            steps = fusion.fuse(steps, ops, nodes, self._outputs, xp, opset, kinds)
         self._steps = self._with_frees(steps)
         # op type -> [calls, seconds]; filled by run() while not None (CUDA events on a GPU)
         self.profile: dict[str, list] | None = None

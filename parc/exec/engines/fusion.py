@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 
 from parc.exec.engines import gpu
@@ -42,7 +43,35 @@ OPS: dict[str, tuple[int, str]] = {
     "Relu": (1, "({0} > (T)0 || {0} != {0}) ? {0} : (T)0"),  # NumPy's maximum(x, 0) keeps a NaN
     "Sigmoid": (1, "(T)1 / ((T)1 + exp(-{0}))"),
     "Where": (3, "{0} ? {1} : {2}"),  # the condition is bool, the others the float type
+    # float32 <-> bfloat16 only (`cast_kind`): a bfloat16 leaf is read as its float value, a root
+    # cast to bfloat16 stored as bfloat16's bits, rounded (`gpu.BF16_BITS`); the tree computes in float
+    "Cast": (1, "{0}"),
 }
+BF16 = "bf16"  # a leaf's or an output's type in the kernels' sources: bfloat16's bits, computed in float
+BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
+
+
+def cast_kind(op: str, to: int | None, low: Sequence[bool]) -> str:
+    """How fusion treats a node, from its op, a Cast's `to` (ONNX's type) and which inputs are
+    bfloat16: "up" (a Cast of a bfloat16 value to float32: the tree reads the value as float),
+    "down" (a Cast of a float value to bfloat16: only a tree's root), "bf16" (another node on
+    bfloat16 values: never fused, a tree computes in one float type), "" otherwise (a Cast
+    between other types is not fused)."""
+    if op == "Cast":
+        if to == 1 and low[:1] == [True]:  # TensorProto.FLOAT
+            return "up"
+        return "down" if to == 16 and low[:1] == [False] else "other"  # TensorProto.BFLOAT16
+    return "bf16" if any(low) else ""
+
+
+def _pointee(t: str) -> str:
+    """A leaf's or an output's element type in C."""
+    return "unsigned short" if t == BF16 else t
+
+
+def _value(t: str, expr: str) -> str:
+    """The value of a leaf's element `expr` in the kernels' float type."""
+    return f"bf16_value({expr})" if t == BF16 else expr
 
 
 @dataclass
@@ -54,6 +83,7 @@ class Op:
     inputs: tuple[str, ...]
     output: str
     label: str
+    cast: str = ""  # a Cast's `cast_kind`: "up" or "down"
 
 
 @dataclass
@@ -106,39 +136,43 @@ class Group:
         """How leaves of these types and layouts run: the flat kernel where every leaf is read by
         a flat index (`flat_layout`), else CuPy's ElementwiseKernel (which broadcasts anything),
         else the nodes one by one."""
-        kernel = self._kernel(leaves)
-        if kernel is None:
-            return lambda *xs: self.unfused(xs)
-        layout = flat_layout([a.shape for a in leaves], [a.flags.c_contiguous for a in leaves])
+        found = self.types([a.dtype for a in leaves])
+        layout = flat_layout([a.shape for a in leaves], [a.flags.c_contiguous for a in leaves]) if found else None
         if layout is None:
-            return kernel
+            kernel = self._kernel(leaves)  # None for a group with casts, or types it cannot take
+            return kernel if kernel is not None else lambda *xs: self.unfused(xs)
         shape, modes, extents = layout
-        dtype, types = self.types([a.dtype for a in leaves])
+        dtype, types = found
+        out = self.out_dtype(dtype)
         flat = self._flats.get((types, modes))
         if flat is None:
             flat = self._flats[(types, modes)] = self.xp.RawKernel(
-                self.flat_source(types, modes, CTYPES[dtype]), "parc_flat", options=("--fmad=false",))
+                self.flat_source(types, modes, CTYPES[dtype], BF16 if out == BFLOAT16 else ""), "parc_flat",
+                options=("--fmad=false",))
         n = math.prod(shape)
         grid = (min(-(-n // (FLAT_THREADS * FLAT_PER)), FLAT_MAX_BLOCKS),)
         args = (np.uint32(n), *(np.uint32(m) for m in extents))
         xp = self.xp
 
         def launch(*xs: Any) -> Any:
-            out = xp.empty(shape, dtype)
-            flat(grid, (FLAT_THREADS,), (*xs, out, *args))
-            return out
+            y = xp.empty(shape, out)
+            flat(grid, (FLAT_THREADS,), (*xs, y, *args))
+            return y
         return launch
 
-    def flat_source(self, types: Sequence[str], modes: Sequence[str], ctype: str) -> str:
+    def flat_source(self, types: Sequence[str], modes: Sequence[str], ctype: str, out: str = "") -> str:
         """The flat kernel: each thread loads FLAT_PER elements of every leaf (strided by the block,
-        so loads coalesce, and all issued before any is used), then runs the group's body on each."""
+        so loads coalesce, and all issued before any is used), then runs the group's body on each.
+        `out`: BF16 where the root is a cast to bfloat16, else the output is of `ctype`."""
         index = {"full": "i", "one": "0", "tail": "i % m{0}", "head": "i / m{0}"}
-        params = ", ".join([f"const {t}* __restrict__ p{i}" for i, t in enumerate(types)]
-                           + [f"{ctype}* __restrict__ o", "unsigned int n"] + [f"unsigned int m{i}" for i in range(len(types))])
-        held = " ".join(f"{t} a{i}[{FLAT_PER}];" for i, t in enumerate(types))
+        params = ", ".join([f"const {_pointee(t)}* __restrict__ p{i}" for i, t in enumerate(types)]
+                           + [f"{_pointee(out or ctype)}* __restrict__ o", "unsigned int n"]
+                           + [f"unsigned int m{i}" for i in range(len(types))])
+        held = " ".join(f"{_pointee(t)} a{i}[{FLAT_PER}];" for i, t in enumerate(types))
         loads = " ".join(f"a{i}[j] = p{i}[{index[m].format(i)}];" for i, m in enumerate(modes))
-        names = " ".join(f"const {t} in{i} = a{i}[j];" for i, t in enumerate(types))
-        return f"""typedef {ctype} T;
+        names = " ".join(f"const {ctype if t == BF16 else t} in{i} = {_value(t, f'a{i}[j]')};" for i, t in enumerate(types))
+        prelude = gpu.BF16_BITS if BF16 in (*types, out) else ""
+        return f"""{prelude}typedef {ctype} T;
 extern "C" __global__ void parc_flat({params}) {{
     for (unsigned int at = blockIdx.x * blockDim.x * {FLAT_PER}u + threadIdx.x; at < n;
          at += gridDim.x * blockDim.x * {FLAT_PER}u) {{
@@ -157,7 +191,7 @@ extern "C" __global__ void parc_flat({params}) {{
                 {{
 {self.body(ctype)}
                 }}
-                o[i] = out;
+                o[i] = {"bf16_bits(out)" if out == BF16 else "out"};
             }}
         }}
     }}
@@ -184,23 +218,34 @@ extern "C" __global__ void parc_flat({params}) {{
         return self._kernels[types]
 
     def types(self, dtypes: Sequence[Any]) -> tuple[np.dtype, tuple[str, ...]] | None:
-        """(the group's float type, each leaf's C type) for leaves of `dtypes`, or None where a
-        kernel of the group cannot take them: the leaves other than Where's conditions must be of
-        one float type of CTYPES, the conditions bool leaves."""
+        """(the group's float type, each leaf's C type or BF16) for leaves of `dtypes`, or None
+        where a kernel of the group cannot take them: Where's conditions must be bool leaves, the
+        leaves of casts up bfloat16 leaves read by those casts only, the others of one float type
+        of CTYPES (float32 where the group casts)."""
         conditions = {o.inputs[0] for o in self.ops if o.op == "Where"}
-        floats = {t for k, t in zip(self.leaves, dtypes) if k not in conditions}
-        if len(floats) != 1 or next(iter(floats)) not in CTYPES:
+        low = {o.inputs[0] for o in self.ops if o.cast == "up"}
+        floats = {t for k, t in zip(self.leaves, dtypes) if k not in conditions | low}
+        casts = low or self.ops[-1].cast == "down"
+        dtype = next(iter(floats)) if floats else np.dtype(np.float32)
+        if len(floats) > 1 or dtype not in CTYPES or (casts and dtype != np.float32):
             return None
         if any(t != np.dtype(np.bool_) for k, t in zip(self.leaves, dtypes) if k in conditions):
             return None
-        if conditions & {o.output for o in self.ops}:
+        if any(t != BFLOAT16 for k, t in zip(self.leaves, dtypes) if k in low):
+            return None
+        if any(k in low for o in self.ops if o.cast != "up" for k in o.inputs):
+            return None  # a bfloat16 leaf read as it is
+        if conditions & ({o.output for o in self.ops} | low):
             return None  # a condition computed inside the group (the ops here make floats only)
-        dtype = next(iter(floats))
-        return dtype, tuple("bool" if k in conditions else CTYPES[dtype] for k in self.leaves)
+        return dtype, tuple("bool" if k in conditions else BF16 if k in low else CTYPES[dtype] for k in self.leaves)
+
+    def out_dtype(self, dtype: np.dtype) -> np.dtype:
+        """The root's type, for a group computing in `dtype`."""
+        return BFLOAT16 if self.ops[-1].cast == "down" else dtype
 
     def _compile(self, types: tuple) -> Any:
         found = self.types(types)
-        if found is None:
+        if found is None or any(o.cast for o in self.ops):  # CuPy's kernels and bfloat16: flat kernels only
             return None
         dtype, ctypes = found  # parameters take NumPy's type names ("float" would be float64)
         params = ", ".join(f"{'bool' if c == 'bool' else dtype.name} in{i}" for i, c in enumerate(ctypes))
@@ -260,21 +305,27 @@ def flat_layout(shapes: Sequence[tuple[int, ...]], contiguous: Sequence[bool]) -
     return shape, tuple(modes), tuple(extents)
 
 
-def fusible(op: str, inputs: Sequence[str], outputs: Sequence[tuple[int, str]]) -> bool:
+def fusible(op: str, inputs: Sequence[str], outputs: Sequence[tuple[int, str]], kind: str = "") -> bool:
+    """Whether a node may join a tree: an op of OPS on its inputs, one output; `kind` is its
+    `cast_kind` (a Cast only "up" or "down", no node on bfloat16 values)."""
+    if kind == "bf16" or (op == "Cast") != (kind in ("up", "down")):
+        return False
     arity = OPS.get(op, (None,))[0]
     return (arity == len(inputs) and all(inputs) and len(outputs) == 1 and outputs[0][0] == 0
             and "\0" not in "".join(inputs))
 
 
-def trees(steps: Sequence[tuple[bool, Sequence[str], str | None]], graph_outputs: Sequence[str]) -> list[list[int]]:
+def trees(steps: Sequence[tuple[bool | str, Sequence[str], str | None]], graph_outputs: Sequence[str]) -> list[list[int]]:
     """The elementwise trees fusion makes, as step indices in the graph's order, the root last:
-    `steps` are (fusible, input keys, output key) in the graph's order. A fusible step takes in
-    the tree producing one of its inputs when that value has no other reader and is not a graph
-    output. Every fusible step is in one tree (alone, if nothing joins it). The engine runs each
-    tree of two or more as one kernel; the cost model (`parc.passes.timing`) prices it so."""
+    `steps` are (fusible, input keys, output key) in the graph's order; fusible "root" for a
+    step that nothing takes in (a cast to bfloat16). A fusible step takes in the tree producing
+    one of its inputs when that value has no other reader and is not a graph output. Every
+    fusible step is in one tree (alone, if nothing joins it). The engine runs each tree of two or
+    more as one kernel; the cost model (`parc.passes.timing`) prices it so."""
     readers = Counter(k for _, inputs, _ in steps for k in inputs)
     keep = set(graph_outputs)
     pending: dict[str, list[int]] = {}  # a fusible step's output -> its tree
+    ended: list[list[int]] = []  # trees whose root nothing takes in
     for i, (ok, inputs, output) in enumerate(steps):
         if not ok or output is None:
             continue
@@ -283,23 +334,29 @@ def trees(steps: Sequence[tuple[bool, Sequence[str], str | None]], graph_outputs
             if k in pending and readers[k] == 1 and k not in keep:
                 tree.extend(pending.pop(k))
         tree.append(i)
-        pending[output] = sorted(tree)
-    return list(pending.values())
+        if ok == "root":
+            ended.append(sorted(tree))
+        else:
+            pending[output] = sorted(tree)
+    return sorted([*ended, *pending.values()], key=lambda t: t[-1])
 
 
 def fuse(steps: list[tuple], ops: list[str], nodes: list, graph_outputs: Sequence[str], xp: Any,
-         opset: int = 13) -> list[tuple]:
+         opset: int = 13, kinds: Sequence[str] | None = None) -> list[tuple]:
     """The engine's steps (kernel, input keys, outputs, label) with elementwise trees fused, each
     at its root's place, and a softmax or softmax gradient that takes in a tree (`row_groups`) as
     one step (`RowGroup`). `ops` is each step's op type, `nodes` its ONNX node (a Softmax's axis),
-    `opset` the model's."""
-    flags = [fusible(op, inputs, outputs) for (_, inputs, outputs, _), op in zip(steps, ops)]
+    `opset` the model's, `kinds` each step's `cast_kind` (all "" if not given)."""
+    kinds = list(kinds) if kinds is not None else [""] * len(steps)
+    flags = [fusible(op, inputs, outputs, kind) and ("root" if kind == "down" else True)
+             for (_, inputs, outputs, _), op, kind in zip(steps, ops, kinds)]
     groups = trees([(ok, inputs, outputs[0][1] if ok else None)
                     for ok, (_, inputs, outputs, _) in zip(flags, steps)], graph_outputs)
     rows = row_groups(ops, [s[1] for s in steps], [[k for _, k in s[2]] for s in steps], groups, graph_outputs)
 
     def group(tree: list[int]) -> Group:
-        return Group([Op(steps[j][0], ops[j], tuple(steps[j][1]), steps[j][2][0][1], steps[j][3]) for j in tree], xp)
+        return Group([Op(steps[j][0], ops[j], tuple(steps[j][1]), steps[j][2][0][1], steps[j][3],
+                         kinds[j] if ops[j] == "Cast" else "") for j in tree], xp)
 
     at: dict[int, tuple] = {}  # step index -> the fused step that takes its place
     taken: set[int] = set()
@@ -401,6 +458,7 @@ class RowLaunch:
     per: int | None  # None: the looping kernels, which read the row from memory each pass
     each: int
     reads: tuple[tuple[str, int], ...]
+    out: np.dtype  # the output's type: `dtype`, or bfloat16 where the tree after the row ends in a cast
 
 
 @dataclass
@@ -466,12 +524,15 @@ class RowGroup:
         (dtype, types), (shape, modes, extents) = found, layout
         if dx is not None and (shape != dx.shape or modes[self.group.leaves.index(self.key)] != "full"):
             return None  # the tree broadcasts the row step's output
+        out = self.group.out_dtype(dtype)
+        if self.kind == "in" and out != dtype:
+            return None  # a softmax of bfloat16 values
         cols = self.columns(shape)
         if not cols or math.prod(shape) >= FLAT_MAX:
             return None
         threads, per, each = gpu.row_shape(cols, True)
         reads = tuple((k, m) for k, m in zip(self.group.leaves, extents) if k != self.key)
-        return RowLaunch(dtype, types, modes, shape, cols, threads, per, each, reads)
+        return RowLaunch(dtype, types, modes, shape, cols, threads, per, each, reads, out)
 
     def _fused(self, env: dict[str, Any]) -> Any | None:
         """The one kernel's result, or None where it does not apply."""
@@ -482,29 +543,33 @@ class RowGroup:
         kernel = self._kernels.get((run.types, run.modes, run.per))
         if kernel is None:
             kernel = self._kernels[(run.types, run.modes, run.per)] = xp.RawKernel(
-                self.source(run.types, run.modes, CTYPES[run.dtype], run.per), "parc_row",
-                options=("--std=c++14", "--fmad=false"))
+                self.source(run.types, run.modes, CTYPES[run.dtype], run.per, BF16 if run.out == BFLOAT16 else ""),
+                "parc_row", options=("--std=c++14", "--fmad=false"))
         head = tuple(xp.ascontiguousarray(env[k]) for k in self.row_inputs) if self.kind == "out" else ()
-        out = xp.empty(run.shape, run.dtype)
+        out = xp.empty(run.shape, run.out)
         rows = math.prod(run.shape) // run.cols
         kernel(*gpu.row_grid(rows, run.threads, run.each),
                (*head, *[env[k] for k, _ in run.reads], out, np.int64(rows), np.int64(run.cols),
                 *[np.uint32(m) for _, m in run.reads]))
         return out
 
-    def source(self, types: Sequence[str], modes: Sequence[str], ctype: str, per: int | None) -> str:
+    def source(self, types: Sequence[str], modes: Sequence[str], ctype: str, per: int | None, out: str = "") -> str:
         """The kernel's CUDA C: a functor computing the tree for element i (`Load` for "in",
-        `Store` for "out", where the row step.s element is the leaf `key`), and `parc_row`, which
-        runs the register-held row kernel over one row through it."""
+        `Store` for "out", where the row step's element is the leaf `key`), and `parc_row`, which
+        runs the row kernel over one row through it: the register-held variant holding `per`
+        elements a thread, or the looping one (None) for longer rows. `out`: BF16 where the tree
+        after the row ends in a cast to bfloat16."""
         index = {"full": "i", "one": "0", "tail": "i % m{0}", "head": "i / m{0}"}
         held = f"loop<{ctype}>" if per is None else f"held<{ctype}, {per}>"  # the row kernel's variant
         mine = [j for j, k in enumerate(self.group.leaves) if k != self.key]  # leaves read from memory
-        fields = " ".join([f"const {types[j]}* __restrict__ p{j};" for j in mine] + [f"unsigned int m{j};" for j in mine])
-        reads = " ".join(f"const {types[j]} in{j} = {'d' if j not in mine else f'p{j}[{index[modes[j]].format(j)}]'};"
+        fields = " ".join([f"const {_pointee(types[j])}* __restrict__ p{j};" for j in mine]
+                          + [f"unsigned int m{j};" for j in mine])
+        reads = " ".join(f"const {ctype if types[j] == BF16 else types[j]} in{j} = "
+                         f"{'d' if j not in mine else _value(types[j], f'p{j}[{index[modes[j]].format(j)}]')};"
                          for j in range(len(types)))
         body = self.group.body(ctype)
         members = ", ".join([f"p{j}" for j in mine] + [f"m{j}" for j in mine])
-        pointers = [f"const {types[j]}* __restrict__ p{j}" for j in mine]
+        pointers = [f"const {_pointee(types[j])}* __restrict__ p{j}" for j in mine]
         extents = [f"unsigned int m{j}" for j in mine]
         shape = "long long rows, long long cols"
         if self.kind == "in":
@@ -524,7 +589,7 @@ class RowGroup:
             call = f"softmax_{held}(Load{{{members}}}, Write<{ctype}>{{o}}, r, cols, shared);"
         else:
             functor = f"""struct Store {{
-    {ctype}* __restrict__ o;
+    {_pointee(out or ctype)}* __restrict__ o;
     {fields}
     __device__ void operator()(long long at, {ctype} d) const {{
         const unsigned int i = (unsigned int)at;
@@ -533,16 +598,17 @@ class RowGroup:
         {{
 {body}
         }}
-        o[i] = out;
+        o[i] = {"bf16_bits(out)" if out == BF16 else "out"};
     }}
 }};"""
             heads = ["x"] if self.op == "Softmax" else ["dy", "y"]
             params = ", ".join([*[f"const {ctype}* __restrict__ {h}" for h in heads], *pointers,
-                                f"{ctype}* __restrict__ o", shape, *extents])
+                                f"{_pointee(out or ctype)}* __restrict__ o", shape, *extents])
             store = f"Store{{o, {members}}}"
             call = f"softmax_{held}(Plain<{ctype}>{{x}}, {store}, r, cols, shared);" \
                 if self.op == "Softmax" else f"softmax_grad_{held}(dy, y, {store}, r, cols, shared);"
-        return f"""{gpu.ROW_SOURCE}
+        prelude = gpu.BF16_BITS if BF16 in (*types, out) else ""
+        return f"""{gpu.ROW_SOURCE}{prelude}
 {functor}
 
 extern "C" __global__ void parc_row({params}) {{

@@ -384,7 +384,7 @@ def layer_norm_last(cupy: ModuleType, x: Any, axis: int, eps: float, scale: Any,
     return y, mean, inv
 
 
-_CAST_BF16 = r"""
+BF16_BITS = r"""
 // float32 -> bfloat16 bits: round to nearest, ties to even (as ml_dtypes, NumPy's bfloat16); a NaN
 // stays a quiet NaN of its sign. bfloat16 -> float32 is exact: the bits shifted up.
 __device__ unsigned short bf16_bits(float f) {
@@ -393,6 +393,9 @@ __device__ unsigned short bf16_bits(float f) {
     u += 0x7fffu + ((u >> 16) & 1u);
     return (unsigned short)(u >> 16);
 }
+__device__ float bf16_value(unsigned short b) { return __uint_as_float((unsigned int)b << 16); }
+"""
+_CAST_BF16 = BF16_BITS + r"""
 
 extern "C" __global__ void float_to_bf16(const float* __restrict__ x, unsigned short* __restrict__ y,
                                          unsigned int n) {
