@@ -284,3 +284,12 @@ def test_a_bf16_training_steps_casts_join_its_trees(tmp_path):
     got, want = fused.run(feeds), ArrayEngine(model, fuse=False).run(feeds)
     for k in want:
         np.testing.assert_array_equal(got[k], want[k])
+
+
+def test_row_steps_run_apart_under_parc_cupy_rows_0(monkeypatch):
+    model = masked_softmax_model((2, 6), (2, 6))
+    assert sum(isinstance(s[0], RowGroup) for s in ArrayEngine(model, fuse=True)._steps) == 2
+    monkeypatch.setenv("PARC_CUPY_ROWS", "0")
+    steps = ArrayEngine(model, fuse=True)._steps
+    assert not any(isinstance(s[0], RowGroup) for s in steps)
+    assert [s[4].rpartition("(")[2] for s in steps] == ["Fused)", "Softmax)", "SoftmaxGrad)", "Fused)"]

@@ -16,11 +16,19 @@ multiply-add), and the fused and unfused runs agree to the bit. A group whose in
 types than the one it was made for (float16, integers, mixed float types) runs its nodes one by
 one, as does every group on NumPy, where there is nothing to gain but the tests run the same
 grouping. `PARC_CUPY_KERNELS=0` turns fusion off.
+
+A softmax, or a softmax's gradient, takes in the tree beside it (`RowGroup`): the tree before a
+softmax is computed as the row kernel loads each element, the tree after one is given each
+element as the row kernel stores it, so the value between them never goes to memory.
+`PARC_CUPY_ROWS=0` runs them apart. Casts between float32 and bfloat16 (mixed precision) join
+trees at their edges (`cast_kind`): a bfloat16 leaf is read as its float value, a root cast to
+bfloat16 is stored rounded; a tree computes in one float type.
 """
 
 from __future__ import annotations
 
 import math
+import os
 import sys
 from collections import Counter
 from collections.abc import Sequence
@@ -352,7 +360,8 @@ def fuse(steps: list[tuple], ops: list[str], nodes: list, graph_outputs: Sequenc
              for (_, inputs, outputs, _), op, kind in zip(steps, ops, kinds)]
     groups = trees([(ok, inputs, outputs[0][1] if ok else None)
                     for ok, (_, inputs, outputs, _) in zip(flags, steps)], graph_outputs)
-    rows = row_groups(ops, [s[1] for s in steps], [[k for _, k in s[2]] for s in steps], groups, graph_outputs)
+    rows = row_groups(ops, [s[1] for s in steps], [[k for _, k in s[2]] for s in steps], groups, graph_outputs) \
+        if os.environ.get(ENV_ROWS, "1") != "0" else {}
 
     def group(tree: list[int]) -> Group:
         return Group([Op(steps[j][0], ops[j], tuple(steps[j][1]), steps[j][2][0][1], steps[j][3],
@@ -391,6 +400,7 @@ def fuse(steps: list[tuple], ops: list[str], nodes: list, graph_outputs: Sequenc
 
 
 ROW_OPS = ("Softmax", "SoftmaxGrad")  # the row kernels that take in a tree (`RowGroup`)
+ENV_ROWS = "PARC_CUPY_ROWS"  # "0": the row kernels and the trees beside them run apart (for measuring)
 
 
 def row_groups(ops: Sequence[str], inputs: Sequence[Sequence[str]], outputs: Sequence[Sequence[str]],
