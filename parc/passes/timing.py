@@ -316,14 +316,14 @@ def _on_the_array_engine(nodes: list, work: list[tuple], graph_outputs: list[str
         out[d] = (sum(out[i][0] for i in (a, b, c, d)), nbytes, out[d][2], "", 0.0)
         out[a] = out[b] = out[c] = None
     taken = {i for a, b, c, *_ in groups.values() for i in (a, b, c)}
-    steps, index = [], []
+    steps, index, kinds = [], [], {}
     for i, n in enumerate(nodes):
         if i in taken:
             continue
-        inputs = names[i]
+        inputs = list(groups[i][3:5]) if i in groups else names[i]  # a softmax gradient reads dy and y
         outputs = [(j, v.name) for j, v in enumerate(n.outputs)]
         low = [v is not None and v.dtype is not None and v.dtype.name == "bfloat16" for v in n.inputs]
-        kind = cast_kind(n.op_type, n.attr("to"), low)
+        kind = kinds[i] = cast_kind(n.op_type, n.attr("to"), low)
         ok = n.domain in ("", "ai.onnx") and i not in groups and fusible(n.op_type, inputs, outputs, kind)
         steps.append((ok and ("root" if kind == "down" else True), inputs, outputs[0][1] if ok else None))
         index.append(i)
@@ -334,11 +334,11 @@ def _on_the_array_engine(nodes: list, work: list[tuple], graph_outputs: list[str
         return {v.name: v for j in tree for v in nodes[index[j]].inputs if v.name not in inner}
 
     def applies(j: int, kind: str, tree: list[int]) -> bool:
-        """Whether the engine's row kernel takes step j and its tree (`RowGroup.launch`)."""
+        """Whether the engine's row kernel takes step j and a tree beside it (`RowGroup.launch`)."""
         n = nodes[index[j]]
         x = n.outputs[0]
-        if x is None or x.shape is None:
-            return False
+        if x is None or x.shape is None or (kind == "before" and kinds.get(index[tree[-1]]) == "down"):
+            return False  # (a row computes on one float type)
         if index[j] not in groups:  # a Softmax
             cols = softmax_columns(n.attr("axis", -1 if opset >= 13 else 1), opset)(x.shape)
         else:
@@ -348,27 +348,29 @@ def _on_the_array_engine(nodes: list, work: list[tuple], graph_outputs: list[str
 
     values = {v.name: v for n in nodes for v in (*n.inputs, *n.outputs) if v is not None}
     row_ops = ["SoftmaxGrad" if i in groups else nodes[i].op_type for i in index]
-    rows = row_groups(row_ops, [names[i] for i in index], [[v.name for v in nodes[i].outputs] for i in index],
+    rows = row_groups(row_ops, [s[1] for s in steps], [[v.name for v in nodes[i].outputs] for i in index],
                       found, graph_outputs, applies)
-    joined = {tree[-1]: (j, kind) for j, (kind, tree) in rows.items()}
+    joined = {t[-1] for pair in rows.values() for t in pair if t}
+    for j, (before, after) in rows.items():  # one kernel: the trees' leaves and the row's inputs read
+        step = index[j]
+        row_inputs = list(groups[step][3:5] if step in groups else names[step][:1])
+        output = nodes[step].outputs[0].name
+        read = leaves(before) if before else {}
+        read.update({k: values[k] for k in row_inputs[1 if before else 0:]})
+        read.update({k: v for k, v in (leaves(after) if after else {}).items() if k != output})
+        written = nodes[index[after[-1]]].outputs[0] if after else nodes[step].outputs[0]
+        flops = out[step][0] + sum(out[index[t]][0] for t in (*(before or ()), *(after or ())))
+        nbytes = sum(v.nbytes for v in read.values() if v.shape is not None)
+        nbytes += written.nbytes if written.shape is not None else 0
+        for t in (*(before or ()), *(after or ())):
+            out[index[t]] = None
+        out[step] = (flops, nbytes, work[step][2], "", 0.0)
     for tree in found:
-        row = joined.get(tree[-1])
-        if len(tree) < 2 and row is None:
+        if len(tree) < 2 or tree[-1] in joined:
             continue
         target, flops = index[tree[-1]], sum(out[index[j]][0] for j in tree)
-        read = leaves(tree)
         written = nodes[target].outputs[0]
-        if row is not None and row[1] == "in":  # the softmax reads the tree's leaves, writes its output
-            target = index[row[0]]
-            flops += out[target][0]
-            written = nodes[target].outputs[0]
-        elif row is not None:  # the row step reads its inputs; its output goes to the tree, not memory
-            step = index[row[0]]
-            read = {k: v for k, v in read.items() if k != nodes[step].outputs[0].name}
-            read.update({k: values[k] for k in (groups[step][3:5] if step in groups else names[step][:1])})
-            flops += out[step][0]
-            out[step] = None
-        nbytes = sum(v.nbytes for v in read.values() if v.shape is not None)
+        nbytes = sum(v.nbytes for v in leaves(tree).values() if v.shape is not None)
         nbytes += written.nbytes if written.shape is not None else 0
         for j in tree:
             out[index[j]] = None

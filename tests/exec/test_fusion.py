@@ -113,7 +113,8 @@ def test_softmax_gradient_is_one_step(axis):
     labels = [s[4] for s in fused._steps]
     assert labels == ["node '#0 (y)' (Softmax)", "node '#4 (dx)' and 4 more (SoftmaxGrad)"], labels
     row = fused._steps[1][0]
-    assert isinstance(row, RowGroup) and row.kind == "out" and row.key == "dx" and row.leaves == ("dy", "y", "two")
+    assert isinstance(row, RowGroup) and row.before is None and [o.op for o in row.after.ops] == ["Mul"]
+    assert row.output == "dx" and row.leaves == ("dy", "y", "two")
     got, want = fused.run(feeds)["out"], ArrayEngine(_softmax_grad_model(axis), fuse=False).run(feeds)["out"]
     np.testing.assert_array_equal(got, want)
 
@@ -137,8 +138,8 @@ def test_a_softmax_takes_in_the_tree_before_it_and_its_gradient_the_tree_after_i
     fused = ArrayEngine(model, fuse=True)
     assert [s[4] for s in fused._steps] == ["node '#2 (y)' and 2 more (Softmax)", "node '#6 (dx)' and 5 more (SoftmaxGrad)"]
     into, out = fused._steps[0][0], fused._steps[1][0]
-    assert (into.kind, [o.op for o in into.group.ops], into.leaves) == ("in", ["Mul", "Where"], ("x", "scale", "mask", "low"))
-    assert (out.kind, [o.op for o in out.group.ops], out.key) == ("out", ["Where", "Mul"], "dx")
+    assert ([o.op for o in into.before.ops], into.after, into.leaves) == (["Mul", "Where"], None, ("x", "scale", "mask", "low"))
+    assert (out.before, [o.op for o in out.after.ops], out.output) == (None, ["Where", "Mul"], "dx")
     assert out.leaves == ("dy", "y", "mask", "zero", "scale")
     feeds = _masked_feeds((2, 3, 4, 6), (4, 6))
     got, want = fused.run(feeds), ArrayEngine(model, fuse=False).run(feeds)
@@ -172,11 +173,11 @@ def test_a_row_group_launches_where_its_kernel_applies(shape, mask_shape, want):
     feeds = _masked_feeds(shape, mask_shape)
     env = {"scale": np.array(0.125, np.float32), "low": np.array(-1e9, np.float32), **feeds}
     run = engine._steps[0][0].launch(env)
-    got = None if run is None else (run.modes, run.cols, run.threads, run.per, run.each)
+    got = None if run is None else (run.before.modes, run.cols, run.threads, run.per, run.each)
     assert got == want
     if run is not None:
-        assert run.types == ("float", "float", "bool", "float") and run.shape == shape
-        assert [k for k, _ in run.reads] == ["x", "scale", "mask", "low"]
+        assert run.before.types == ("float", "float", "bool", "float") and run.shape == shape and run.after is None
+        assert [k for k, _ in run.before.reads] == ["x", "scale", "mask", "low"]
 
 
 def test_a_softmax_over_another_axis_or_before_opset_13():
@@ -211,11 +212,11 @@ def test_a_softmax_hands_its_output_to_the_tree_reading_it(cols):
     model = loss_softmax_model(3, cols)
     fused = ArrayEngine(model, fuse=True)
     (row,) = [s[0] for s in fused._steps]
-    assert (row.kind, row.op, row.key, row.leaves) == ("out", "Softmax", "y", ("z", "onehot", "scale"))
+    assert (row.before, row.op, row.output, row.leaves) == (None, "Softmax", "y", ("z", "onehot", "scale"))
     feeds = _loss_feeds(3, cols)
     run = row.launch(feeds)
-    assert (run.modes, run.per) == (("full", "full", "head"), 1 if cols == 7 else None)
-    assert [k for k, _ in run.reads] == ["onehot", "scale"]
+    assert (run.after.modes, run.per, run.before) == (("full", "full", "head"), 1 if cols == 7 else None, None)
+    assert [k for k, _ in run.after.reads] == ["onehot", "scale"]
     np.testing.assert_array_equal(fused.run(feeds)["g"], ArrayEngine(model, fuse=False).run(feeds)["g"])
 
 
@@ -225,9 +226,12 @@ def test_a_training_steps_loss_and_attention_take_in_their_trees(tmp_path):
     the scale."""
     model, _ = tiny_training_step("gpt-tiny", tmp_path)
     rows = [s[0] for s in ArrayEngine(model, fuse=True)._steps if isinstance(s[0], RowGroup)]
-    kinds = sorted((r.kind, r.op, tuple(o.op for o in r.group.ops)) for r in rows)
-    assert kinds == [("in", "Softmax", ("Mul", "Where"))] * 2 + [("out", "Softmax", ("Sub", "Mul"))] \
-        + [("out", "SoftmaxGrad", ("Where", "Mul"))] * 2
+    def ops(g):
+        return g and tuple(o.op for o in g.ops)
+
+    kinds = sorted((r.op, ops(r.before) or (), ops(r.after) or ()) for r in rows)
+    assert kinds == [("Softmax", (), ("Sub", "Mul"))] + [("Softmax", ("Mul", "Where"), ())] * 2 \
+        + [("SoftmaxGrad", (), ("Where", "Mul"))] * 2
 
 
 def test_cast_kinds():
@@ -275,12 +279,13 @@ def test_a_bf16_training_steps_casts_join_its_trees(tmp_path):
     model, feeds = tiny_training_step("gpt-tiny", tmp_path, precision="bf16")
     fused = ArrayEngine(model, fuse=True)
     steps = [s[0] for s in fused._steps]
-    casts = [o.cast for s in steps for o in getattr(s, "ops", getattr(getattr(s, "group", None), "ops", []))
-             if o.op == "Cast"]
+    trees = [t for s in steps for t in ([s.before, s.after] if isinstance(s, RowGroup) else [s]) if isinstance(t, Group)]
+    casts = [o.cast for t in trees for o in t.ops if o.op == "Cast"]
     assert casts.count("up") >= 8 and casts.count("down") >= 4
-    rows = [s for s in steps if isinstance(s, RowGroup) and s.group.ops[-1].cast == "down"]
-    assert sorted((r.op, tuple(o.op for o in r.group.ops)) for r in rows) == \
-        [("Softmax", ("Sub", "Mul", "Cast"))] + [("SoftmaxGrad", ("Where", "Mul", "Cast"))] * 2
+    rows = sorted(((r.op, r.before and tuple((o.op, o.cast) for o in r.before.ops), tuple(o.op for o in r.after.ops))
+                   for r in steps if isinstance(r, RowGroup) and r.after and r.after.ops[-1].cast == "down"), key=str)
+    # the gradient's dy is the product's output cast up: the tree before the row
+    assert rows == [("Softmax", None, ("Sub", "Mul", "Cast"))] + [("SoftmaxGrad", (("Cast", "up"),), ("Where", "Mul", "Cast"))] * 2
     got, want = fused.run(feeds), ArrayEngine(model, fuse=False).run(feeds)
     for k in want:
         np.testing.assert_array_equal(got[k], want[k])

@@ -53,11 +53,11 @@ def _row_groups(shape, mask_shape, dtype):
 @pytest.mark.parametrize("cols", [6, 100, 200, 400, 1000, 2000, 4000, 8000, 9000])  # each of gpu.HELD, and loops
 def test_row_groups_compile(dtype, cols):
     rows, env = _row_groups((2, 3, cols), (3, cols), dtype)
-    assert [r.kind for r in rows] == ["in", "out"]
+    assert [(r.before is not None, r.after is not None) for r in rows] == [(True, False), (False, True)]
     for row in rows:
         run = row.launch(env)
-        assert run is not None and run.modes[:1] in (("full",), ("tail",))
-        assert compile_cuda(row.source(run.types, run.modes, gpu.CTYPES[np.dtype(dtype)], run.per), ROW_OPTIONS)
+        assert run is not None and (run.per is None) == (cols > 8192)
+        assert compile_cuda(row.source(run), ROW_OPTIONS)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
@@ -66,8 +66,8 @@ def test_a_softmax_storing_through_a_tree_compiles(dtype, cols):
     (row,) = [s[0] for s in ArrayEngine(loss_softmax_model(3, cols, dtype), fuse=True)._steps]
     x = np.zeros((3, cols), dtype)
     run = row.launch({"z": x, "onehot": x, "scale": np.zeros((3, 1), dtype)})
-    assert (row.kind, row.op) == ("out", "Softmax") and (run.per is None) == (cols > 8192)
-    assert compile_cuda(row.source(run.types, run.modes, gpu.CTYPES[np.dtype(dtype)], run.per), ROW_OPTIONS)
+    assert (row.before, row.op) == (None, "Softmax") and (run.per is None) == (cols > 8192)
+    assert compile_cuda(row.source(run), ROW_OPTIONS)
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
@@ -90,9 +90,8 @@ def test_the_kernels_fusion_makes_for_a_training_step_compile(precision, tmp_pat
     def record_row(self, *args):
         run = self.launch(dict(zip(self.leaves, args)))
         assert run is not None
-        out = BF16 if run.out == BFLOAT16 else ""
-        sources[(self.kind, self.op, run.types, run.modes, run.per, out)] = \
-            self.source(run.types, run.modes, gpu.CTYPES[run.dtype], run.per, out)
+        trees = [t and (t.types, t.modes) for t in (run.before, run.after)]
+        sources[("row", self.op, *trees, run.per, run.out)] = self.source(run)
         return row_call(self, *args)
 
     row_call = RowGroup.__call__
@@ -101,8 +100,10 @@ def test_the_kernels_fusion_makes_for_a_training_step_compile(precision, tmp_pat
     model, feeds = tiny_training_step("gpt-tiny", tmp_path, precision=precision)
     ArrayEngine(model, fuse=True).run(feeds)
     assert len(sources) > 10 and any("bool" in k[0] for k in sources) and any("head" in k[1] for k in sources)
-    assert sum(k[0] in ("in", "out") for k in sources) == 3  # attention's softmax, its gradient, the loss's
-    if precision == "bf16":
-        assert any(BF16 in k[0] or BF16 in k[2] for k in sources) and any(k[-1] == BF16 for k in sources)
+    assert sum(k[0] == "row" for k in sources) == 3  # attention's softmax, its gradient, the loss's
+    if precision == "bf16":  # bfloat16 read by flat kernels and a row's tree before; written by both
+        assert any(k[0] != "row" and BF16 in k[0] for k in sources) and any(k[-1] == BF16 for k in sources)
+        assert any(k[0] == "row" and k[2] and BF16 in k[2][0] for k in sources)
+        assert any(k[0] == "row" and k[-1] == BFLOAT16 for k in sources)
     for source in sources.values():
         assert compile_cuda(source, ROW_OPTIONS)

@@ -385,3 +385,22 @@ def test_reads_of_values_the_caches_no_longer_hold_cost_the_cold_rate():
     # tensors); nothing is read back far
     assert module_seconds(model, cold, info) == pytest.approx(plain + 6 * 4 * N * cold.cold_cost())
     assert replace(cpu, cold_bandwidth=0.0).cold_cost() == 0.0
+
+
+def test_a_gpu_prices_a_softmax_gradient_reading_its_bfloat16_dy_as_one_pass():
+    """In a bf16 step the softmax gradient's dy is a product's bfloat16 output cast up: the cast is
+    the tree before the row step (`fusion.RowGroup`), so the kernel reads dy's two bytes an element
+    and y's four, and writes the gradient; no float32 dy goes to memory."""
+    shape = [1024, N // 1024]
+    f, bf = TensorProto.FLOAT, TensorProto.BFLOAT16
+    nodes = [helper.make_node("Cast", ["dyl"], ["dy"], to=f), helper.make_node("Mul", ["dy", "y"], ["p"]),
+             helper.make_node("ReduceSum", ["p", "axes"], ["s"]), helper.make_node("Sub", ["dy", "s"], ["d"]),
+             helper.make_node("Mul", ["y", "d"], ["dx"])]
+    io = [helper.make_tensor_value_info("dyl", bf, shape), helper.make_tensor_value_info("y", f, shape)]
+    model = helper.make_model(helper.make_graph(nodes, "m", io, [helper.make_tensor_value_info("dx", f, shape)],
+                                                [helper.make_tensor("axes", TensorProto.INT64, [1], [-1])]),
+                              opset_imports=[helper.make_opsetid("", 17)])
+    info = {n: (f, tuple(shape)) for n in ("y", "dy", "p", "d", "dx")}
+    info.update({"dyl": (bf, tuple(shape)), "s": (f, (shape[0], 1))})
+    h100 = replace(DEVICES["h100-80g"], launch_floor=0.0)
+    assert module_seconds(model, h100, info) == pytest.approx((2 * N + 4 * N + 4 * N) / h100.memory_bandwidth)

@@ -352,9 +352,9 @@ def trees(steps: Sequence[tuple[bool | str, Sequence[str], str | None]], graph_o
 def fuse(steps: list[tuple], ops: list[str], nodes: list, graph_outputs: Sequence[str], xp: Any,
          opset: int = 13, kinds: Sequence[str] | None = None) -> list[tuple]:
     """The engine's steps (kernel, input keys, outputs, label) with elementwise trees fused, each
-    at its root's place, and a softmax or softmax gradient that takes in a tree (`row_groups`) as
-    one step (`RowGroup`). `ops` is each step's op type, `nodes` its ONNX node (a Softmax's axis),
-    `opset` the model's, `kinds` each step's `cast_kind` (all "" if not given)."""
+    at its root's place, and a softmax or softmax gradient with the trees beside it
+    (`row_groups`) as one step (`RowGroup`). `ops` is each step's op type, `nodes` its ONNX node
+    (a Softmax's axis), `opset` the model's, `kinds` each step's `cast_kind` (all "" if not given)."""
     kinds = list(kinds) if kinds is not None else [""] * len(steps)
     flags = [fusible(op, inputs, outputs, kind) and ("root" if kind == "down" else True)
              for (_, inputs, outputs, _), op, kind in zip(steps, ops, kinds)]
@@ -363,15 +363,17 @@ def fuse(steps: list[tuple], ops: list[str], nodes: list, graph_outputs: Sequenc
     rows = row_groups(ops, [s[1] for s in steps], [[k for _, k in s[2]] for s in steps], groups, graph_outputs) \
         if os.environ.get(ENV_ROWS, "1") != "0" else {}
 
-    def group(tree: list[int]) -> Group:
+    def group(tree: list[int] | None) -> Group | None:
+        if tree is None:
+            return None
         return Group([Op(steps[j][0], ops[j], tuple(steps[j][1]), steps[j][2][0][1], steps[j][3],
                          kinds[j] if ops[j] == "Cast" else "") for j in tree], xp)
 
     at: dict[int, tuple] = {}  # step index -> the fused step that takes its place
     taken: set[int] = set()
-    for i, (kind, tree) in rows.items():
-        kernel, _, outputs, label = steps[i]
-        name, more = label.rpartition(" (")[0], len(tree)
+    for i, (before, after) in rows.items():
+        kernel, inputs, outputs, label = steps[i]
+        name, more = label.rpartition(" (")[0], len(before or ()) + len(after or ())
         head, _, tail = name.rpartition(" and ")
         if tail.endswith(" more") and tail[:-5].isdigit():  # a softmax gradient's "and 3 more"
             name, more = head, more + int(tail[:-5])
@@ -381,56 +383,54 @@ def fuse(steps: list[tuple], ops: list[str], nodes: list, graph_outputs: Sequenc
                                       opset)
         else:
             columns = last_columns(kernel.axis)
-        if kind == "in":
-            row = RowGroup("in", ops[i], kernel, group(tree), xp, columns)
-            at[i] = (row, row.leaves, outputs, f"{name} and {more} more ({ops[i]})")
-            taken.update(tree)
-        else:
-            row = RowGroup("out", ops[i], kernel, group(tree), xp, columns, tuple(steps[i][1]), outputs[0][1])
-            at[tree[-1]] = (row, row.leaves, ((0, row.group.output),), f"{name} and {more} more ({ops[i]})")
-            taken.update([i, *tree[:-1]])
+        row = RowGroup(ops[i], kernel, xp, columns, tuple(inputs), outputs[0][1], group(before), group(after))
+        place = after[-1] if after else i
+        at[place] = (row, row.leaves, ((0, row.after.output),) if row.after else outputs, f"{name} and {more} more ({ops[i]})")
+        taken.update([i, *(before or ()), *(after or ())])
     # on a GPU a lone elementwise node runs as a group of one too: the flat kernel reads ahead,
     # CuPy's own kernel for it does not
     for tree in groups:
-        if tree[-1] not in at and tree[-1] not in taken and (len(tree) > 1 or xp is not np):
+        if tree[-1] not in taken and (len(tree) > 1 or xp is not np):
             g = group(tree)
             at[tree[-1]] = (g, g.leaves, ((0, g.output),), g.label)
-            taken.update(tree[:-1])
+            taken.update(tree)
     return [at.get(i, step) for i, step in enumerate(steps) if i not in taken or i in at]
 
 
-ROW_OPS = ("Softmax", "SoftmaxGrad")  # the row kernels that take in a tree (`RowGroup`)
+ROW_OPS = ("Softmax", "SoftmaxGrad")  # the row kernels that take in trees (`RowGroup`)
 ENV_ROWS = "PARC_CUPY_ROWS"  # "0": the row kernels and the trees beside them run apart (for measuring)
 
 
 def row_groups(ops: Sequence[str], inputs: Sequence[Sequence[str]], outputs: Sequence[Sequence[str]],
                groups: Sequence[list[int]], graph_outputs: Sequence[str],
-               applies=lambda i, kind, tree: True) -> dict[int, tuple[str, list[int]]]:
-    """Which row steps take in an elementwise tree (`trees`' `groups`): a Softmax whose input is a
-    tree's root read by nobody else -> ("in", tree); else a Softmax or SoftmaxGrad
-    (`softmax_grad_groups`) whose output is read by one node of a tree and by nobody else ->
-    ("out", tree). Each tree joins one row step at most; `applies(i, kind, tree)` may refuse a pair (the cost model's, where it knows
-    the engine's kernel will not take it). The engine runs each pair as one kernel (`RowGroup`); the cost
-    model prices it so (`parc.passes.timing`)."""
+               applies=lambda i, kind, tree: True) -> dict[int, tuple[list[int] | None, list[int] | None]]:
+    """Which row steps (a Softmax, or a SoftmaxGrad of `softmax_grad_groups`) take in the
+    elementwise trees beside them (`trees`' `groups`): row step -> (the tree before, the tree
+    after), either None. The tree before is the one whose root is the row's first input (a
+    softmax's x, a gradient's dy) and read by nobody else; the tree after, the one in which one
+    node reads the row's output, read by nobody else. Each tree joins one row step at most;
+    `applies(i, kind, tree)` ("before" or "after") may refuse one (the cost model's, where it
+    knows the engine's kernel will not take it). The engine runs each row step with its trees as
+    one kernel (`RowGroup`); the cost model prices it so (`parc.passes.timing`)."""
     readers = Counter(k for ins in inputs for k in ins)
     keep = set(graph_outputs)
     root_of = {outputs[t[-1]][0]: t for t in groups}
     tree_of = {j: t for t in groups for j in t}
     reader_of = {k: j for j, ins in enumerate(inputs) for k in ins}
-    found: dict[int, tuple[str, list[int]]] = {}
+    found: dict[int, tuple[list[int] | None, list[int] | None]] = {}
     used: set[int] = set()  # trees (by root) already joined
     for i, op in enumerate(ops):
         if op not in ROW_OPS:
             continue
-        pairs = [("in", inputs[i][0], root_of.get(inputs[i][0]))] if op == "Softmax" and inputs[i] else []
-        if outputs[i] and outputs[i][0]:
-            pairs.append(("out", outputs[i][0], tree_of.get(reader_of.get(outputs[i][0], -1))))
-        for kind, k, tree in pairs:
+        pair: dict[str, list[int]] = {}
+        for side, k in (("before", inputs[i][0] if inputs[i] else ""), ("after", outputs[i][0] if outputs[i] else "")):
+            tree = root_of.get(k) if side == "before" else tree_of.get(reader_of.get(k, -1))
             if tree is not None and k and readers[k] == 1 and k not in keep and tree[-1] not in used \
-                    and applies(i, kind, tree):
-                found[i] = (kind, tree)
+                    and applies(i, side, tree):
+                pair[side] = tree
                 used.add(tree[-1])
-                break
+        if pair:
+            found[i] = (pair.get("before"), pair.get("after"))
     return found
 
 
@@ -454,56 +454,68 @@ def last_columns(axis: int):
 
 
 @dataclass(frozen=True)
-class RowLaunch:
-    """How a `RowGroup`'s kernel runs: the float type and each tree leaf's C type and mode
-    (`flat_layout`), the output's shape and its rows' length, `gpu.row_shape`'s threads, elements
-    a thread holds and rows a block, and the leaves read from memory with their extents."""
+class TreeRead:
+    """How a row kernel reads a tree beside it: each leaf's C type (or BF16) and mode
+    (`flat_layout`), and the leaves read from memory (all but the row's output, for the tree
+    after) with their extents."""
 
-    dtype: np.dtype
     types: tuple[str, ...]
     modes: tuple[str, ...]
+    reads: tuple[tuple[str, int], ...]
+
+
+@dataclass(frozen=True)
+class RowLaunch:
+    """How a `RowGroup`'s kernel runs: the float type, the output's shape and its rows' length,
+    `gpu.row_shape`'s threads, elements a thread holds (None: the looping kernels, which read the
+    row from memory at each pass) and rows a block, the output's type (bfloat16 where the tree
+    after ends in a cast), and how the trees before and after are read."""
+
+    dtype: np.dtype
     shape: tuple[int, ...]
     cols: int
     threads: int
-    per: int | None  # None: the looping kernels, which read the row from memory each pass
+    per: int | None
     each: int
-    reads: tuple[tuple[str, int], ...]
-    out: np.dtype  # the output's type: `dtype`, or bfloat16 where the tree after the row ends in a cast
+    out: np.dtype
+    before: TreeRead | None
+    after: TreeRead | None
 
 
 @dataclass
 class RowGroup:
-    """A row kernel with the elementwise tree beside it, as one step: "in", a Softmax whose input
-    the tree makes (the kernel computes the tree's value of each element as it loads it: the
-    attention's scale and mask before its softmax); "out", a softmax gradient or a softmax whose
-    output the tree reads (each element goes through the tree as it is stored: the mask's and the
-    scale's gradients after attention's softmax gradient; the one-hot labels subtracted from a
-    loss's softmax and the result scaled). The tree's root value is never written (in) or the
-    row step's output (out): on gpt-medium's attention each is a 512 MiB write and read a layer.
+    """A row kernel with the elementwise trees beside it, as one step. The tree before makes the
+    row's first input (a Softmax's x: attention's scale and mask; a softmax gradient's dy: in a
+    bf16 step, the product's output cast up): the kernel computes the tree's value of each element
+    as it loads it. The tree after reads the row's output (the mask's and the scale's gradients
+    after attention's softmax gradient, cast down for the products in a bf16 step; the one-hot
+    labels subtracted from a loss's softmax, then scaled): each element goes through it as the
+    kernel stores it. Neither the tree's root nor the row's output goes to memory: on gpt-medium's
+    attention each is a 512 MiB write and read a layer.
 
-    The kernel is generated from the tree's C text (`Group.body`) and the register-held row
-    kernels (`gpu.softmax_held`, `gpu.softmax_grad_held`), built with `--fmad=false`: each
-    element is computed as the tree's and the row kernel's own kernels compute it, so the results
-    are the same to the bit. Rows of more than the held kernels' 8,192 elements take the looping
-    kernels (`gpu.softmax_loop`, `gpu.softmax_grad_loop`), which compute the tree's value at each
-    of their passes over the row. Where it does not apply (NumPy; types other than the tree's
-    kernels take; a leaf the flat kernel cannot read; a softmax over another axis) the tree and
-    the row kernel run one after the other."""
+    The kernel is generated from the trees' C text (`Group.body`) and the row kernels' device
+    functions (`gpu.softmax_held`, `gpu.softmax_grad_held`; `_loop` for rows over the held
+    kernels' 8,192 elements, which compute the tree before at each of their passes), built with
+    `--fmad=false`: each element is computed as the trees' and the row kernel's own kernels
+    compute it, so the results are the same to the bit. Where it does not apply (NumPy; types
+    other than the trees' kernels take; a leaf the flat kernel cannot read; a softmax over another
+    axis) the tree before, the row kernel and the tree after run one after the other."""
 
-    kind: str  # "in" or "out"
     op: str  # "Softmax" or "SoftmaxGrad" (ROW_OPS)
     row: Any  # the row step's own kernel: softmax(x) -> (y,), or softmax_grad(dy, y) -> (dx,)
-    group: Group
     xp: Any
-    columns: Any  # elements a row from the row input's shape, or None (`softmax_columns`)
-    row_inputs: tuple[str, ...] = ()  # "out": the row step's inputs (x, or dy and y)
-    key: str = ""  # "out": the row step's output, the tree's leaf it fills
+    columns: Any  # elements a row from the output's shape, or None (`softmax_columns`)
+    row_inputs: tuple[str, ...]  # (x,) or (dy, y)
+    output: str  # the row's output
+    before: Group | None = None  # makes row_inputs[0]
+    after: Group | None = None  # reads `output`
     leaves: tuple[str, ...] = ()
     _kernels: dict[tuple, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        others = tuple(k for k in self.group.leaves if k != self.key)
-        self.leaves = tuple(dict.fromkeys(self.row_inputs + others))
+        first = self.before.leaves if self.before else self.row_inputs[:1]
+        rest = tuple(k for k in self.after.leaves if k != self.output) if self.after else ()
+        self.leaves = tuple(dict.fromkeys((*first, *self.row_inputs[1:], *rest)))
 
     def __call__(self, *args: Any) -> tuple[Any, ...]:
         env = dict(zip(self.leaves, args))
@@ -511,38 +523,47 @@ class RowGroup:
             out = self._fused(env)
             if out is not None:
                 return (out,)
-        if self.kind == "in":
-            return self.row(self.group(*args)[0])
-        env[self.key] = self.row(*[env[k] for k in self.row_inputs])[0]
-        return self.group(*[env[k] for k in self.group.leaves])
+        if self.before:
+            env[self.row_inputs[0]] = self.before(*[env[k] for k in self.before.leaves])[0]
+        y = self.row(*[env[k] for k in self.row_inputs])
+        if not self.after:
+            return y
+        env[self.output] = y[0]
+        return self.after(*[env[k] for k in self.after.leaves])
 
     def launch(self, env: dict[str, Any]) -> RowLaunch | None:
         """How the one kernel runs on these leaves (arrays by key: CuPy's, or NumPy's in tests), or
         None where it does not apply."""
-        dx = None  # "out": an array of the row step's output's shape and type
-        if self.kind == "out":
-            heads = [env[k] for k in self.row_inputs]
-            dx = heads[0]
-            if any(a.shape != dx.shape or a.dtype != dx.dtype for a in heads) or dx.size == 0:
-                return None
-        leaves = [None if k == self.key else env[k] for k in self.group.leaves]  # None: the gradient
-        found = self.group.types([dx.dtype if a is None else a.dtype for a in leaves])
-        layout = flat_layout([dx.shape if a is None else a.shape for a in leaves],
-                             [a is None or a.flags.c_contiguous for a in leaves])
-        if found is None or layout is None:
+        before = after = None
+        if self.before:
+            leaves = [env[k] for k in self.before.leaves]
+            found = self.before.types([a.dtype for a in leaves])
+            layout = flat_layout([a.shape for a in leaves], [a.flags.c_contiguous for a in leaves])
+            if found is None or layout is None or self.before.out_dtype(found[0]) != found[0]:
+                return None  # a row computes on one float type
+            dtype, shape = found[0], layout[0]
+            before = TreeRead(found[1], layout[1], tuple(zip(self.before.leaves, layout[2])))
+        else:
+            dtype, shape = env[self.row_inputs[0]].dtype, env[self.row_inputs[0]].shape
+        if dtype not in CTYPES or any(env[k].shape != shape or env[k].dtype != dtype for k in self.row_inputs[1:]):
             return None
-        (dtype, types), (shape, modes, extents) = found, layout
-        if dx is not None and (shape != dx.shape or modes[self.group.leaves.index(self.key)] != "full"):
-            return None  # the tree broadcasts the row step's output
-        out = self.group.out_dtype(dtype)
-        if self.kind == "in" and out != dtype:
-            return None  # a softmax of bfloat16 values
+        out = dtype
+        if self.after:
+            leaves = [None if k == self.output else env[k] for k in self.after.leaves]  # None: the row's output
+            found = self.after.types([dtype if a is None else a.dtype for a in leaves])
+            layout = flat_layout([shape if a is None else a.shape for a in leaves],
+                                 [a is None or a.flags.c_contiguous for a in leaves])
+            if found is None or layout is None or found[0] != dtype or layout[0] != shape \
+                    or layout[1][self.after.leaves.index(self.output)] != "full":
+                return None  # another type, or the tree broadcasts the row's output
+            out = self.after.out_dtype(dtype)
+            after = TreeRead(found[1], layout[1],
+                             tuple((k, m) for k, m in zip(self.after.leaves, layout[2]) if k != self.output))
         cols = self.columns(shape)
-        if not cols or math.prod(shape) >= FLAT_MAX:
+        if not cols or not 0 < math.prod(shape) < FLAT_MAX:
             return None
         threads, per, each = gpu.row_shape(cols, True)
-        reads = tuple((k, m) for k, m in zip(self.group.leaves, extents) if k != self.key)
-        return RowLaunch(dtype, types, modes, shape, cols, threads, per, each, reads, out)
+        return RowLaunch(dtype, shape, cols, threads, per, each, out, before, after)
 
     def _fused(self, env: dict[str, Any]) -> Any | None:
         """The one kernel's result, or None where it does not apply."""
@@ -550,78 +571,86 @@ class RowGroup:
         if run is None:
             return None
         xp = self.xp
-        kernel = self._kernels.get((run.types, run.modes, run.per))
+        key = (run.dtype, run.per, run.out, *[(t.types, t.modes) if t else None for t in (run.before, run.after)])
+        kernel = self._kernels.get(key)
         if kernel is None:
-            kernel = self._kernels[(run.types, run.modes, run.per)] = xp.RawKernel(
-                self.source(run.types, run.modes, CTYPES[run.dtype], run.per, BF16 if run.out == BFLOAT16 else ""),
-                "parc_row", options=("--std=c++14", "--fmad=false"))
-        head = tuple(xp.ascontiguousarray(env[k]) for k in self.row_inputs) if self.kind == "out" else ()
+            kernel = self._kernels[key] = xp.RawKernel(self.source(run), "parc_row", options=("--std=c++14", "--fmad=false"))
+        plain = () if self.before else (xp.ascontiguousarray(env[self.row_inputs[0]]),)
+        others = tuple(xp.ascontiguousarray(env[k]) for k in self.row_inputs[1:])
+        first = run.before.reads if run.before else ()
+        last = run.after.reads if run.after else ()
         out = xp.empty(run.shape, run.out)
         rows = math.prod(run.shape) // run.cols
         kernel(*gpu.row_grid(rows, run.threads, run.each),
-               (*head, *[env[k] for k, _ in run.reads], out, np.int64(rows), np.int64(run.cols),
-                *[np.uint32(m) for _, m in run.reads]))
+               (*[env[k] for k, _ in first], *plain, *others, *[env[k] for k, _ in last], out, np.int64(rows),
+                np.int64(run.cols), *[np.uint32(m) for _, m in (*first, *last)]))
         return out
 
-    def source(self, types: Sequence[str], modes: Sequence[str], ctype: str, per: int | None, out: str = "") -> str:
-        """The kernel's CUDA C: a functor computing the tree for element i (`Load` for "in",
-        `Store` for "out", where the row step's element is the leaf `key`), and `parc_row`, which
-        runs the row kernel over one row through it: the register-held variant holding `per`
-        elements a thread, or the looping one (None) for longer rows. `out`: BF16 where the tree
-        after the row ends in a cast to bfloat16."""
+    def source(self, run: RowLaunch) -> str:
+        """The kernel's CUDA C: `Load`, computing the tree before for element i, `Store`, giving
+        element i of the row to the tree after (as its leaf `output`) and storing the root, and
+        `parc_row`, which runs the row kernel over one row through them (`Plain` and `Write` where
+        there is no tree): the register-held variant holding `run.per` elements a thread, or the
+        looping one for longer rows."""
+        ctype = CTYPES[run.dtype]
+        out = BF16 if run.out == BFLOAT16 else ""
         index = {"full": "i", "one": "0", "tail": "i % m{0}", "head": "i / m{0}"}
-        held = f"loop<{ctype}>" if per is None else f"held<{ctype}, {per}>"  # the row kernel's variant
-        mine = [j for j, k in enumerate(self.group.leaves) if k != self.key]  # leaves read from memory
-        fields = " ".join([f"const {_pointee(types[j])}* __restrict__ p{j};" for j in mine]
-                          + [f"unsigned int m{j};" for j in mine])
-        reads = " ".join(f"const {ctype if types[j] == BF16 else types[j]} in{j} = "
-                         f"{'d' if j not in mine else _value(types[j], f'p{j}[{index[modes[j]].format(j)}]')};"
-                         for j in range(len(types)))
-        body = self.group.body(ctype)
-        members = ", ".join([f"p{j}" for j in mine] + [f"m{j}" for j in mine])
-        pointers = [f"const {_pointee(types[j])}* __restrict__ p{j}" for j in mine]
-        extents = [f"unsigned int m{j}" for j in mine]
-        shape = "long long rows, long long cols"
-        if self.kind == "in":
-            functor = f"""struct Load {{
-    {fields}
-    __device__ {ctype} operator()(long long at) const {{
-        const unsigned int i = (unsigned int)at;
-        {reads}
-        {ctype} out;
-        {{
-{body}
-        }}
-        return out;
-    }}
-}};"""
-            params = ", ".join([*pointers, f"{ctype}* __restrict__ o", shape, *extents])
-            call = f"softmax_{held}(Load{{{members}}}, Write<{ctype}>{{o}}, r, cols, shared);"
-        else:
-            functor = f"""struct Store {{
-    {_pointee(out or ctype)}* __restrict__ o;
-    {fields}
-    __device__ void operator()(long long at, {ctype} d) const {{
-        const unsigned int i = (unsigned int)at;
-        {reads}
-        {ctype} out;
-        {{
-{body}
-        }}
-        o[i] = {"bf16_bits(out)" if out == BF16 else "out"};
-    }}
-}};"""
-            heads = ["x"] if self.op == "Softmax" else ["dy", "y"]
-            params = ", ".join([*[f"const {ctype}* __restrict__ {h}" for h in heads], *pointers,
-                                f"{_pointee(out or ctype)}* __restrict__ o", shape, *extents])
-            store = f"Store{{o, {members}}}"
-            call = f"softmax_{held}(Plain<{ctype}>{{x}}, {store}, r, cols, shared);" \
-                if self.op == "Softmax" else f"softmax_grad_{held}(dy, y, {store}, r, cols, shared);"
-        prelude = gpu.BF16_BITS if BF16 in (*types, out) else ""
-        return f"""{gpu.ROW_SOURCE}{prelude}
-{functor}
+        variant = f"loop<{ctype}>" if run.per is None else f"held<{ctype}, {run.per}>"
+        params: list[str] = []
+        extents: list[str] = []
+        functors: list[str] = []
 
-extern "C" __global__ void parc_row({params}) {{
+        def functor(name: str, group: Group, read: TreeRead, prefix: str, given: str) -> str:
+            """A struct computing `group` at element i: its leaves from memory, `given` (the leaf
+            the row hands it) from the argument `d`."""
+            mine = [j for j, k in enumerate(group.leaves) if k != given]
+            fields = " ".join([f"const {_pointee(read.types[j])}* __restrict__ p{j};" for j in mine]
+                              + [f"unsigned int m{j};" for j in mine])
+            loads = " ".join(f"const {ctype if t == BF16 else t} in{j} = "
+                             f"{'d' if j not in mine else _value(t, f'p{j}[{index[read.modes[j]].format(j)}]')};"
+                             for j, t in enumerate(read.types))
+            params.extend(f"const {_pointee(read.types[j])}* __restrict__ {prefix}p{j}" for j in mine)
+            extents.extend(f"unsigned int {prefix}m{j}" for j in mine)
+            members = ", ".join([f"{prefix}p{j}" for j in mine] + [f"{prefix}m{j}" for j in mine])
+            if name == "Load":
+                head, tail = f"{ctype} operator()(long long at) const", "return out;"
+            else:
+                head, tail = f"void operator()(long long at, {ctype} d) const", \
+                    f"o[i] = {'bf16_bits(out)' if out == BF16 else 'out'};"
+                fields = f"{_pointee(out or ctype)}* __restrict__ o; {fields}"
+                members = f"o, {members}" if members else "o"
+            functors.append(f"""struct {name} {{
+    {fields}
+    __device__ {head} {{
+        const unsigned int i = (unsigned int)at;
+        {loads}
+        {ctype} out;
+        {{
+{group.body(ctype)}
+        }}
+        {tail}
+    }}
+}};""")
+            return f"{name}{{{members}}}"
+
+        if self.before:
+            load = functor("Load", self.before, run.before, "b", "")
+        else:
+            params.append(f"const {ctype}* __restrict__ {'x' if self.op == 'Softmax' else 'dy'}")
+            load = f"Plain<{ctype}>{{{'x' if self.op == 'Softmax' else 'dy'}}}"
+        if self.op == "SoftmaxGrad":
+            params.append(f"const {ctype}* __restrict__ y")
+        store = functor("Store", self.after, run.after, "a", self.output) if self.after else f"Write<{ctype}>{{o}}"
+        params += [f"{_pointee(out or ctype)}* __restrict__ o", "long long rows", "long long cols", *extents]
+        call = f"softmax_{variant}({load}, {store}, r, cols, shared);" if self.op == "Softmax" \
+            else f"softmax_grad_{variant}({load}, y, {store}, r, cols, shared);"
+        prelude = gpu.BF16_BITS if BF16 in (*(run.before.types if run.before else ()),
+                                             *(run.after.types if run.after else ()), out) else ""
+        body = "\n".join(functors)
+        return f"""{gpu.ROW_SOURCE}{prelude}
+{body}
+
+extern "C" __global__ void parc_row({", ".join(params)}) {{
     __shared__ {ctype} shared[32];
     ROW
     {call}

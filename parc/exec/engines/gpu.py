@@ -158,22 +158,23 @@ __global__ void logsumexp_rows(const T* x, T* out, long long rows, long long col
 CTYPES = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}  # the C types of the kernels
 
 _ROWS = _SOFTMAX + r"""
-// d loss / d x of y = softmax(x) over a row, from dy and y: y * (dy - sum(dy * y)).
-template <typename T, typename Store>
-__device__ void softmax_grad_loop(const T* dy, const T* y, const Store& store, long long r, long long cols,
+// d loss / d x of y = softmax(x) over a row, from dy (a functor, as a softmax's input) and y:
+// y * (dy - sum(dy * y)).
+template <typename T, typename Load, typename Store>
+__device__ void softmax_grad_loop(const Load& dy, const T* y, const Store& store, long long r, long long cols,
                                   T* shared) {
     const long long at = r * cols;
     T s = 0;
-    for (long long j = threadIdx.x; j < cols; j += blockDim.x) s += dy[at + j] * y[at + j];
+    for (long long j = threadIdx.x; j < cols; j += blockDim.x) s += dy(at + j) * y[at + j];
     s = block_reduce<T>(s, shared, false, (T)0);
-    for (long long j = threadIdx.x; j < cols; j += blockDim.x) store(at + j, y[at + j] * (dy[at + j] - s));
+    for (long long j = threadIdx.x; j < cols; j += blockDim.x) store(at + j, y[at + j] * (dy(at + j) - s));
 }
 
 template <typename T>
 __global__ void softmax_grad_rows(const T* dy, const T* y, T* dx, long long rows, long long cols) {
     __shared__ T shared[32];
     ROW
-    softmax_grad_loop<T>(dy, y, Write<T>{dx}, r, cols, shared);
+    softmax_grad_loop<T>(Plain<T>{dy}, y, Write<T>{dx}, r, cols, shared);
 }
 
 // LayerNormalization over a row: its mean, 1 / sqrt(variance + eps), and (x - mean) * inv * scale + bias.
@@ -224,14 +225,14 @@ __device__ void softmax_held(const Load& load, const Store& store, long long r, 
     EACH if (J < cols) store(at + J, v[k] / s);
 }
 
-template <typename T, int PER, typename Store>
-__device__ void softmax_grad_held(const T* dy, const T* y, const Store& store, long long r, long long cols,
+template <typename T, int PER, typename Load, typename Store>
+__device__ void softmax_grad_held(const Load& dy, const T* y, const Store& store, long long r, long long cols,
                                   T* shared) {
     const long long at = r * cols;
     T g[PER], v[PER];
     T s = 0;
     #pragma unroll
-    EACH if (J < cols) { g[k] = dy[at + J]; v[k] = y[at + J]; s += g[k] * v[k]; }
+    EACH if (J < cols) { g[k] = dy(at + J); v[k] = y[at + J]; s += g[k] * v[k]; }
     s = block_reduce<T>(s, shared, false, (T)0);
     #pragma unroll
     EACH if (J < cols) store(at + J, v[k] * (g[k] - s));
@@ -248,7 +249,7 @@ template <typename T, int PER>
 __global__ void softmax_grad_rows_held(const T* dy, const T* y, T* dx, long long rows, long long cols) {
     __shared__ T shared[32];
     ROW
-    softmax_grad_held<T, PER>(dy, y, Write<T>{dx}, r, cols, shared);
+    softmax_grad_held<T, PER>(Plain<T>{dy}, y, Write<T>{dx}, r, cols, shared);
 }
 
 template <typename T, int PER>
