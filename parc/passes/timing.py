@@ -343,8 +343,12 @@ def _on_the_array_engine(nodes: list, work: list[tuple], graph_outputs: list[str
             cols = softmax_columns(n.attr("axis", -1 if opset >= 13 else 1), opset)(x.shape)
         else:
             cols = x.shape[-1] if x.shape and groups[index[j]][5] % len(x.shape) == len(x.shape) - 1 else None
-        shapes = [v.shape for v in leaves(tree).values()]
-        return bool(cols) and None not in shapes and flat_layout(shapes, [True] * len(shapes)) is not None
+        shapes = {k: v.shape for k, v in leaves(tree).items()}
+        layout = flat_layout(list(shapes.values()), [True] * len(shapes)) if None not in shapes.values() else None
+        if not cols or layout is None or layout[0] != tuple(x.shape):
+            return False
+        # the tree after reads the row's output whole, at its own index (no broadcast of it)
+        return kind == "before" or layout[1][list(shapes).index(x.name)] == "full"
 
     values = {v.name: v for n in nodes for v in (*n.inputs, *n.outputs) if v is not None}
     row_ops = ["SoftmaxGrad" if i in groups else nodes[i].op_type for i in index]

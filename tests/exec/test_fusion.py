@@ -298,3 +298,36 @@ def test_row_steps_run_apart_under_parc_cupy_rows_0(monkeypatch):
     steps = ArrayEngine(model, fuse=True)._steps
     assert not any(isinstance(s[0], RowGroup) for s in steps)
     assert [s[4].rpartition("(")[2] for s in steps] == ["Fused)", "Softmax)", "SoftmaxGrad)", "Fused)"]
+
+
+def test_a_row_step_whose_kernel_does_not_compile_runs_its_parts(capfd):
+    """A compiler's refusal (CuPy raises it at the kernel's first call) is said once, on stderr;
+    the tree and the row kernel then run one after the other, with the same values."""
+    class CompileException(Exception):
+        pass
+
+    class Refusing:  # NumPy, with CuPy's RawKernel that fails to compile
+        def __getattr__(self, name):
+            return getattr(np, name)
+
+        def RawKernel(self, *args, **kwargs):  # noqa: N802 (CuPy's name)
+            def launch(*a):
+                raise CompileException("parc.cu(1): error: made up")
+            return launch
+
+    model = masked_softmax_model((2, 3, 4, 6), (4, 6))
+    fused = ArrayEngine(model, fuse=True)
+    for s in fused._steps:
+        s[0].xp = Refusing()
+        for tree in (s[0].before, s[0].after):
+            if tree is not None:
+                tree.xp = s[0].xp
+    feeds = _masked_feeds((2, 3, 4, 6), (4, 6))
+    want = ArrayEngine(model, fuse=False).run(feeds)
+    for _ in range(2):
+        got = fused.run(feeds)
+        for k in ("y", "g"):
+            np.testing.assert_array_equal(got[k], want[k])
+    err = capfd.readouterr().err
+    assert err.count("could not fuse the Softmax row step with its trees: CompileException") == 1
+    assert err.count("could not fuse the SoftmaxGrad row step") == 1

@@ -337,11 +337,13 @@ def test_strided_batched_matmul_matches_numpy(dtype, sa, sb, ta, tb):
 @pytest.mark.parametrize(("shape", "mask_shape"), [
     ((2, 3, 4, 6), (4, 6)), ((2, 2, 64, 1024), (64, 1024)), ((3, 3000), (3, 3000)), ((2, 5, 40), (2, 5, 1)),
     ((2, 8192), (1, 8192)), ((2, 9000), (2, 9000)), ((2, 3, 4, 6), (2, 1, 1, 6))])
-def test_row_groups_equal_their_parts_on_the_gpu(dtype, shape, mask_shape):
+def test_row_groups_equal_their_parts_on_the_gpu(dtype, shape, mask_shape, monkeypatch):
     """A softmax with the scale and mask before it, and its gradient with theirs after it, as one
-    kernel each (`fusion.RowGroup`), against the trees and the row kernels run apart: the same to
-    the bit (each element is computed by the same C text, with --fmad=false). Rows over 8,192
-    take the looping kernels; a mask broadcast in the middle runs apart in both."""
+    kernel each (`fusion.RowGroup`), against the trees and the row kernels run apart
+    (`PARC_CUPY_ROWS=0`: the same row kernels, so the gradient's row sums are added in the same
+    order): the same to the bit (each element is computed by the same C text, with
+    --fmad=false). Rows over 8,192 take the looping kernels; a mask broadcast in the middle runs
+    apart in both."""
     import cupy
 
     from parc.exec.engines.array import ArrayEngine
@@ -352,7 +354,10 @@ def test_row_groups_equal_their_parts_on_the_gpu(dtype, shape, mask_shape):
     x.reshape(-1, shape[-1])[0, 1] = np.nan  # a NaN makes its row NaN
     feeds = {"x": x, "mask": rng.random(mask_shape) > 0.3, "dy": rng.standard_normal(shape).astype(dtype)}
     model = masked_softmax_model(shape, mask_shape, dtype)
-    fused, apart = ArrayEngine(model, device="gpu", fuse=True), ArrayEngine(model, device="gpu", fuse=False)
+    fused = ArrayEngine(model, device="gpu", fuse=True)
+    monkeypatch.setenv("PARC_CUPY_ROWS", "0")
+    apart = ArrayEngine(model, device="gpu", fuse=True)
+    assert not any(isinstance(s[0], RowGroup) for s in apart._steps)
     got, want = fused.run(feeds), apart.run(feeds)
     rows = [s[0] for s in fused._steps if isinstance(s[0], RowGroup)]
     one_kernel = mask_shape != (2, 1, 1, 6)

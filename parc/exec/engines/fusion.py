@@ -144,7 +144,7 @@ class Group:
         """How leaves of these types and layouts run: the flat kernel where every leaf is read by
         a flat index (`flat_layout`), else CuPy's ElementwiseKernel (which broadcasts anything),
         else the nodes one by one."""
-        found = self.types([a.dtype for a in leaves])
+        found = self.types([getattr(a, "dtype", None) for a in leaves])
         layout = flat_layout([a.shape for a in leaves], [a.flags.c_contiguous for a in leaves]) if found else None
         if layout is None:
             kernel = self._kernel(leaves)  # None for a group with casts, or types it cannot take
@@ -511,6 +511,7 @@ class RowGroup:
     after: Group | None = None  # reads `output`
     leaves: tuple[str, ...] = ()
     _kernels: dict[tuple, Any] = field(default_factory=dict)
+    _failed: bool = False
 
     def __post_init__(self) -> None:
         first = self.before.leaves if self.before else self.row_inputs[:1]
@@ -519,8 +520,16 @@ class RowGroup:
 
     def __call__(self, *args: Any) -> tuple[Any, ...]:
         env = dict(zip(self.leaves, args))
-        if self.xp is not np:
-            out = self._fused(env)
+        if self.xp is not np and not self._failed:
+            try:
+                out = self._fused(env)
+            except Exception as e:  # CuPy compiles at the first call
+                if type(e).__name__ != "CompileException":
+                    raise
+                self._failed = True  # parc's bug, said once; the parts still run, one after the other
+                print(f"parc: could not fuse the {self.op} row step with its trees: {type(e).__name__}: "
+                      f"{' '.join(str(e).split())[:300]}", file=sys.stderr)
+                out = None
             if out is not None:
                 return (out,)
         if self.before:
