@@ -163,7 +163,8 @@ def test_a_tree_read_elsewhere_or_an_output_stays_apart_from_the_softmax():
     ((2, 8192), (1, 8192), (("full", "one", "tail", "one"), 8192, 256, 32, 1)),
     ((2, 5, 40), (2, 5, 1), (("full", "one", "head", "one"), 40, 128, 1, 1)),  # a row's own mask value
     ((2, 8193), (2, 8193), (("full", "one", "full", "one"), 8193, 256, None, 1)),  # longer than registers hold: loops
-    ((2, 3, 4, 6), (2, 1, 1, 6), None),  # a padding mask broadcast in the middle: the flat index cannot read it
+    ((2, 3, 4, 6), (2, 1, 1, 6), (("full", "one", "split", "one"), 6, 32, 1, 4)),  # a padding mask [B, 1, 1, S]
+    ((2, 3, 4, 6), (2, 1, 4, 1), None),  # broadcast over two runs of dims: the flat index cannot read it
 ])
 def test_a_row_group_launches_where_its_kernel_applies(shape, mask_shape, want):
     """`RowGroup.launch` on NumPy arrays: each leaf's mode, the row length, threads, elements a

@@ -336,13 +336,15 @@ def test_strided_batched_matmul_matches_numpy(dtype, sa, sb, ta, tb):
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize(("shape", "mask_shape"), [
     ((2, 3, 4, 6), (4, 6)), ((2, 2, 64, 1024), (64, 1024)), ((3, 3000), (3, 3000)), ((2, 5, 40), (2, 5, 1)),
-    ((2, 8192), (1, 8192)), ((2, 9000), (2, 9000)), ((2, 3, 4, 6), (2, 1, 1, 6))])
+    ((2, 8192), (1, 8192)), ((2, 9000), (2, 9000)), ((2, 3, 4, 6), (2, 1, 1, 6)), ((2, 3, 64, 64), (2, 1, 1, 64)),
+    ((2, 3, 4, 6), (2, 1, 4, 1))])
 def test_row_groups_equal_their_parts_on_the_gpu(dtype, shape, mask_shape, monkeypatch):
     """A softmax with the scale and mask before it, and its gradient with theirs after it, as one
     kernel each (`fusion.RowGroup`), against the trees and the row kernels run apart
     (`PARC_CUPY_ROWS=0`: the same row kernels, so the gradient's row sums are added in the same
     order): the same to the bit (each element is computed by the same C text, with
-    --fmad=false). Rows over 8,192 take the looping kernels; a mask broadcast in the middle runs
+    --fmad=false). Rows over 8,192 take the looping kernels; a padding mask [B, 1, 1, S] is read
+    by `flat_layout`'s "split" index; a mask broadcast over two runs of dims runs
     apart in both."""
     import cupy
 
@@ -360,7 +362,7 @@ def test_row_groups_equal_their_parts_on_the_gpu(dtype, shape, mask_shape, monke
     assert not any(isinstance(s[0], RowGroup) for s in apart._steps)
     got, want = fused.run(feeds), apart.run(feeds)
     rows = [s[0] for s in fused._steps if isinstance(s[0], RowGroup)]
-    one_kernel = mask_shape != (2, 1, 1, 6)
+    one_kernel = mask_shape != (2, 1, 4, 1)
     assert [(r.before is not None, r.after is not None) for r in rows] == [(True, False), (False, True)]
     assert [bool(r._kernels) for r in rows] == [one_kernel] * 2
     for k in ("y", "g"):

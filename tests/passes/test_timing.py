@@ -112,9 +112,10 @@ def test_a_gpu_prices_a_softmax_gradient_as_one_pass():
 def test_a_gpu_prices_a_softmax_with_the_tree_before_it_as_one_pass():
     """Attention's scale and mask, its softmax, the softmax's gradient and the mask's and scale's
     gradients (`masked_softmax_model`): two kernels on a GPU (`fusion.RowGroup`). The first reads
-    x and the mask and writes y; the second reads dy and y and the mask and writes g. Where the
-    mask is broadcast in the middle (a padding mask [B, 1, 1, S]) the flat index cannot read it:
-    the trees and the row kernels run apart."""
+    x and the mask and writes y; the second reads dy and y and the mask and writes g. A padding
+    mask [B, 1, 1, S] (one run of dims broadcast, `flat_layout`'s "split") too. Where the mask is
+    broadcast over two runs ([B, 1, S, 1]) the flat index cannot read it: the trees and the row
+    kernels run apart."""
     from helpers import masked_softmax_model
 
     shape, mask = (8, 4, 256, 256), (256, 256)
@@ -127,11 +128,14 @@ def test_a_gpu_prices_a_softmax_with_the_tree_before_it_as_one_pass():
     masked = np.prod(mask)
     fused = (2 * tensor + masked + 2 * scalar) + (3 * tensor + masked + 2 * scalar)
     assert module_seconds(model, h100, info) == pytest.approx(fused / bw)
-    middle = (8, 1, 1, 256)  # the tree before: x, scale, mask, low -> xm; then the softmax; the
-    info["mask"] = (TensorProto.BOOL, middle)  # gradient; then the tree after it
-    model = masked_softmax_model(shape, middle)
+    padding = (8, 1, 1, 256)
+    info["mask"] = (TensorProto.BOOL, padding)
+    fused = (2 * tensor + 2048 + 2 * scalar) + (3 * tensor + 2048 + 2 * scalar)
+    assert module_seconds(masked_softmax_model(shape, padding), h100, info) == pytest.approx(fused / bw)
+    rows = (8, 1, 256, 1)  # the tree before: x, scale, mask, low -> xm; then the softmax; the
+    info["mask"] = (TensorProto.BOOL, rows)  # gradient; then the tree after it
     apart = (tensor + 2 * scalar + 2048 + tensor) + 2 * tensor + 3 * tensor + (tensor + 2048 + 2 * scalar + tensor)
-    assert module_seconds(model, h100, info) == pytest.approx(apart / bw)
+    assert module_seconds(masked_softmax_model(shape, rows), h100, info) == pytest.approx(apart / bw)
 
 
 def test_onnxruntime_copies_a_view_into_or_out_of_a_module_output():

@@ -159,7 +159,7 @@ class Group:
                 options=("--fmad=false",))
         n = math.prod(shape)
         grid = (min(-(-n // (FLAT_THREADS * FLAT_PER)), FLAT_MAX_BLOCKS),)
-        args = (np.uint32(n), *(np.uint32(m) for m in extents))
+        args = (np.uint32(n), *(np.uint32(v) for mode, e in zip(modes, extents) for v in extent_args(mode, e)))
         xp = self.xp
 
         def launch(*xs: Any) -> Any:
@@ -172,12 +172,11 @@ class Group:
         """The flat kernel: each thread loads FLAT_PER elements of every leaf (strided by the block,
         so loads coalesce, and all issued before any is used), then runs the group's body on each.
         `out`: BF16 where the root is a cast to bfloat16, else the output is of `ctype`."""
-        index = {"full": "i", "one": "0", "tail": "i % m{0}", "head": "i / m{0}"}
         params = ", ".join([f"const {_pointee(t)}* __restrict__ p{i}" for i, t in enumerate(types)]
                            + [f"{_pointee(out or ctype)}* __restrict__ o", "unsigned int n"]
-                           + [f"unsigned int m{i}" for i in range(len(types))])
+                           + [f"unsigned int {e}" for i, m in enumerate(modes) for e in extent_names(i, m)])
         held = " ".join(f"{_pointee(t)} a{i}[{FLAT_PER}];" for i, t in enumerate(types))
-        loads = " ".join(f"a{i}[j] = p{i}[{index[m].format(i)}];" for i, m in enumerate(modes))
+        loads = " ".join(f"a{i}[j] = p{i}[{INDEX[m].format(i)}];" for i, m in enumerate(modes))
         names = " ".join(f"const {ctype if t == BF16 else t} in{i} = {_value(t, f'a{i}[j]')};" for i, t in enumerate(types))
         prelude = gpu.BF16_BITS if BF16 in (*types, out) else ""
         return f"""{prelude}typedef {ctype} T;
@@ -278,15 +277,29 @@ extern "C" __global__ void parc_flat({params}) {{
 FLAT_THREADS, FLAT_PER = 256, 4  # the flat kernel's block, and the elements each thread loads ahead
 FLAT_MAX_BLOCKS = 1 << 16  # blocks loop over the rest
 FLAT_MAX = 1 << 30  # elements: 32-bit indices, with room for the loop's last step
+# each `flat_layout` mode's index of a leaf's element for the output's element i (C, 32-bit)
+INDEX = {"full": "i", "one": "0", "tail": "i % m{0}", "head": "i / m{0}", "split": "i / m{0} * q{0} + i % q{0}"}
+
+
+def extent_args(mode: str, extent) -> tuple[int, ...]:
+    """A leaf's extent as its kernel arguments: m, and q for "split" (`flat_layout`)."""
+    return tuple(extent) if mode == "split" else (extent,)
+
+
+def extent_names(j: int, mode: str, prefix: str = "") -> list[str]:
+    """The names of a leaf's extent arguments, in `extent_args`' order."""
+    return [f"{prefix}m{j}", *([f"{prefix}q{j}"] if mode == "split" else [])]
 
 
 def flat_layout(shapes: Sequence[tuple[int, ...]], contiguous: Sequence[bool]) -> tuple | None:
     """(output shape, each leaf's mode, each leaf's extent) where every leaf of a group can be read
     by the output's flat index i: "full" (its own index i: contiguous, the output's size), "one"
     (a single value), "tail" (contiguous, broadcast over leading dims: i % extent, a bias or a
-    mask) or "head" (contiguous, broadcast over trailing dims: i / extent, a row's statistic).
-    None for anything else (a transposed view, a broadcast in the middle): CuPy's kernel reads
-    those."""
+    mask), "head" (contiguous, broadcast over trailing dims: i / extent, a row's statistic) or
+    "split" (contiguous, broadcast over one run of middle dims: a padding mask [B, 1, 1, S] of
+    scores [B, H, S, S]; its extent (m, q), the output's elements from the run on and the leaf's
+    after it: i / m * q + i % q). None for anything else (a transposed view, two runs broadcast):
+    CuPy's kernel reads those. `INDEX` is each mode's C text, `extent_args` its arguments."""
     shape = tuple(np.broadcast_shapes(*shapes))
     n = math.prod(shape)
     if not 0 < n < FLAT_MAX:
@@ -308,7 +321,11 @@ def flat_layout(shapes: Sequence[tuple[int, ...]], contiguous: Sequence[bool]) -
         elif pad[:trail] == shape[:trail]:
             reads.append(("head", n // size))
         else:
-            return None
+            wide = [d for d in range(len(shape)) if pad[d] != shape[d]]  # broadcast dims (pad[d] is 1)
+            a, c = wide[0], wide[-1] + 1
+            if any(pad[d] != 1 for d in range(a, c)):
+                return None
+            reads.append(("split", (math.prod(shape[a:]), math.prod(shape[c:]))))
     modes, extents = zip(*reads, strict=True)
     return shape, tuple(modes), tuple(extents)
 
@@ -551,7 +568,8 @@ class RowGroup:
             if found is None or layout is None or self.before.out_dtype(found[0]) != found[0]:
                 return None  # a row computes on one float type
             dtype, shape = found[0], layout[0]
-            before = TreeRead(found[1], layout[1], tuple(zip(self.before.leaves, layout[2])))
+            before = TreeRead(found[1], layout[1], tuple((k, extent_args(m, e)) for k, m, e in
+                                                         zip(self.before.leaves, layout[1], layout[2])))
         else:
             dtype, shape = env[self.row_inputs[0]].dtype, env[self.row_inputs[0]].shape
         if dtype not in CTYPES or any(env[k].shape != shape or env[k].dtype != dtype for k in self.row_inputs[1:]):
@@ -567,7 +585,8 @@ class RowGroup:
                 return None  # another type, or the tree broadcasts the row's output
             out = self.after.out_dtype(dtype)
             after = TreeRead(found[1], layout[1],
-                             tuple((k, m) for k, m in zip(self.after.leaves, layout[2]) if k != self.output))
+                             tuple((k, extent_args(m, e)) for k, m, e in zip(self.after.leaves, *layout[1:])
+                                   if k != self.output))
         cols = self.columns(shape)
         if not cols or not 0 < math.prod(shape) < FLAT_MAX:
             return None
@@ -592,7 +611,7 @@ class RowGroup:
         rows = math.prod(run.shape) // run.cols
         kernel(*gpu.row_grid(rows, run.threads, run.each),
                (*[env[k] for k, _ in first], *plain, *others, *[env[k] for k, _ in last], out, np.int64(rows),
-                np.int64(run.cols), *[np.uint32(m) for _, m in (*first, *last)]))
+                np.int64(run.cols), *[np.uint32(v) for _, e in (*first, *last) for v in e]))
         return out
 
     def source(self, run: RowLaunch) -> str:
@@ -603,7 +622,6 @@ class RowGroup:
         looping one for longer rows."""
         ctype = CTYPES[run.dtype]
         out = BF16 if run.out == BFLOAT16 else ""
-        index = {"full": "i", "one": "0", "tail": "i % m{0}", "head": "i / m{0}"}
         variant = f"loop<{ctype}>" if run.per is None else f"held<{ctype}, {run.per}>"
         params: list[str] = []
         extents: list[str] = []
@@ -613,14 +631,15 @@ class RowGroup:
             """A struct computing `group` at element i: its leaves from memory, `given` (the leaf
             the row hands it) from the argument `d`."""
             mine = [j for j, k in enumerate(group.leaves) if k != given]
+            sizes = [e for j in mine for e in extent_names(j, read.modes[j])]
             fields = " ".join([f"const {_pointee(read.types[j])}* __restrict__ p{j};" for j in mine]
-                              + [f"unsigned int m{j};" for j in mine])
+                              + [f"unsigned int {e};" for e in sizes])
             loads = " ".join(f"const {ctype if t == BF16 else t} in{j} = "
-                             f"{'d' if j not in mine else _value(t, f'p{j}[{index[read.modes[j]].format(j)}]')};"
+                             f"{'d' if j not in mine else _value(t, f'p{j}[{INDEX[read.modes[j]].format(j)}]')};"
                              for j, t in enumerate(read.types))
             params.extend(f"const {_pointee(read.types[j])}* __restrict__ {prefix}p{j}" for j in mine)
-            extents.extend(f"unsigned int {prefix}m{j}" for j in mine)
-            members = ", ".join([f"{prefix}p{j}" for j in mine] + [f"{prefix}m{j}" for j in mine])
+            extents.extend(f"unsigned int {prefix}{e}" for e in sizes)
+            members = ", ".join([f"{prefix}p{j}" for j in mine] + [f"{prefix}{e}" for e in sizes])
             if name == "Load":
                 head, tail = f"{ctype} operator()(long long at) const", "return out;"
             else:
