@@ -332,3 +332,18 @@ def test_a_row_step_whose_kernel_does_not_compile_runs_its_parts(capfd):
     err = capfd.readouterr().err
     assert err.count("could not fuse the Softmax row step with its trees: CompileException") == 1
     assert err.count("could not fuse the SoftmaxGrad row step") == 1
+
+
+def test_a_small_view_among_the_leaves_is_read_after_a_copy():
+    """A leaf that is a view (T5's relative position bias, transposed, broadcast over the batch) is
+    read by the flat index once copied, where it has at most half the output's elements; a view
+    as large as the output is not (the kernel would copy as much as it computes)."""
+    engine = ArrayEngine(masked_softmax_model((2, 3, 4, 6), (4, 6)), fuse=True)
+    feeds = _masked_feeds((2, 3, 4, 6), (4, 6))
+    env = {"scale": np.array(0.125, np.float32), "low": np.array(-1e9, np.float32), **feeds}
+    env["mask"] = np.ascontiguousarray(feeds["mask"].T).T  # the same values, a transposed view
+    assert not env["mask"].flags.c_contiguous
+    run = engine._steps[0][0].launch(env)
+    assert run is not None and run.before.modes == ("full", "one", "tail", "one")
+    env["x"] = np.ascontiguousarray(np.swapaxes(feeds["x"], 0, 1)).swapaxes(0, 1)  # the scores themselves a view
+    assert engine._steps[0][0].launch(env) is None

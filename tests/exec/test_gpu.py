@@ -425,3 +425,29 @@ def test_fused_bf16_training_step_equals_unfused_on_the_gpu(tmp_path, capfd):
     for k in want:
         np.testing.assert_allclose(cupy.asnumpy(got[k]).astype(np.float32), cupy.asnumpy(want[k]).astype(np.float32),
                                    rtol=1e-6, atol=1e-5)
+
+
+def test_a_view_among_a_row_steps_leaves_is_copied_and_read_on_the_gpu(monkeypatch):
+    """Scores plus a bias that is a transposed view ([S, S] of a [S, S] input, as T5's relative
+    position bias), scaled, then a softmax: the row step copies the small view and reads it by the
+    flat index; the result equals the parts run apart, to the bit."""
+    import cupy
+    from onnx import helper as h
+
+    from parc.exec.engines.array import ArrayEngine
+    from parc.exec.engines.fusion import RowGroup
+    from tests.helpers import inp, make_model, tensor
+
+    nodes = [h.make_node("Transpose", ["b"], ["bt"], perm=[1, 0]), h.make_node("Add", ["x", "bt"], ["s"]),
+             h.make_node("Mul", ["s", "two"], ["t"]), h.make_node("Softmax", ["t"], ["y"], axis=-1)]
+    model = make_model(nodes, [inp("x", [2, 3, 64, 64]), inp("b", [64, 64])], [inp("y", None)],
+                       [tensor("two", np.float32(2))])
+    rng = np.random.default_rng(8)
+    feeds = {"x": rng.standard_normal((2, 3, 64, 64)).astype(np.float32), "b": rng.standard_normal((64, 64)).astype(np.float32)}
+    fused = ArrayEngine(model, device="gpu", fuse=True)
+    monkeypatch.setenv("PARC_CUPY_ROWS", "0")
+    apart = ArrayEngine(model, device="gpu", fuse=True)
+    got, want = fused.run(feeds)["y"], apart.run(feeds)["y"]
+    (row,) = [s[0] for s in fused._steps if isinstance(s[0], RowGroup)]
+    assert row._kernels
+    np.testing.assert_array_equal(cupy.asnumpy(got), cupy.asnumpy(want))

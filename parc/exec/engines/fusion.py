@@ -145,7 +145,7 @@ class Group:
         a flat index (`flat_layout`), else CuPy's ElementwiseKernel (which broadcasts anything),
         else the nodes one by one."""
         found = self.types([getattr(a, "dtype", None) for a in leaves])
-        layout = flat_layout([a.shape for a in leaves], [a.flags.c_contiguous for a in leaves]) if found else None
+        layout = flat_layout([a.shape for a in leaves], readable(leaves)) if found else None
         if layout is None:
             kernel = self._kernel(leaves)  # None for a group with casts, or types it cannot take
             return kernel if kernel is not None else lambda *xs: self.unfused(xs)
@@ -161,10 +161,11 @@ class Group:
         grid = (min(-(-n // (FLAT_THREADS * FLAT_PER)), FLAT_MAX_BLOCKS),)
         args = (np.uint32(n), *(np.uint32(v) for mode, e in zip(modes, extents) for v in extent_args(mode, e)))
         xp = self.xp
+        copy = [not a.flags.c_contiguous for a in leaves]  # small views, copied (`readable`)
 
         def launch(*xs: Any) -> Any:
             y = xp.empty(shape, out)
-            flat(grid, (FLAT_THREADS,), (*xs, y, *args))
+            flat(grid, (FLAT_THREADS,), (*(xp.ascontiguousarray(a) if c else a for a, c in zip(xs, copy)), y, *args))
             return y
         return launch
 
@@ -279,6 +280,16 @@ FLAT_MAX_BLOCKS = 1 << 16  # blocks loop over the rest
 FLAT_MAX = 1 << 30  # elements: 32-bit indices, with room for the loop's last step
 # each `flat_layout` mode's index of a leaf's element for the output's element i (C, 32-bit)
 INDEX = {"full": "i", "one": "0", "tail": "i % m{0}", "head": "i / m{0}", "split": "i / m{0} * q{0} + i % q{0}"}
+
+
+def readable(leaves: Sequence[Any], n: int | None = None) -> list[bool]:
+    """Which leaves the flat index may read (`flat_layout`'s `contiguous`): a contiguous array, or
+    a view of at most half the output's `n` elements (the broadcast of T5's relative position
+    bias, a transposed [1, H, S, S]), which the kernel's launch copies first: the copy is small
+    beside the kernel's own traffic. None stands for an array the kernel is handed."""
+    if n is None:
+        n = math.prod(np.broadcast_shapes(*[a.shape for a in leaves if a is not None]))
+    return [a is None or a.flags.c_contiguous or 2 * a.size <= n for a in leaves]
 
 
 def extent_args(mode: str, extent) -> tuple[int, ...]:
@@ -564,7 +575,7 @@ class RowGroup:
         if self.before:
             leaves = [env[k] for k in self.before.leaves]
             found = self.before.types([a.dtype for a in leaves])
-            layout = flat_layout([a.shape for a in leaves], [a.flags.c_contiguous for a in leaves])
+            layout = flat_layout([a.shape for a in leaves], readable(leaves))
             if found is None or layout is None or self.before.out_dtype(found[0]) != found[0]:
                 return None  # a row computes on one float type
             dtype, shape = found[0], layout[0]
@@ -579,7 +590,7 @@ class RowGroup:
             leaves = [None if k == self.output else env[k] for k in self.after.leaves]  # None: the row's output
             found = self.after.types([dtype if a is None else a.dtype for a in leaves])
             layout = flat_layout([shape if a is None else a.shape for a in leaves],
-                                 [a is None or a.flags.c_contiguous for a in leaves])
+                                 readable(leaves, math.prod(shape)))
             if found is None or layout is None or found[0] != dtype or layout[0] != shape \
                     or layout[1][self.after.leaves.index(self.output)] != "full":
                 return None  # another type, or the tree broadcasts the row's output
@@ -610,7 +621,8 @@ class RowGroup:
         out = xp.empty(run.shape, run.out)
         rows = math.prod(run.shape) // run.cols
         kernel(*gpu.row_grid(rows, run.threads, run.each),
-               (*[env[k] for k, _ in first], *plain, *others, *[env[k] for k, _ in last], out, np.int64(rows),
+               (*[xp.ascontiguousarray(env[k]) for k, _ in first], *plain, *others,
+                *[xp.ascontiguousarray(env[k]) for k, _ in last], out, np.int64(rows),
                 np.int64(run.cols), *[np.uint32(v) for _, e in (*first, *last) for v in e]))
         return out
 
