@@ -35,10 +35,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import ml_dtypes
 import numpy as np
+from onnx import TensorProto
 
 from parc.exec.engines import gpu
+from parc.exec.engines.elementwise import DTYPES
 from parc.exec.engines.gpu import CTYPES
 from parc.exec.engines.kernels import norm_axis
 
@@ -56,7 +57,7 @@ OPS: dict[str, tuple[int, str]] = {
     "Cast": (1, "{0}"),
 }
 BF16 = "bf16"  # a leaf's or an output's type in the kernels' sources: bfloat16's bits, computed in float
-BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
+BFLOAT16 = DTYPES[TensorProto.BFLOAT16]
 
 
 def cast_kind(op: str, to: int | None, low: Sequence[bool]) -> str:
@@ -66,9 +67,9 @@ def cast_kind(op: str, to: int | None, low: Sequence[bool]) -> str:
     bfloat16 values: never fused, a tree computes in one float type), "" otherwise (a Cast
     between other types is not fused)."""
     if op == "Cast":
-        if to == 1 and low[:1] == [True]:  # TensorProto.FLOAT
+        if to == TensorProto.FLOAT and low[:1] == [True]:
             return "up"
-        return "down" if to == 16 and low[:1] == [False] else "other"  # TensorProto.BFLOAT16
+        return "down" if to == TensorProto.BFLOAT16 and low[:1] == [False] else "other"
     return "bf16" if any(low) else ""
 
 
