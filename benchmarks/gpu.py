@@ -147,12 +147,14 @@ def _cuda_time(fn, reps: int) -> float:
 
 
 # ---- parc ----------------------------------------------------------------------------------------
-def run_parc(work: Path, steps: int, tf32: bool, kernels: bool = True, plan: str = "plan") -> dict:
+def run_parc(work: Path, steps: int, tf32: bool, kernels: bool = True, plan: str = "plan", rows: bool = True) -> dict:
     """`parc run --engine cupy`; without `kernels`, CuPy's generic operations only
-    (PARC_CUPY_KERNELS=0: no fused elementwise kernels, no softmax kernel); `plan`: plan_bf16
-    for the bf16 step."""
+    (PARC_CUPY_KERNELS=0: no fused elementwise kernels, no softmax kernel); without `rows`, the
+    row steps' parts apart (PARC_CUPY_ROWS=0: what taking the trees into the softmax kernels
+    gives); `plan`: plan_bf16 for the bf16 step."""
+    env = {**({} if kernels else {"PARC_CUPY_KERNELS": "0"}), **({} if rows else {"PARC_CUPY_ROWS": "0"})}
     res = parc_cli("run", str(work / plan), "--steps", str(steps), "--engine", "cupy", "--json",
-                   *(["--tf32"] if tf32 else []), env=None if kernels else {"PARC_CUPY_KERNELS": "0"})
+                   *(["--tf32"] if tf32 else []), env=env or None)
     records = [json.loads(line) for line in res.stdout.splitlines() if line.startswith("{")]
     return {"losses": [r["loss"] for r in records], "step_times_s": [r["step_time_s"] for r in records],
             "device_bytes": max(r.get("device_bytes", 0) for r in records),
@@ -377,13 +379,14 @@ def summary(r: dict) -> str:
     lines.append("| precision | parc step ms | torch step ms | time ratio | parc GiB | torch GiB | mem ratio "
                  "| max loss rel diff | parc MFU |")
     lines.append("|---|---|---|---|---|---|---|---|---|")
-    for prec in ("fp32", "tf32", "bf16", "fp32_generic", "tf32_generic"):
-        p, t = r.get(f"parc_{prec}"), r.get(f"torch_{prec.removesuffix('_generic')}")
+    for prec in ("fp32", "tf32", "bf16", "fp32_generic", "tf32_generic", "tf32_rows_apart"):
+        base = prec.split("_")[0]
+        p, t = r.get(f"parc_{prec}"), r.get(f"torch_{base}")
         if not p or not t:
             continue
         pm, tm = med(p["step_times_s"]), med(t["step_times_s"])
         diff = max(abs(a - b) / abs(b) for a, b in zip(p["losses"][:5], t["losses"][:5]))
-        peak = c.get(f"matmul_{prec.removesuffix('_generic')}_flops")
+        peak = c.get(f"matmul_{base}_flops")
         mfu = f"{flops / pm / peak:.1%}" if peak else "-"
         pb, tb = p.get("device_bytes", 0), t.get("device_bytes", 0)
         ratio = f"{pb / tb:.3f}" if tb else "-"
@@ -436,6 +439,7 @@ def main() -> None:
     ap.add_argument("--tf32", action="store_true")
     ap.add_argument("--bf16", action="store_true", help="the bf16 mixed-precision step (plan_bf16; torch autocast)")
     ap.add_argument("--no-kernels", action="store_true", help="parc without its own CUDA kernels")
+    ap.add_argument("--rows-apart", action="store_true", help="parc with its row steps' parts apart (PARC_CUPY_ROWS=0)")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--results", type=Path, help="where `all` writes results.json (default: in --work)")
     ap.add_argument("--skip", action="append", default=[], help="parts of `all` to leave out")
@@ -449,7 +453,8 @@ def main() -> None:
     elif a.kind == "parc":
         if a.bf16:
             setup_bf16(a.work)
-        print(json.dumps(run_parc(a.work, a.steps, a.tf32, not a.no_kernels, "plan_bf16" if a.bf16 else "plan")))
+        print(json.dumps(run_parc(a.work, a.steps, a.tf32, not a.no_kernels, "plan_bf16" if a.bf16 else "plan",
+                                  not a.rows_apart)))
     elif a.kind == "torch":
         print(json.dumps(run_torch(a.work, a.steps, a.tf32, a.device, bf16=a.bf16)))
     elif a.kind == "profile-parc":
@@ -488,6 +493,8 @@ def main() -> None:
                 save(f"parc_{prec}_generic", child("parc", a.work, "--steps", str(a.steps), *flag, "--no-kernels"))
             if f"torch_{prec}" not in a.skip:
                 save(f"torch_{prec}", child("torch", a.work, "--steps", str(a.steps), *flag, *dev))
+        if "parc_tf32_rows_apart" not in a.skip and a.device == "cuda":
+            save("parc_tf32_rows_apart", child("parc", a.work, "--steps", str(a.steps), "--tf32", "--rows-apart"))
         if "parc_bf16" not in a.skip:
             setup_bf16(a.work)
             save("parc_bf16", child("parc", a.work, "--steps", str(a.steps), "--bf16"))
