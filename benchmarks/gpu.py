@@ -493,13 +493,13 @@ def main() -> None:
                 save(f"parc_{prec}_generic", child("parc", a.work, "--steps", str(a.steps), *flag, "--no-kernels"))
             if f"torch_{prec}" not in a.skip:
                 save(f"torch_{prec}", child("torch", a.work, "--steps", str(a.steps), *flag, *dev))
-        if "parc_tf32_rows_apart" not in a.skip and a.device == "cuda":
-            save("parc_tf32_rows_apart", child("parc", a.work, "--steps", str(a.steps), "--tf32", "--rows-apart"))
         if "parc_bf16" not in a.skip:
             setup_bf16(a.work)
             save("parc_bf16", child("parc", a.work, "--steps", str(a.steps), "--bf16"))
         if "torch_bf16" not in a.skip:
             save("torch_bf16", child("torch", a.work, "--steps", str(a.steps), "--bf16", *dev))
+        if "parc_tf32_rows_apart" not in a.skip and a.device == "cuda":  # after the bars' parts: cut first
+            save("parc_tf32_rows_apart", child("parc", a.work, "--steps", str(a.steps), "--tf32", "--rows-apart"))
         if "calibrate" not in a.skip and a.device == "cuda":
             for prec in ("fp32", "tf32"):
                 save(f"calibrate_{prec}", child("calibrate", a.work, "--profile-seconds", str(a.profile_seconds),
