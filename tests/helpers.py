@@ -153,3 +153,16 @@ def bf16_casts_model(shape=(4, 8), width: int = 8) -> onnx.ModelProto:
              n("Cast", ["xl"], ["xr"], to=f), n("Mul", ["xr", "x"], ["r"])]
     inputs = [inp("x", list(shape)), inp("w", [shape[-1], width]), inp("b", [width])]
     return make_model(nodes, inputs, [inp("z", None), inp("r", None)], [tensor("two", np.float32(2))])
+
+
+def flat_source_of(group, leaves) -> tuple[tuple, str] | None:
+    """(a key, the CUDA source) of the flat kernel a fusion `Group` would build for these leaves
+    (NumPy arrays standing for the device's), or None where it would not build one."""
+    from parc.exec.engines import fusion, gpu
+
+    plan = group.flat([a.dtype for a in leaves], [a.shape for a in leaves], fusion.readable(leaves))
+    if plan is None:
+        return None
+    dtype, types, _shape, modes, _extents = plan
+    out = fusion.BF16 if group.out_dtype(dtype) == fusion.BFLOAT16 else ""
+    return (types, modes, group.body("float"), out), group.flat_source(types, modes, gpu.CTYPES[dtype], out)

@@ -283,15 +283,16 @@ def _on_the_array_engine(nodes: list, work: list[tuple], graph_outputs: list[str
     softmax's gradient as autodiff writes it (`fusion.softmax_grad_groups`) is one kernel reading
     dy and y and writing the result; a tree of two or more elementwise nodes (`fusion.trees`,
     the grouping the engine makes) is one kernel reading its leaves once and writing its root; a
-    softmax or softmax gradient that takes in a tree (`fusion.row_groups`, where the engine's row
-    kernel applies: the last axis, leaves the flat index reads) is one kernel
-    too, without the tree's root (in) or the row step's output (out) in memory; a Transpose returns a view
-    (its reader takes the strides), moving nothing itself. `consts`: the module's small integer
+    softmax or softmax gradient with the trees beside it (`fusion.row_groups`, where the engine's
+    row kernel applies: the last axis, leaves the flat index reads) is one kernel too, neither the
+    tree before's root nor the row's output going to memory; a Transpose returns a view (its
+    reader takes the strides), moving nothing itself. `consts`: the module's small integer
     initializers (ReduceSum's axes)."""
     from parc.exec.engines.fusion import (
         cast_kind,
         flat_layout,
         fusible,
+        last_columns,
         row_groups,
         softmax_columns,
         softmax_grad_groups,
@@ -342,7 +343,7 @@ def _on_the_array_engine(nodes: list, work: list[tuple], graph_outputs: list[str
         if index[j] not in groups:  # a Softmax
             cols = softmax_columns(n.attr("axis", -1 if opset >= 13 else 1), opset)(x.shape)
         else:
-            cols = x.shape[-1] if x.shape and groups[index[j]][5] % len(x.shape) == len(x.shape) - 1 else None
+            cols = last_columns(groups[index[j]][5])(x.shape)
         shapes = {k: v.shape for k, v in leaves(tree).items()}
         layout = flat_layout(list(shapes.values()), [True] * len(shapes)) if None not in shapes.values() else None
         if not cols or layout is None or layout[0] != tuple(x.shape):

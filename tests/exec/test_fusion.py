@@ -347,3 +347,67 @@ def test_a_small_view_among_the_leaves_is_read_after_a_copy():
     assert run is not None and run.before.modes == ("full", "one", "tail", "one")
     env["x"] = np.ascontiguousarray(np.swapaxes(feeds["x"], 0, 1)).swapaxes(0, 1)  # the scores themselves a view
     assert engine._steps[0][0].launch(env) is None
+
+
+class _Recording:
+    """NumPy with CuPy's RawKernel recording each launch: (source, grid, block, arguments)."""
+
+    def __init__(self):
+        self.launches = []
+
+    def __getattr__(self, name):
+        return getattr(np, name)
+
+    def RawKernel(self, source, name, options=()):  # noqa: N802 (CuPy's name)
+        def launch(grid, block, args):
+            self.launches.append((source, grid, block, args))
+        return launch
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_a_row_steps_arguments_are_its_parameters_in_order(precision, tmp_path):
+    """Every row step of gpt-tiny's step, launched with a recording RawKernel: each argument is
+    what its parameter's name in the generated source says (a tree's leaf `bp{j}`/`ap{j}` is
+    that tree's leaf j; `x`, `dy`, `y` the row's inputs; `bm{j}`, `bq{j}`, ... leaf j's extent
+    arguments), and the launch is found once for a step's leaf layouts, then reused."""
+    import re
+
+    model, feeds = tiny_training_step("gpt-tiny", tmp_path, precision=precision)
+    engine = ArrayEngine(model, fuse=True)
+    rows = [s[0] for s in engine._steps if isinstance(s[0], RowGroup)]
+    assert len(rows) == 5
+    xp = _Recording()
+    seen = {}
+
+    def spy(self, *args):
+        seen[id(self)] = (self, dict(zip(self.leaves, args)))
+        return RowGroup.__call__(self, *args)
+
+    for row in rows:  # each row step's own leaves, from a NumPy run
+        row.__class__ = type("Spied", (RowGroup,), {"__call__": spy})
+    engine.run(feeds)
+    for row, env in seen.values():
+        row.__class__, row.xp = RowGroup, xp
+        for _ in range(2):
+            row(*[env[k] for k in row.leaves])
+        assert len(row._launches) == 1 and len(row._kernels) == 1
+        source, _grid, _block, args = xp.launches[-1]
+        params = re.search(r"parc_row\((.*?)\) \{", source, re.S).group(1).split(", ")
+        assert len(params) == len(args)
+        run = row.launch(env)
+        extents = {f"{side}{letter}{row_tree.leaves.index(k)}": v
+                   for side, tree, row_tree in (("b", run.before, row.before), ("a", run.after, row.after)) if tree
+                   for k, e in tree.reads for letter, v in zip("mq", e)}
+        for param, arg in zip(params, args):
+            name = param.split()[-1]
+            if m := re.fullmatch(r"([ba])p(\d+)", name):
+                tree = row.before if m[1] == "b" else row.after
+                assert arg is env[tree.leaves[int(m[2])]], name
+            elif name in ("x", "dy", "y"):
+                assert arg is env[row.row_inputs[0 if name in ("x", "dy") else 1]], name
+            elif name == "o":
+                assert arg.shape == run.shape and arg.dtype == run.out
+            elif name in ("rows", "cols"):
+                assert int(arg) == (run.cols if name == "cols" else int(np.prod(run.shape)) // run.cols)
+            else:
+                assert int(arg) == extents[name], name

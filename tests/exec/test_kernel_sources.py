@@ -10,11 +10,11 @@ import sys
 
 import numpy as np
 import pytest
-from helpers import loss_softmax_model, masked_softmax_model, tiny_training_step
+from helpers import flat_source_of, loss_softmax_model, masked_softmax_model, tiny_training_step
 
 from parc.exec.engines import gpu
 from parc.exec.engines.array import ArrayEngine
-from parc.exec.engines.fusion import BF16, BFLOAT16, Group, RowGroup, flat_layout
+from parc.exec.engines.fusion import BF16, BFLOAT16, Group, RowGroup
 from tests.nvrtc import CompileError, compile_cuda
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the nvidia-cuda-nvrtc wheel is built for Linux")
@@ -79,12 +79,9 @@ def test_the_kernels_fusion_makes_for_a_training_step_compile(precision, tmp_pat
     sources = {}
 
     def record(self, *leaves):
-        layout = flat_layout([a.shape for a in leaves], [a.flags.c_contiguous for a in leaves])
-        found = self.types([a.dtype for a in leaves])
-        if layout is not None and found is not None:
-            dtype, types = found
-            out = BF16 if self.out_dtype(dtype) == BFLOAT16 else ""
-            sources[(types, layout[1], self.body("float"), out)] = self.flat_source(types, layout[1], gpu.CTYPES[dtype], out)
+        made = flat_source_of(self, leaves)
+        if made is not None:
+            sources[made[0]] = made[1]
         return (self.unfused(leaves),)
 
     def record_row(self, *args):

@@ -11,9 +11,9 @@ import numpy as np
 import onnx
 import pytest
 
-from parc.exec.engines import fusion, gpu
+from parc.exec.engines import fusion
 from parc.exec.engines.array import ArrayEngine
-from tests.helpers import parc
+from tests.helpers import flat_source_of, parc
 from tests.nvrtc import compile_cuda
 
 pytest.importorskip("torch")
@@ -48,12 +48,9 @@ def test_fused_step_equals_unfused_and_its_kernels_compile(case, precision, tmp_
         return row_call(self, *args)
 
     def record_group(self, *leaves):
-        found = self.types([a.dtype for a in leaves])
-        layout = fusion.flat_layout([a.shape for a in leaves], fusion.readable(leaves)) if found else None
-        if layout is not None:
-            dtype, types = found
-            out = fusion.BF16 if self.out_dtype(dtype) == fusion.BFLOAT16 else ""
-            sources[(types, layout[1], self.body("float"), out)] = self.flat_source(types, layout[1], gpu.CTYPES[dtype], out)
+        made = flat_source_of(self, leaves)
+        if made is not None:
+            sources[made[0]] = made[1]
         return group_call(self, *leaves)
 
     monkeypatch.setattr(fusion.RowGroup, "__call__", record_row)

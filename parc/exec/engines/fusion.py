@@ -145,13 +145,11 @@ class Group:
         """How leaves of these types and layouts run: the flat kernel where every leaf is read by
         a flat index (`flat_layout`), else CuPy's ElementwiseKernel (which broadcasts anything),
         else the nodes one by one."""
-        found = self.types([getattr(a, "dtype", None) for a in leaves])
-        layout = flat_layout([a.shape for a in leaves], readable(leaves)) if found else None
-        if layout is None:
+        plan = self.flat([getattr(a, "dtype", None) for a in leaves], [a.shape for a in leaves], readable(leaves))
+        if plan is None:
             kernel = self._kernel(leaves)  # None for a group with casts, or types it cannot take
             return kernel if kernel is not None else lambda *xs: self.unfused(xs)
-        shape, modes, extents = layout
-        dtype, types = found
+        dtype, types, shape, modes, extents = plan
         out = self.out_dtype(dtype)
         flat = self._flats.get((types, modes))
         if flat is None:
@@ -162,11 +160,13 @@ class Group:
         grid = (min(-(-n // (FLAT_THREADS * FLAT_PER)), FLAT_MAX_BLOCKS),)
         args = (np.uint32(n), *(np.uint32(v) for mode, e in zip(modes, extents) for v in extent_args(mode, e)))
         xp = self.xp
-        copy = [not a.flags.c_contiguous for a in leaves]  # small views, copied (`readable`)
+        copy = [i for i, a in enumerate(leaves) if not a.flags.c_contiguous]  # small views (`readable`)
 
         def launch(*xs: Any) -> Any:
+            if copy:
+                xs = tuple(xp.ascontiguousarray(a) if i in copy else a for i, a in enumerate(xs))
             y = xp.empty(shape, out)
-            flat(grid, (FLAT_THREADS,), (*(xp.ascontiguousarray(a) if c else a for a, c in zip(xs, copy)), y, *args))
+            flat(grid, (FLAT_THREADS,), (*xs, y, *args))
             return y
         return launch
 
@@ -247,6 +247,14 @@ extern "C" __global__ void parc_flat({params}) {{
         if conditions & ({o.output for o in self.ops} | low):
             return None  # a condition computed inside the group (the ops here make floats only)
         return dtype, tuple("bool" if k in conditions else BF16 if k in low else CTYPES[dtype] for k in self.leaves)
+
+    def flat(self, dtypes: Sequence[Any], shapes: Sequence[tuple[int, ...]], contiguous: Sequence[bool]) -> tuple | None:
+        """(float type, each leaf's C type, output shape, each leaf's mode and extent) where a
+        flat kernel of the group takes leaves of these types and layouts (`types`,
+        `flat_layout`), else None."""
+        found = self.types(dtypes)
+        layout = flat_layout(shapes, contiguous) if found is not None else None
+        return None if layout is None else (*found, *layout)
 
     def out_dtype(self, dtype: np.dtype) -> np.dtype:
         """The root's type, for a group computing in `dtype`."""
@@ -540,6 +548,7 @@ class RowGroup:
     after: Group | None = None  # reads `output`
     leaves: tuple[str, ...] = ()
     _kernels: dict[tuple, Any] = field(default_factory=dict)
+    _launches: dict[tuple, Any] = field(default_factory=dict)
     _failed: bool = False
 
     def __post_init__(self) -> None:
@@ -548,10 +557,9 @@ class RowGroup:
         self.leaves = tuple(dict.fromkeys((*first, *self.row_inputs[1:], *rest)))
 
     def __call__(self, *args: Any) -> tuple[Any, ...]:
-        env = dict(zip(self.leaves, args))
         if self.xp is not np and not self._failed:
             try:
-                out = self._fused(env)
+                out = self._fused(args)
             except Exception as e:  # CuPy compiles at the first call
                 if type(e).__name__ != "CompileException":
                     raise
@@ -561,6 +569,7 @@ class RowGroup:
                 out = None
             if out is not None:
                 return (out,)
+        env = dict(zip(self.leaves, args))
         if self.before:
             env[self.row_inputs[0]] = self.before(*[env[k] for k in self.before.leaves])[0]
         y = self.row(*[env[k] for k in self.row_inputs])
@@ -575,13 +584,12 @@ class RowGroup:
         before = after = None
         if self.before:
             leaves = [env[k] for k in self.before.leaves]
-            found = self.before.types([a.dtype for a in leaves])
-            layout = flat_layout([a.shape for a in leaves], readable(leaves))
-            if found is None or layout is None or self.before.out_dtype(found[0]) != found[0]:
+            plan = self.before.flat([a.dtype for a in leaves], [a.shape for a in leaves], readable(leaves))
+            if plan is None or self.before.out_dtype(plan[0]) != plan[0]:
                 return None  # a row computes on one float type
-            dtype, shape = found[0], layout[0]
-            before = TreeRead(found[1], layout[1], tuple((k, extent_args(m, e)) for k, m, e in
-                                                         zip(self.before.leaves, layout[1], layout[2])))
+            dtype, types, shape, modes, extents = plan
+            before = TreeRead(types, modes, tuple((k, extent_args(m, e)) for k, m, e in
+                                                  zip(self.before.leaves, modes, extents)))
         else:
             dtype, shape = env[self.row_inputs[0]].dtype, env[self.row_inputs[0]].shape
         if dtype not in CTYPES or any(env[k].shape != shape or env[k].dtype != dtype for k in self.row_inputs[1:]):
@@ -589,24 +597,35 @@ class RowGroup:
         out = dtype
         if self.after:
             leaves = [None if k == self.output else env[k] for k in self.after.leaves]  # None: the row's output
-            found = self.after.types([dtype if a is None else a.dtype for a in leaves])
-            layout = flat_layout([shape if a is None else a.shape for a in leaves],
-                                 readable(leaves, math.prod(shape)))
-            if found is None or layout is None or found[0] != dtype or layout[0] != shape \
-                    or layout[1][self.after.leaves.index(self.output)] != "full":
+            plan = self.after.flat([dtype if a is None else a.dtype for a in leaves],
+                                   [shape if a is None else a.shape for a in leaves], readable(leaves, math.prod(shape)))
+            if plan is None or plan[0] != dtype or plan[2] != shape \
+                    or plan[3][self.after.leaves.index(self.output)] != "full":
                 return None  # another type, or the tree broadcasts the row's output
             out = self.after.out_dtype(dtype)
-            after = TreeRead(found[1], layout[1],
-                             tuple((k, extent_args(m, e)) for k, m, e in zip(self.after.leaves, *layout[1:])
-                                   if k != self.output))
+            after = TreeRead(plan[1], plan[3], tuple((k, extent_args(m, e)) for k, m, e in
+                                                     zip(self.after.leaves, plan[3], plan[4]) if k != self.output))
         cols = self.columns(shape)
         if not cols or not 0 < math.prod(shape) < FLAT_MAX:
             return None
         threads, per, each = gpu.row_shape(cols, True)
         return RowLaunch(dtype, shape, cols, threads, per, each, out, before, after)
 
-    def _fused(self, env: dict[str, Any]) -> Any | None:
-        """The one kernel's result, or None where it does not apply."""
+    def _fused(self, args: Sequence[Any]) -> Any | None:
+        """The one kernel's result, or None where it does not apply; how it runs is found once
+        for each set of leaf types and layouts (`_prepare`)."""
+        try:
+            key = tuple((a.dtype, a.shape, a.flags.c_contiguous) for a in args)
+        except AttributeError:  # not all device arrays
+            return None
+        if key not in self._launches:
+            self._launches[key] = self._prepare(dict(zip(self.leaves, args)))
+        launch = self._launches[key]
+        return None if launch is None else launch(args)
+
+    def _prepare(self, env: dict[str, Any]) -> Any | None:
+        """The kernel's launch for leaves like these (a function of the step's leaves, in
+        `leaves`' order), or None where it does not apply (`launch`)."""
         run = self.launch(env)
         if run is None:
             return None
@@ -615,17 +634,22 @@ class RowGroup:
         kernel = self._kernels.get(key)
         if kernel is None:
             kernel = self._kernels[key] = xp.RawKernel(self.source(run), "parc_row", options=("--std=c++14", "--fmad=false"))
-        plain = () if self.before else (xp.ascontiguousarray(env[self.row_inputs[0]]),)
-        others = tuple(xp.ascontiguousarray(env[k]) for k in self.row_inputs[1:])
         first = run.before.reads if run.before else ()
         last = run.after.reads if run.after else ()
-        out = xp.empty(run.shape, run.out)
+        # the kernel's arrays, in its parameters' order: the tree before's leaves (or the row's
+        # first input), the gradient's y, the tree after's leaves; as positions among `leaves`
+        order = [self.leaves.index(k) for k in (*(k for k, _ in first), *self.row_inputs[bool(self.before):],
+                                                *(k for k, _ in last))]
+        copy = {i for i in order if not env[self.leaves[i]].flags.c_contiguous}  # views (`readable`)
         rows = math.prod(run.shape) // run.cols
-        kernel(*gpu.row_grid(rows, run.threads, run.each),
-               (*[xp.ascontiguousarray(env[k]) for k, _ in first], *plain, *others,
-                *[xp.ascontiguousarray(env[k]) for k, _ in last], out, np.int64(rows),
-                np.int64(run.cols), *[np.uint32(v) for _, e in (*first, *last) for v in e]))
-        return out
+        grid = gpu.row_grid(rows, run.threads, run.each)
+        tail = (np.int64(rows), np.int64(run.cols), *[np.uint32(v) for _, e in (*first, *last) for v in e])
+
+        def launch(args: Sequence[Any]) -> Any:
+            out = xp.empty(run.shape, run.out)
+            kernel(*grid, (*(xp.ascontiguousarray(args[i]) if i in copy else args[i] for i in order), out, *tail))
+            return out
+        return launch
 
     def source(self, run: RowLaunch) -> str:
         """The kernel's CUDA C: `Load`, computing the tree before for element i, `Store`, giving
