@@ -39,7 +39,7 @@ def bare_loop(plan: Path, batches: list[dict], threads: int) -> list[float]:
     import onnxruntime as ort
     from onnx import numpy_helper
 
-    from parc.exec.taskgraph import load_taskgraph
+    from parc.plandir.taskgraph import load_taskgraph
     from parc.sharding.layout import shard_index
     from parc.sharding.spec import ShardSpec
 

@@ -10,10 +10,10 @@ from parc.errors import UnboundDimError
 from parc.ir import importer
 from parc.ir.graph import Graph, Value
 from parc.ir.params import mark_params
+from parc.ir.shapes import shape_dependent_values
 from parc.ir.state import FORWARD, PHASE, phase, step_state
 from parc.ops import get_rule
 from parc.ops.base import output_elements
-from parc.passes.fold_shapes import shape_dependent_values
 
 # Keys scripts rely on; keep them stable (docs/inspect.md).
 STABLE_KEYS = ("parameters", "parameter_bytes", "flops_forward", "flops_step",

@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 
 from parc.ir.graph import Graph, Node, Value
+from parc.ir.shapes import infer_types
 from parc.ir.state import PHASE
 from parc.ir.tensor import TensorData
 
@@ -33,8 +34,6 @@ class GradContext:
 
     def ops(self, op_type: str, inputs: Sequence[Value | None], n_out: int = 1,
             **attrs: Any) -> list[Value]:
-        from parc.passes.fold_shapes import infer_types
-
         g = self.graph
         base = f"{self.node.name}.grad"
         names = [g.names.fresh(f"{base}.{op_type.lower()}") for _ in range(n_out)]

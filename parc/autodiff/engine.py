@@ -78,7 +78,7 @@ def _total(graph: Graph, node: Node | None, parts: list[Value]) -> Value | None:
         return None
     if len(parts) == 1:
         return parts[0]
-    from parc.passes.fold_shapes import infer_types
+    from parc.ir.shapes import infer_types
 
     op = "Add" if len(parts) == 2 else "Sum"
     n = graph.add_node(op, parts, name=graph.names.fresh("grad.accumulate"),

@@ -67,7 +67,7 @@ class _Emitter:
         self.prefix = param.name if param is not None else STEP
 
     def op(self, op_type: str, *inputs: Value, **attrs) -> Value:
-        from parc.passes.fold_shapes import infer_types
+        from parc.ir.shapes import infer_types
 
         g = self.graph
         n = g.add_node(op_type, list(inputs), attrs=attrs,

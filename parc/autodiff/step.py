@@ -22,9 +22,9 @@ from parc.autodiff.precision import autocast, low_type
 from parc.autodiff.recompute import recompute_elementwise
 from parc.errors import UsageError
 from parc.ir.graph import Graph, Node, Value
+from parc.ir.shapes import fold_shapes
 from parc.ir.state import STATE_KEY, StepState, write_step_state
 from parc.ir.tensor import TensorData
-from parc.passes.fold_shapes import fold_shapes
 
 log = logging.getLogger("parc.grad")
 MIN_OPSET = 16  # ScatterND with reduction="add" (embedding gradients)
@@ -252,6 +252,6 @@ def _const(graph: Graph, a: np.ndarray) -> Value:
 
 
 def _type(graph: Graph, node) -> None:
-    from parc.passes.fold_shapes import infer_types
+    from parc.ir.shapes import infer_types
 
     infer_types(node, graph.opset)

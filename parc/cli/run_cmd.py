@@ -17,9 +17,9 @@ from parc.errors import PlanFormatError, UsageError
 def precheck(plan_dir: str, force: bool) -> tuple[dict, int]:
     """Refuse a plan directory that was changed, is incomplete, of an unknown format, or whose
     predicted memory exceeds its devices (unless `force`); (plan.json, rank count)."""
-    from parc.exec.taskgraph import load_taskgraph
     from parc.plandir import TASKGRAPH_FILE, load_plan, load_program
     from parc.plandir.manifest import check_manifest
+    from parc.plandir.taskgraph import load_taskgraph
 
     root = Path(plan_dir)
     if not root.is_dir():

@@ -209,7 +209,7 @@ def check_resumable(directory: str | Path, plan_dir: str | Path, hashes: bool = 
     tensor the plan holds is there, with its global shape and dtype; layouts may differ: they
     are resharded), else UsageError naming the first that is not. `hashes=False` leaves the
     shards' sha256 to `load_checkpoint` (each rank of a user's launcher checks this)."""
-    from parc.exec.taskgraph import load_taskgraph
+    from parc.plandir.taskgraph import load_taskgraph
 
     root = Path(directory)
     doc = check_checkpoint(root, hashes)

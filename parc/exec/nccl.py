@@ -71,7 +71,7 @@ class NcclComm:
     # 1F1B needs (stage s sends microbatch k+1's activation before it receives k's gradient;
     # stage s+1 sends that gradient before it receives the activation). NCCL matches sends with
     # receives by position, not tag; the task graph's loader refuses orders in which the two
-    # sides of a link disagree (`parc.exec.taskgraph`).
+    # sides of a link disagree (`parc.plandir.taskgraph`).
     def open_links(self, pairs) -> None:
         """Make the links of `pairs` ((sender, receiver) ranks, this rank one of the two). Every
         rank makes its links in one global order (sorted), so the first link not yet made has

@@ -1258,9 +1258,9 @@ def link_ratios(calibration: Path, counts: Sequence[int], cpus: int, device: str
 def _traced_collectives(plan: Path, name: str, engine: str, stem: Path) -> list[dict]:
     """`link_ratios`' rows of one split plan: it is run `SPLIT_TRACES` times with `--trace`."""
     from parc.exec.stepsim import COMM
-    from parc.exec.taskgraph import load_taskgraph
     from parc.exec.trace import collective_seconds
     from parc.plandir import load_plan
+    from parc.plandir.taskgraph import load_taskgraph
 
     graph = load_taskgraph(plan / "taskgraph.json")
     collectives = {tid for tid, t in graph.tasks.items() if t["kind"] == "collective" and len(t["group"]) > 1}

@@ -34,9 +34,9 @@ from onnx import helper, numpy_helper
 
 from parc.errors import ParcError, PlanFormatError, UsageError, first_line
 from parc.exec.engines.gpu import device_out_of_memory
-from parc.exec.taskgraph import MB_END, MB_FIRST, MB_START, WHOLE, last_of_micro, last_uses, load_taskgraph
 from parc.exec.trace import FOLD
 from parc.plandir import TASKGRAPH_FILE, load_program, rank_dir
+from parc.plandir.taskgraph import MB_END, MB_FIRST, MB_START, WHOLE, last_of_micro, last_uses, load_taskgraph
 from parc.sharding.layout import exchange, positions, reduce_parts, shard_index
 from parc.sharding.reshard import Collective
 from parc.sharding.simulator import run_step

@@ -46,7 +46,7 @@ from typing import Any
 import numpy as np
 
 from parc.errors import PlanFormatError
-from parc.exec.taskgraph import TaskGraph, last_of_micro
+from parc.plandir.taskgraph import TaskGraph, last_of_micro
 
 COMPUTE, COMM, WAIT = "compute", "comm", "wait"
 TIMELINE_RANKS = 16  # ranks whose timeline `to_json` keeps (the first of each stage first)
@@ -378,8 +378,8 @@ def held_peak(graph: TaskGraph, rank: int, program) -> int:
     after the last microbatch) and its values for the apply part; the outputs handed out (the
     values themselves); send buffers until the end of the step (the value itself, or a new array
     when the send cuts the receiver's shard)."""
-    from parc.exec.taskgraph import last_uses
     from parc.plandir import local_bytes as resident_bytes
+    from parc.plandir.taskgraph import last_uses
 
     order = [graph.tasks[t] for t in graph.order[rank]]
     free_after = last_uses(order, program)
@@ -481,8 +481,8 @@ def simulate_plan(plan_dir, keep_spans: bool = True) -> Simulation:
     peak of tensors held when the plan has its programs."""
     from pathlib import Path
 
-    from parc.exec.taskgraph import load_taskgraph
     from parc.plandir import TASKGRAPH_FILE, plan_path
+    from parc.plandir.taskgraph import load_taskgraph
 
     plan_path(plan_dir)  # a missing or wrong directory says so first
     path = Path(plan_dir) / TASKGRAPH_FILE

@@ -127,7 +127,7 @@ def run_threads(plan_dir: str | Path, batches: Sequence[dict], engine: str = "or
     each from the lowest rank that has it (a pipeline's loss is on its last stage), each rank's
     final resident state)."""
     from parc.exec.runner import Rank
-    from parc.exec.taskgraph import TASKGRAPH_FILE, load_taskgraph
+    from parc.plandir.taskgraph import TASKGRAPH_FILE, load_taskgraph
 
     ranks = load_taskgraph(Path(plan_dir) / TASKGRAPH_FILE).ranks
     world = _World(ranks, timeout)

@@ -1,6 +1,6 @@
 """ONNX -> IR: read a model, upgrade its opset, inline functions, bind symbolic dims, build the graph.
 
-Static shapes and constant shape computation come from the `fold_shapes` pass, which `load`
+Static shapes and constant shape computation come from the `fold_shapes` pass (`parc.ir.shapes`), which `load`
 runs: after `load`, every value has a static shape and dtype and no value depends on `Shape`.
 """
 
@@ -18,6 +18,7 @@ from parc.errors import OnnxImportError, UnboundDimError, UnsupportedOpError, Us
 from parc.ir.dtypes import DType
 from parc.ir.graph import Graph, Node, Value
 from parc.ir.params import mark_params
+from parc.ir.shapes import fold_shapes
 from parc.ir.tensor import TensorData
 
 MIN_OPSET = 13
@@ -290,7 +291,6 @@ def load(path: str | Path, dims: dict[str, int] | None = None, *, fold: bool = T
     graph = build_graph(model, ImportOptions(dims or {}, path.parent, str(path)))
     mark_params(graph)
     if fold:
-        from parc.passes.fold_shapes import fold_shapes
         fold_shapes(graph)
     return graph
 
@@ -302,6 +302,5 @@ def from_model(model: onnx.ModelProto, dims: dict[str, int] | None = None, *,
     graph = build_graph(model, ImportOptions(dims or {}, base_dir, source))
     mark_params(graph)
     if fold:
-        from parc.passes.fold_shapes import fold_shapes
         fold_shapes(graph)
     return graph

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from parc.errors import ParcError, VerifyError
 from parc.ir.graph import Graph
+from parc.ir.shapes import output_types
 
 
 def verify(graph: Graph, *, types: bool = True) -> None:
@@ -12,10 +13,8 @@ def verify(graph: Graph, *, types: bool = True) -> None:
     - nodes are in topological order and read only values defined before them;
     - use-lists match the node inputs exactly; names are unique; graph outputs are defined;
     - every value has a dtype and a static shape; with `types`, the shapes and dtypes agree with
-      the op's ONNX schema and with its sharding rule's label sizes.
+      the op's ONNX schema (the op rules' own checks are `parc.ops.verify`'s).
     """
-    from parc.ops import sharding_rule
-    from parc.passes.fold_shapes import output_types
 
     defined: set[int] = set()
     names: set[str] = set()
@@ -66,11 +65,8 @@ def verify(graph: Graph, *, types: bool = True) -> None:
     for node in graph.nodes:
         try:
             expected = output_types(node, graph.opset)
-            rule = sharding_rule(node)
         except ParcError as e:
             raise VerifyError(str(e)) from None
-        if rule is not None:
-            rule.check(node)
         for v, (dtype, shape) in zip(node.outputs, expected or []):
             if not v.name:
                 continue

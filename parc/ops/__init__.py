@@ -16,5 +16,6 @@ from parc.ops.base import (
     op_class,
     sharding_rule,
 )
+from parc.ops.verify import verify
 
-__all__ = ["RULES", "OpRule", "RuleBuilder", "ShardingRule", "get_rule", "node_pieces", "node_work", "op_class", "sharding_rule"]
+__all__ = ["RULES", "OpRule", "RuleBuilder", "ShardingRule", "get_rule", "node_pieces", "node_work", "op_class", "sharding_rule", "verify"]

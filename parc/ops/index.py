@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 from parc.ir.graph import Node
+from parc.ir.shapes import MAX_FOLD_BYTES
 from parc.ops.base import RuleBuilder, ShardingRule, axis_attr, labels, register, zero_flops
 
 
@@ -101,10 +104,6 @@ def _scatter_nd(node: Node, b: RuleBuilder) -> ShardingRule | None:
 
 def _zeros(v) -> bool:
     """Whether v is known to be all zeros: a ConstantOfShape of 0 or a zero constant."""
-    import numpy as np
-
-    from parc.passes.fold_shapes import MAX_FOLD_BYTES
-
     n = v.producer
     if n is not None:
         if n.op_type != "ConstantOfShape":

@@ -29,7 +29,6 @@ from parc import plandir
 from parc.cluster.cluster import Cluster
 from parc.cluster.devices import DEVICES, DeviceSpec
 from parc.cluster.links import LINKS, LinkSpec
-from parc.exec.taskgraph import FORMAT, TaskGraph, check_taskgraph
 from parc.ir.dtypes import onnx_nbytes
 from parc.ir.graph import Graph
 from parc.ir.state import step_state
@@ -37,6 +36,7 @@ from parc.ops.base import masked_classes
 from parc.passes.lower import APPLY, MICRO, Comm, RankProgram, bindings, loss_name, lower_rank, rules_of
 from parc.passes.spmd.pool import run_jobs
 from parc.passes.timing import annotate, fold_seconds, module_times, shared_hosts
+from parc.plandir.taskgraph import FORMAT, TaskGraph, check_taskgraph
 from parc.sharding.layout import shard_index
 from parc.sharding.spec import ShardSpec
 

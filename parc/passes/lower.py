@@ -38,11 +38,11 @@ from onnx import helper, numpy_helper
 
 from parc.cluster.cost import GRAD_BUCKET_BYTES, bucket_member
 from parc.errors import ParcError
-from parc.exec.taskgraph import MB_END, MB_FIRST, MB_START, WHOLE
 from parc.ir.graph import Graph, Node, Value
 from parc.ir.state import bindings as state_bindings
 from parc.ir.state import is_gradient_sync, phase, step_state
 from parc.ops import sharding_rule
+from parc.plandir.taskgraph import MB_END, MB_FIRST, MB_START, WHOLE
 from parc.sharding import ShardSpec
 from parc.sharding.layout import local_shape, positions, shard_index, split
 from parc.sharding.reshard import Collective, reshard

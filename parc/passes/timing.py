@@ -471,8 +471,8 @@ def stage_taskgraph(result) -> dict:
     stage's sends per microbatch (a middle stage's split evenly between its activations and
     their gradients). A one-mesh plan is one stage: its compute, then its communication as one
     collective."""
-    from parc.exec.taskgraph import FORMAT, STAGE, pipeline_taskgraph
     from parc.passes.pipeline.plan import PipelinePlan
+    from parc.plandir.taskgraph import FORMAT, STAGE, pipeline_taskgraph
 
     if not isinstance(result, PipelinePlan):
         best = result.best

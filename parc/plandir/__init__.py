@@ -1,10 +1,10 @@
 """The plan directory: its layout, and the formats of plan.json, program.json and manifest.json
-(`parc.plandir.manifest`; taskgraph.json's format is `parc.exec.taskgraph`'s).
+(`parc.plandir.manifest`; taskgraph.json's format is `parc.plandir.taskgraph`'s).
 
     PLAN_DIR/
       plan.json              the plan (docs/plan.md): format_version 1, one mesh
                              (parc.passes.spmd.search), or 2, a pipeline (parc.passes.pipeline.plan)
-      taskgraph.json         tasks, edges, each rank's order (format owned by parc.exec.taskgraph)
+      taskgraph.json         tasks, edges, each rank's order (format owned by parc.plandir.taskgraph)
       model.sharded.onnx     the source annotated with ONNX's multi-device fields
       rank_<r>/program.json  what rank r's executor holds (`Program`, format parc.program/1)
       rank_<r>/*.onnx, weights.bin   its modules, and init.onnx with its shards
@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from parc.errors import PlanFormatError
-from parc.exec.taskgraph import TASKGRAPH_FILE
 from parc.plandir.manifest import MANIFEST, check_manifest, sha256_file, write_manifest
+from parc.plandir.taskgraph import TASKGRAPH_FILE
 
 __all__ = ["MANIFEST", "PLAN_FILE", "PLAN_FORMATS", "PLAN_FORMAT_ONE_MESH", "PLAN_FORMAT_PIPELINE",
            "PROGRAM_FILE", "PROGRAM_FORMAT", "Program", "TASKGRAPH_FILE", "check_manifest", "check_plan",

@@ -26,7 +26,7 @@ from onnx.reference.op_run import OpRun
 
 from parc.autodiff import differentiate
 from parc.ir import from_model, to_onnx
-from parc.passes.fold_shapes import infer_types
+from parc.ir.shapes import infer_types
 
 ORT = "ort"  # onnxruntime, CPU
 REF = "ref"  # onnx.reference.ReferenceEvaluator: for ops onnxruntime has no float64 kernel for

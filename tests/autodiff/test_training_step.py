@@ -14,8 +14,9 @@ import pytest
 
 from parc.autodiff import OptimizerConfig, make_training_step
 from parc.errors import UsageError
-from parc.ir import Graph, load, to_onnx, verify
+from parc.ir import Graph, load, to_onnx
 from parc.models import build_model
+from parc.ops import verify
 from tests.autodiff.split_step import SPLIT_KEY, split_step
 
 OPTIMIZERS = [OptimizerConfig("sgd"), OptimizerConfig("momentum", weight_decay=0.01),

@@ -106,7 +106,7 @@ def build_plans(directory: Path) -> dict[str, Path]:
 
 def reference(plan: Path, work: Path) -> Reference:
     from parc.exec.checkpoint import check_checkpoint, full_tensors
-    from parc.exec.taskgraph import load_taskgraph
+    from parc.plandir.taskgraph import load_taskgraph
 
     ck = work / f"reference-{plan.name}"
     t0 = time.monotonic()

@@ -9,7 +9,7 @@ import pytest
 
 from parc.errors import UsageError
 from parc.exec import trace
-from parc.exec.taskgraph import load_taskgraph
+from parc.plandir.taskgraph import load_taskgraph
 from tests.helpers import assert_one_line_error, needs_mpiexec, parc
 
 pytestmark = needs_mpiexec

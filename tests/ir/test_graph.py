@@ -9,9 +9,10 @@ import pytest
 from helpers import legacy_gpt_block_model
 
 from parc.errors import VerifyError
-from parc.ir import Graph, TensorData, from_model, print_graph, verify
+from parc.ir import Graph, TensorData, from_model, print_graph
 from parc.ir.dtypes import FLOAT
 from parc.ir.graph import Value
+from parc.ops import verify
 
 
 def small_graph() -> Graph:

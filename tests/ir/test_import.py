@@ -10,8 +10,9 @@ from helpers import inp, legacy_gpt_block_model, make_model, tensor
 from onnx import TensorProto, helper
 
 from parc.errors import OnnxImportError, UnboundDimError, UsageError
-from parc.ir import from_model, load, to_onnx, verify
-from parc.passes.fold_shapes import shape_dependent_values
+from parc.ir import from_model, load, to_onnx
+from parc.ir.shapes import shape_dependent_values
+from parc.ops import verify
 
 SHAPE_ARGS = {"Reshape": 1, "Expand": 1, "Tile": 1, "ConstantOfShape": 0, "Pad": 1}
 
@@ -182,7 +183,7 @@ def test_output_types_are_kept_by_signature_not_confused():
     """Typing is remembered by signature (op, attributes, input types and fed values): nodes
     alike but for a shape argument's value, an attribute or an input's shape get their own
     types; a repeated one reuses the answer."""
-    from parc.passes import fold_shapes
+    from parc.ir import shapes as fold_shapes
 
     nodes = [helper.make_node("Reshape", ["x", "s1"], ["a"]), helper.make_node("Reshape", ["x", "s2"], ["b"]),
              helper.make_node("Reshape", ["x", "s1"], ["c"]),

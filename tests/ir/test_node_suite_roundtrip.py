@@ -16,7 +16,8 @@ import pytest
 from onnx.reference import ReferenceEvaluator
 
 from parc.errors import ParcError
-from parc.ir import from_model, to_onnx, verify
+from parc.ir import from_model, to_onnx
+from parc.ops import verify
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")

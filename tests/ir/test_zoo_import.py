@@ -8,8 +8,9 @@ import onnxruntime as ort
 import pytest
 
 from parc.analysis.inspect import inspect_graph
-from parc.ir import load, to_onnx, verify
+from parc.ir import load, to_onnx
 from parc.models import build_model, count_params, list_models
+from parc.ops import verify
 
 INFOS = {i.name: i for i in list_models()}
 TINY = sorted(n for n, i in INFOS.items() if i.params_paper is None)

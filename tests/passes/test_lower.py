@@ -12,7 +12,7 @@ import onnx
 import pytest
 from onnx import numpy_helper
 
-from parc.exec.taskgraph import load_taskgraph
+from parc.plandir.taskgraph import load_taskgraph
 from tests.helpers import parc
 
 ort = pytest.importorskip("onnxruntime")

@@ -10,8 +10,9 @@ import onnxruntime as ort
 from helpers import inp, make_model, tensor
 from onnx import TensorProto, helper
 
-from parc.ir import from_model, to_onnx, verify
+from parc.ir import from_model, to_onnx
 from parc.ir.importer import TORCH_INPUT_KIND
+from parc.ops import verify
 
 
 def run(model: onnx.ModelProto, feeds: dict) -> list[np.ndarray]:

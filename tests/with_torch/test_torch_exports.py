@@ -21,8 +21,9 @@ pytest.importorskip("transformers")
 
 from parc.cli.main import cli  # noqa: E402
 from parc.errors import UnboundDimError  # noqa: E402
-from parc.ir import load, to_onnx, verify  # noqa: E402
-from parc.passes.fold_shapes import shape_dependent_values  # noqa: E402
+from parc.ir import load, to_onnx  # noqa: E402
+from parc.ir.shapes import shape_dependent_values  # noqa: E402
+from parc.ops import verify  # noqa: E402
 
 pytestmark = pytest.mark.torch
 

@@ -382,7 +382,7 @@ def _reduce_sum(ctx: GradContext, node: Node, dys: Grads) -> Grads:
 
 def _statistics(ctx: GradContext, node: Node) -> tuple[Value, Value]:
     """A LayerNormalization's Mean and InvStdDev outputs, given to the node where it has none."""
-    from parc.passes.fold_shapes import infer_types
+    from parc.ir.shapes import infer_types
 
     while len(node.outputs) < 3:
         v = Value(ctx.graph.names.fresh(f"{node.name}.{('mean', 'inv_std_dev')[len(node.outputs) - 1]}"))

@@ -24,7 +24,6 @@ from __future__ import annotations
 from pathlib import Path
 
 from parc import plandir
-from parc.exec.taskgraph import FORMAT, TaskGraph, one_f_one_b
 from parc.ir.state import phase
 from parc.passes.emit import (
     _param_stats,
@@ -40,6 +39,7 @@ from parc.passes.lower import APPLY, MICRO, PASSES, bindings, layout_key, loss_n
 from parc.passes.pipeline.plan import PipelinePlan, p2p_link, transfer_routes
 from parc.passes.pipeline.stages import stage_outputs
 from parc.passes.timing import annotate, fold_seconds, shared_hosts
+from parc.plandir.taskgraph import FORMAT, TaskGraph, one_f_one_b
 
 TAG_LIMIT = 32767  # the largest MPI tag every implementation accepts
 

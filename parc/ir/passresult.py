@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from parc.ir.graph import Graph
 
-log = logging.getLogger("parc.passes")
+log = logging.getLogger("parc.passes")  # every pass logs under one name, wherever it lives
 
 
 @dataclass(frozen=True)

@@ -19,8 +19,8 @@ from parc.errors import ShapeError
 from parc.ir.dtypes import DType
 from parc.ir.evaluate import NONDETERMINISTIC, evaluate
 from parc.ir.graph import Graph, Node, Shape, node_signature
+from parc.ir.passresult import PassResult
 from parc.ir.tensor import TensorData
-from parc.passes.base import PassResult
 
 MAX_FOLD_BYTES = 4 << 20  # results larger than this stay computed (masks, big constants)
 MAX_DATA_ELEMS = 1 << 16  # constant inputs handed to ONNX shape inference
