@@ -49,8 +49,9 @@ bench: $(STAMP)  ## import/inspect, grad and plan time, plan quality, executor o
 	$(BIN)/python benchmarks/predict.py
 	$(BIN)/python benchmarks/faults.py
 
-lint: $(STAMP)  ## ruff lint
+lint: $(STAMP)  ## ruff, and the layer contracts (import-linter: docs/architecture.md)
 	$(BIN)/ruff check parc tests benchmarks scripts
+	$(BIN)/lint-imports
 
 format: $(STAMP)  ## ruff format
 	$(BIN)/ruff format parc tests benchmarks scripts

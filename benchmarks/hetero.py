@@ -113,7 +113,7 @@ def cost_model(out: Path | None, only: list[str] | None = None) -> None:
             data = json.loads((plan / "plan.json").read_text())
             me = data["predicted"]["step_time_s"]
             even = data["baselines"].get("even-split", {}).get("step_time_s")
-            kind = (f"{len(data['stages'])} stages" if "stages" in data else f"mesh {data['mesh']['shape']}")
+            kind = (f"{len(data['stages'])} stages" if len(data["stages"]) > 1 else f"mesh {data['mesh']['shape']}")
             idle = (data.get("devices_given") or {}).get("idle")
             if idle:  # the plan leaves the slower devices idle (`--all-devices` uses them)
                 kind += ", " + ", ".join(f"{n} {name}" for name, n in idle.items()) + " idle"

@@ -79,7 +79,7 @@ def _case(name: str, root: Path) -> str:
         return f"| {name} | exit {res.returncode}: {why} | | | | | {wall:.0f} | {peak:.1f} |"
     plan = json.loads((out / "plan.json").read_text())
     step = plan["predicted"]["step_time_s"]
-    if plan.get("stages"):
+    if len(plan["stages"]) > 1:
         meshes = ", ".join(sorted({"x".join(map(str, s["mesh"])) for s in plan["stages"]}))
         chose = f"{len(plan['stages'])} stages x {plan['schedule']['micro_batches']} mb ({meshes})"
         spmd = plan.get("spmd_only") or {}

@@ -3,7 +3,7 @@ convolutions, `--model`), then for each model and layout
 `parc plan --calibration`, `parc simulate` (predicted step and peak memory per rank) and
 `parc run` (measured median step over the steps after the first five, and the peak of tensors
 each rank held). Prints one Markdown table (docs/benchmarks.md, "Predicted against measured").
-Its `host` column is how fast this host ran a fixed product (`parc.exec.profile.host_probe`) just
+Its `host` column is how fast this host ran a fixed product (`parc.calibrate.host_probe`) just
 before the run against just after the profile, or against the script's start with
 `--calibration FILE` (1.00: as calibrated; 0.70: the run had 70% of the speed the calibration saw):
 a shared VM's speed moves by tens of percent over minutes, and this says when a miss is the host's.
@@ -79,8 +79,8 @@ def main() -> None:
         own = () if args.built_in else (a for m in models for a in ("--model", str(steps[m])))
         parc("profile", "-o", str(calib), *own)
         print(f"parc profile: {time.perf_counter() - t0:.0f} s", file=sys.stderr)
-    from parc.exec.profile import host_probe
-    from parc.exec.runner import rank_threads
+    from parc.calibrate import host_probe
+    from parc.exec.engine_choice import rank_threads
 
     threads = rank_threads(1)  # as `parc profile` probes
     calibrated = host_probe(threads)
@@ -111,7 +111,7 @@ def main() -> None:
             sim = json.loads(parc("simulate", str(plan), "--json"))
             doc = json.loads((plan / "plan.json").read_text())
             shape = (f"{len(doc['stages'])} stages x {doc['schedule']['micro_batches']} mb"
-                     if "stages" in doc and doc.get("schedule") else f"mesh {tuple(doc['mesh']['shape'])}")
+                     if len(doc["stages"]) > 1 else f"mesh {tuple(doc['mesh']['shape'])}")
             shape += ", every parameter split" if "hints" in plan.name else ""
             times = [t for t, _, _ in runs[plan]]
             measured = statistics.median(times)

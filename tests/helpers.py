@@ -158,11 +158,11 @@ def bf16_casts_model(shape=(4, 8), width: int = 8) -> onnx.ModelProto:
 def flat_source_of(group, leaves) -> tuple[tuple, str] | None:
     """(a key, the CUDA source) of the flat kernel a fusion `Group` would build for these leaves
     (NumPy arrays standing for the device's), or None where it would not build one."""
-    from parc.exec.engines import fusion, gpu
+    from parc.exec.engines import gpu, tree_kernel
 
-    plan = group.flat([a.dtype for a in leaves], [a.shape for a in leaves], fusion.readable(leaves))
+    plan = group.flat([a.dtype for a in leaves], [a.shape for a in leaves], tree_kernel.readable(leaves))
     if plan is None:
         return None
     dtype, types, _shape, modes, _extents = plan
-    out = fusion.BF16 if group.out_dtype(dtype) == fusion.BFLOAT16 else ""
+    out = tree_kernel.BF16 if group.out_dtype(dtype) == tree_kernel.BFLOAT16 else ""
     return (types, modes, group.body("float"), out), group.flat_source(types, modes, gpu.CTYPES[dtype], out)

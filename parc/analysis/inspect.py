@@ -33,7 +33,7 @@ def parameter_values(graph: Graph) -> list[Value]:
 def node_flops(graph: Graph) -> tuple[int, int | None]:
     """(forward FLOPs, whole-step FLOPs or None when the graph has no phases)."""
     forward = total = 0
-    phased = any("parc.phase" in n.meta for n in graph.nodes)
+    phased = any(PHASE in n.meta for n in graph.nodes)
     for n in graph.nodes:
         rule = get_rule(n)
         f = rule.flops(n) if rule is not None else output_elements(n)

@@ -9,10 +9,8 @@ import numpy as np
 
 from parc.ir.graph import Graph, Node, Value
 from parc.ir.shapes import infer_types
-from parc.ir.state import PHASE
+from parc.ir.state import FORWARD_OF, PHASE
 from parc.ir.tensor import TensorData
-
-FORWARD_OF = "parc.forward"
 
 
 class GradContext:

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from parc.autodiff.context import FORWARD_OF, PHASE, GradContext
+from parc.autodiff.context import GradContext
 from parc.autodiff.rules import GRADS, NON_DIFFERENTIABLE
 from parc.errors import UnsupportedOpError, UsageError
 from parc.ir.graph import Graph, Node, Value
+from parc.ir.state import FORWARD_OF, PHASE
 from parc.ir.tensor import TensorData
 
 

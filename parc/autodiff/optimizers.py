@@ -6,11 +6,11 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from parc.autodiff.context import PHASE
 from parc.errors import UsageError
 from parc.ir import dtypes
 from parc.ir.dtypes import DType
 from parc.ir.graph import Graph, Value
+from parc.ir.state import PARAM_OF, PHASE
 from parc.ir.tensor import TensorData
 
 OPTIMIZERS = ("sgd", "momentum", "adam", "adamw")
@@ -75,7 +75,7 @@ class _Emitter:
                        output_names=[g.names.fresh(f"{self.prefix}.update.{op_type.lower()}")])
         n.meta[PHASE] = "optimizer"
         if self.param is not None:
-            n.meta["parc.param"] = self.param.name
+            n.meta[PARAM_OF] = self.param.name
         infer_types(n, g.opset)
         return n.outputs[0]
 

@@ -26,7 +26,6 @@ from parc.ir.graph import Graph, Node, Value
 
 PRECISIONS = {"fp32": None, "bf16": onnx.TensorProto.BFLOAT16, "fp16": onnx.TensorProto.FLOAT16}
 PRODUCTS = ("MatMul", "Gemm", "Conv", "ConvTranspose", "Einsum")
-PHASE = "parc.phase"
 CAST_OF = "parc.autocast"  # meta on the Cast nodes this pass adds: "input" or "output"
 
 

@@ -23,9 +23,9 @@ The values are the same to the bit: the same ops on the same inputs.
 from __future__ import annotations
 
 from parc.autodiff.context import FORWARD_OF
-from parc.exec.engines.fusion import OPS
 from parc.ir.graph import Graph, Node, Value
 from parc.ir.state import PHASE
+from parc.ops.fusion import OPS
 
 RECOMPUTED_OPS = frozenset(OPS) | {"Cast"}  # the elementwise ops the array engine fuses, and Cast
 MAX_CONE = 8  # nodes recomputed for one kept value, at most

@@ -12,8 +12,8 @@ import sys
 
 import click
 
-from parc import __version__
 from parc.errors import ParcError
+from parc.version import __version__
 
 _NO_ARGS_IS_HELP = getattr(click.exceptions, "NoArgsIsHelpError", ())
 

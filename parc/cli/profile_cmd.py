@@ -1,4 +1,4 @@
-"""`parc profile -o calib.yaml`: measure this machine for the cost model (`parc.exec.profile`)."""
+"""`parc profile -o calib.yaml`: measure this machine for the cost model (`parc.calibrate`)."""
 
 from __future__ import annotations
 
@@ -37,14 +37,14 @@ def profile(output: str | None, max_ranks: int | None, budget: float | None, eng
             models: tuple[str, ...], dims: tuple[str, ...], reference: bool, cases: str | None, worker: str | None) -> None:
     """Measure this machine (compute per op class with parc's engine, collectives between
     ranks) and write a calibration file for `parc plan --calibration`."""
-    from parc.exec import profile as prof
+    from parc import calibrate
     from parc.ir.importer import parse_dims
 
-    budget = prof.BUDGET if budget is None else budget
+    budget = calibrate.BUDGET if budget is None else budget
     if not budget > 0:
         raise UsageError(f"--seconds {budget}: expected a positive number of seconds")
     if worker is not None:
-        prof.worker(worker, budget, engine, cases)
+        calibrate.worker(worker, budget, engine, cases)
         return
     if output is None:
         raise UsageError("-o FILE is required: the calibration file to write")
@@ -64,6 +64,6 @@ def profile(output: str | None, max_ranks: int | None, budget: float | None, eng
         from parc.cluster.devices import lookup_device
 
         device = lookup_device(device, "--device").name
-    prof.profile(out, max_ranks, budget, device, echo=lambda s: click.echo(s, err=True), engine=engine, models=models,
+    calibrate.profile(out, max_ranks, budget, device, echo=lambda s: click.echo(s, err=True), engine=engine, models=models,
                  dims=parse_dims(dims), reference=reference)
     click.echo(f"wrote {out}")

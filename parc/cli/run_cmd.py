@@ -6,40 +6,12 @@ from __future__ import annotations
 import json
 import os
 import sys
-import tempfile
 from pathlib import Path
 
 import click
 
-from parc.errors import PlanFormatError, UsageError
-
-
-def precheck(plan_dir: str, force: bool) -> tuple[dict, int]:
-    """Refuse a plan directory that was changed, is incomplete, of an unknown format, or whose
-    predicted memory exceeds its devices (unless `force`); (plan.json, rank count)."""
-    from parc.plandir import TASKGRAPH_FILE, load_plan, load_program
-    from parc.plandir.manifest import check_manifest
-    from parc.plandir.taskgraph import load_taskgraph
-
-    root = Path(plan_dir)
-    if not root.is_dir():
-        raise UsageError(f"{plan_dir}: no such plan directory")
-    check_manifest(root, extra_ok=True)
-    plan = load_plan(root)
-    if not (root / TASKGRAPH_FILE).is_file():
-        raise PlanFormatError(f"{root}: no {TASKGRAPH_FILE} (planned with --no-programs? plan again without it)")
-    graph = load_taskgraph(root / TASKGRAPH_FILE)
-    if graph.represents():
-        raise PlanFormatError(f"{root}: planned with --no-programs (its task graph is per stage, for "
-                              "`parc simulate`): plan again without --no-programs to run it")
-    for r in range(graph.ranks):
-        load_program(root, r)
-    cap = min(t["memory_bytes"] for t in plan["cluster"]["device_types"].values())
-    need = max(plan["predicted"]["memory_bytes_per_device"])
-    if need > cap and not force:
-        raise UsageError(f"{root}: the plan needs {need / 2**30:.2f} GiB per device, the devices have "
-                         f"{cap / 2**30:.2f} GiB (--force runs it anyway)")
-    return plan, graph.ranks
+from parc.errors import UsageError
+from parc.plandir.runnable import check_runnable
 
 
 def _common(f):
@@ -82,8 +54,8 @@ def run(plan_dir: str, steps: int, data: str | None, checkpoint: str | None, che
         as_json: bool, tf32: bool, trace: str | None, dump: str | None, engine: str, seed: int, init: str,
         timeout: float, force: bool) -> None:
     """Run the plan in PLAN_DIR on its ranks for --steps steps (loss, step time, samples/s)."""
+    from parc.exec.engine_choice import pick_engine, plan_engine
     from parc.exec.launch import CHILD, launch, rank_from_env, train
-    from parc.exec.runner import pick_engine, plan_engine
     from parc.exec.watch import FAULT_ENV, parse_fault
 
     if steps < 1:
@@ -101,11 +73,11 @@ def run(plan_dir: str, steps: int, data: str | None, checkpoint: str | None, che
         check_output(trace)
     in_job = rank_from_env() is not None or os.environ.get(CHILD)
     if in_job and not os.environ.get(CHILD):  # the user's own mpiexec or srun: each rank checks
-        plan, _ = precheck(plan_dir, force)
+        plan, _ = check_runnable(plan_dir, force)
         engine = plan_engine(engine, plan)
         _check_checkpoint(checkpoint, resume, plan_dir, hashes=False)  # each rank's load checks the sha256
     if not in_job:
-        plan, ranks = precheck(plan_dir, force)
+        plan, ranks = check_runnable(plan_dir, force)
         engine = plan_engine(engine, plan)
         if data:
             from parc.exec.data import NpzData, step_inputs
@@ -156,24 +128,14 @@ def verify(plan_dir: str, steps: int | None, rtol: float, atol: float, as_json: 
     """Run the source model on one device (onnxruntime) and the plan on its ranks from the same
     state and data; compare the outputs every step and the parameters at the end (exit 1 on a
     mismatch)."""
-    from parc.exec.runner import pick_engine, plan_engine
-    from parc.exec.verify import compare, effective_rtol, plan_run, reference_run, source_precision
+    from parc.api import verify as verify_plan
 
-    if steps is not None and steps < 1:
-        raise UsageError(f"--steps {steps}: expected a count >= 1")
-    pick_engine(engine)
-    plan, ranks = precheck(plan_dir, force)
-    engine = plan_engine(engine, plan)
-    if steps is None:  # Adam(W) separates low-precision runs after one step (docs/training.md)
-        steps = 1 if source_precision(plan_dir, plan) else 3
-    want = reference_run(plan_dir, plan, ranks, steps, seed, init, data)
-    with tempfile.TemporaryDirectory(prefix="parc-verify-") as tmp:
-        got = plan_run(plan_dir, ranks, steps, seed, engine, timeout, Path(tmp), init, data)
-    rows, ok = compare(want, got, rtol, atol)
-    low = f" (widened for {want['low_eps']:.3g}-epsilon products: parc grad --precision)" if want.get("low_eps") else ""
-    rtol = effective_rtol(want, rtol)
+    result = verify_plan(plan_dir, steps=steps, rtol=rtol, atol=atol, data=data, engine=engine, seed=seed,
+                         init=init, timeout=timeout, force=force)
+    ok, rows, rtol, steps, ranks = result.ok, result.tensors, result.rtol, result.steps, result.ranks
+    low = f" (widened for {result.low_eps:.3g}-epsilon products: parc grad --precision)" if result.low_eps else ""
     if as_json:
-        click.echo(json.dumps({"ok": ok, "rtol": rtol, "atol": atol, "steps": steps, "tensors": rows}, indent=1))
+        click.echo(json.dumps(result.to_json(), indent=1))
     else:
         width = max(len(r["tensor"]) for r in rows)
         for r in rows:

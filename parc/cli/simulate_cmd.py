@@ -15,7 +15,8 @@ import click
 def simulate(plan_dir: str, as_json: bool, timeline_ranks: int | None) -> None:
     """Simulate one step of the plan in PLAN_DIR: step time, bubble, busy time per rank,
     communication exposed and hidden, the critical path and peak memory per rank."""
-    from parc.exec.stepsim import TIMELINE_RANKS, simulate_plan
+    from parc.exec.stepsim import simulate_plan
+    from parc.plandir.simulation import TIMELINE_RANKS
 
     timeline_ranks = TIMELINE_RANKS if timeline_ranks is None else timeline_ranks
     sim = simulate_plan(plan_dir, keep_spans=as_json and timeline_ranks > 0)

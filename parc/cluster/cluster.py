@@ -147,7 +147,9 @@ class Cluster:
         return {
             "device_types": {d.name: d.to_json() for d in self.device_types},
             "nodes": [{"devices": [d.name for d in node.devices], "intra_link": node.intra_link.to_json(),
-                       "nics": node.nics} for node in self.nodes],
+                       "nics": node.nics,
+                       **({"sharing": [[a, [d.to_json() for d in devices]] for a, devices in node.sharing]}
+                          if node.sharing else {})} for node in self.nodes],
             "inter_link": self.inter_link.to_json(),
         }
 
@@ -155,7 +157,9 @@ class Cluster:
     def from_json(data: Mapping) -> Cluster:
         types = {name: DeviceSpec.from_json(spec) for name, spec in data["device_types"].items()}
         nodes = tuple(Node(tuple(types[name] for name in node["devices"]), LinkSpec.from_json(node["intra_link"]),
-                           node["nics"]) for node in data["nodes"])
+                           node["nics"], tuple((int(a), tuple(DeviceSpec.from_json(d) for d in devices))
+                                               for a, devices in node.get("sharing", ())))
+                      for node in data["nodes"])
         return Cluster(nodes, LinkSpec.from_json(data["inter_link"]))
 
 

@@ -80,7 +80,8 @@ def save_checkpoint(directory: str | Path, runner, step: int, run: str = "") -> 
         ranks = runner.graph.ranks
         _fsync_dir(root / folder)
         doc = {"format": FORMAT, "step": step, "ranks": ranks, "mesh": list(_device_mesh(program)),
-               "model": plan.get("model"), "tensors": tensors,
+               "model": {"path": plan.model.path, "sha256": plan.model.sha256} if plan.model else None,
+               "tensors": tensors,
                "files": {f"{folder}/rank_{q}.npz": sha256_file(root / folder / f"rank_{q}.npz")
                          for q in range(ranks)}}
         _write_then_rename(runner, root / MANIFEST, MANIFEST, "checkpoint_commit",

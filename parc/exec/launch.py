@@ -274,8 +274,9 @@ def train(plan_dir: Path, *, steps: int, seed: int, engine: str, data: str | Non
     """One rank's training loop (see the module docstring). Rank 0 reports each step. `trace`: a
     file the reporting rank writes every rank's tasks of the last step to (`parc.exec.trace`)."""
     from parc.exec.comm import MpiComm
+    from parc.exec.engine_choice import keep_freed_memory, pick_engine
     from parc.exec.engines.gpu import device_out_of_memory
-    from parc.exec.runner import Rank, keep_freed_memory, pick_engine, to_host
+    from parc.exec.runner import Rank, to_host
 
     keep_freed_memory()
     comm = mpi = MpiComm(timeout=timeout)

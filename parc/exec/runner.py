@@ -22,9 +22,9 @@ optimizer state replace their inputs (the `parc.state` bindings), in the same la
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -32,17 +32,18 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from parc.errors import ParcError, PlanFormatError, UsageError, first_line
+from parc.errors import ParcError, PlanFormatError, first_line
+from parc.exec.engine_choice import pick_engine, rank_threads
 from parc.exec.engines.gpu import device_out_of_memory
+from parc.exec.faults import CollectiveFault
 from parc.exec.trace import FOLD
+from parc.ir.scatter import racy_scatter
 from parc.plandir import TASKGRAPH_FILE, load_program, rank_dir
 from parc.plandir.taskgraph import MB_END, MB_FIRST, MB_START, WHOLE, last_of_micro, last_uses, load_taskgraph
 from parc.sharding.layout import exchange, positions, reduce_parts, shard_index
 from parc.sharding.reshard import Collective
 from parc.sharding.simulator import run_step
 from parc.sharding.spec import ShardSpec, Split
-
-ENGINES = ("auto", "ort", "cupy", "numpy")
 
 
 class RunError(ParcError):
@@ -54,102 +55,23 @@ def ort_session(model: str | bytes | onnx.ModelProto, threads: int | None):
     same; `parc verify`'s reference too): `threads` intra-op threads (None: onnxruntime's
     default), no inter-op parallelism. `model`: a path, the bytes or the proto.
 
-    onnxruntime's CPU ScatterND with a reduction adds duplicate indices from several threads
-    without atomics (onnxruntime issues #18048, #23396; gpt-tiny's embedding gradient came out
-    wrong by 4e-3 on 2 threads with 1.32), so the session runs a model holding one with each such
-    node as the ScatterElements it equals (`scatter_as_elements`: that kernel is exact on any
-    thread count), or, where a node indexes more than one dim, on one intra-op thread."""
+    The model runs as it is given. A plan's modules hold their reducing ScatterNDs as the
+    ScatterElements they equal (`parc plan` writes them so); a caller running any other model
+    rewrites it first (`parc.ir.scatter.scatter_as_elements`). A model that still holds one (a
+    node the rewrite leaves) runs on one intra-op thread, where onnxruntime's kernel is exact."""
     import onnxruntime as ort
 
     proto = model if isinstance(model, onnx.ModelProto) else onnx.load_model_from_string(model) \
         if isinstance(model, bytes) else onnx.load(model, load_external_data=False)
     opts = ort.SessionOptions()
     if racy_scatter(proto.graph):
-        proto = scatter_as_elements(proto)
-        model = proto.SerializeToString()
-        if racy_scatter(proto.graph):
-            threads = 1
+        threads = 1
     if threads is not None:
         opts.intra_op_num_threads = threads
     opts.inter_op_num_threads = 1
     opts.log_severity_level = 3
     data = model if isinstance(model, (str, bytes)) else model.SerializeToString()
     return ort.InferenceSession(data, opts, providers=["CPUExecutionProvider"])
-
-
-def _reducing_scatter(node: onnx.NodeProto) -> bool:
-    return node.op_type == "ScatterND" and node.domain in ("", "ai.onnx") and \
-        next((a.s for a in node.attribute if a.name == "reduction"), b"none") != b"none"
-
-
-def racy_scatter(graph: onnx.GraphProto) -> bool:
-    """Whether a graph (or a subgraph of it) holds a ScatterND with a reduction: onnxruntime's CPU
-    kernel races on duplicate indices when it runs on more than one thread (`ort_session`)."""
-    for node in graph.node:
-        if _reducing_scatter(node):
-            return True
-        for a in node.attribute:
-            subs = [a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)
-            if any(racy_scatter(g) for g in subs):
-                return True
-    return False
-
-
-def scatter_as_elements(model: onnx.ModelProto) -> onnx.ModelProto:
-    """A copy of `model` whose top-level reducing ScatterNDs that index one leading dim (indices
-    [..., 1]: an embedding's gradient) are ScatterElements along dim 0 of the flattened tensors:
-
-        data [V, T...] -> [V, prod T]; indices [L..., 1] -> [prod L, 1], expanded to the updates'
-        [prod L, prod T]; the result reshaped to data's shape.
-
-    The same sum (the same reduction of the same elements). The expanded indices are int64 at
-    the updates' size, twice a float32 update's bytes while the node runs (an embedding gradient
-    of 8192 x 1024: 64 MiB), which the predicted peak does not count. Nodes whose index depth
-    (`_index_depth`) is not a known 1 are left as they are: their module runs on one thread."""
-    out = onnx.ModelProto()
-    out.CopyFrom(model)
-    graph = out.graph
-    if any(_reducing_scatter(n) for n in graph.node):
-        try:  # the indices' shapes (a module lists only its inputs' and outputs')
-            graph = onnx.shape_inference.infer_shapes(out).graph
-        except Exception:  # noqa: BLE001 (a model onnx cannot infer: the nodes stay, on one thread)
-            pass
-    known = {v.name: [d.dim_value if d.HasField("dim_value") else None for d in v.type.tensor_type.shape.dim]
-             for v in (*graph.value_info, *graph.input, *graph.output) if v.type.tensor_type.HasField("shape")}
-    known.update({t.name: list(t.dims) for t in graph.initializer})  # constant indices (folded position ids)
-    nodes = []
-    for k, node in enumerate(out.graph.node):
-        if not _reducing_scatter(node) or _index_depth(node, known) != 1:
-            nodes.append(node)
-            continue
-        q = len(known[node.input[1]])
-        data, ind, upd = node.input[:3]
-        reduction = next(a.s for a in node.attribute if a.name == "reduction").decode()
-        t = f"{node.name or 'scatter'}.as_elements{k}"
-        nodes += [helper.make_node("Flatten", [data], [f"{t}.data"], axis=1),
-                  helper.make_node("Flatten", [upd], [f"{t}.upd"], axis=q - 1),
-                  helper.make_node("Flatten", [ind], [f"{t}.idx1"], axis=q - 1),
-                  helper.make_node("Shape", [f"{t}.upd"], [f"{t}.shape"]),
-                  helper.make_node("Expand", [f"{t}.idx1", f"{t}.shape"], [f"{t}.idx"]),
-                  helper.make_node("ScatterElements", [f"{t}.data", f"{t}.idx", f"{t}.upd"], [f"{t}.out"],
-                                   axis=0, reduction=reduction),
-                  helper.make_node("Shape", [data], [f"{t}.data_shape"]),
-                  helper.make_node("Reshape", [f"{t}.out", f"{t}.data_shape"], [node.output[0]], name=node.name)]
-    del out.graph.node[:]
-    out.graph.node.extend(nodes)
-    return out
-
-
-def _index_depth(node: onnx.NodeProto, known: Mapping[str, list]) -> int | None:
-    """The k of a ScatterND's indices [..., k]: their last dim where it is known, else from the
-    ranks (updates = indices[:-1] + data[k:], so k = rank(indices) - 1 + rank(data) -
-    rank(updates): a microbatch's slice of the indices has unknown dims but a known rank)."""
-    data, idx, upd = (known.get(name) for name in node.input[:3])
-    if not idx:
-        return None
-    if idx[-1] is not None:
-        return idx[-1]
-    return len(idx) - 1 + len(data) - len(upd) if data is not None and upd is not None else None
 
 
 class _Ort:
@@ -175,103 +97,7 @@ class _Array:
         return self.engine.run(feeds)  # on the GPU, values stay in device memory
 
 
-def _test_fault() -> tuple[str, str, float] | None:
-    """`PARC_TEST_FAULT=scale:<tensor substring>:<factor>` or `skip:<tensor substring>`: a bug the
-    verify tests inject into every collective on matching tensors (never set it otherwise)."""
-    spec = os.environ.get("PARC_TEST_FAULT")
-    if not spec:
-        return None
-    kind, _, rest = spec.partition(":")
-    if kind == "scale":
-        name, _, factor = rest.rpartition(":")
-        return ("scale", name, float(factor))
-    if kind == "skip":
-        return ("skip", rest, 1.0)
-    raise ParcError(f"PARC_TEST_FAULT={spec}: expected scale:<tensor>:<factor> or skip:<tensor>")
-
-
 SEND_COMPLETION = {"kind": "send completion", "id": "the step's sends"}  # the task a step ends with
-
-
-MIN_CUPY = 13  # the oldest CuPy major version parc runs on (pyproject's cuda12/cuda13 extras)
-MIN_CUDA = 12000  # the oldest CUDA runtime (cudaRuntimeGetVersion: 1000 * major + 10 * minor)
-
-
-def gpu_problem(cupy_module: Any = None) -> str | None:
-    """Why parc cannot run CuPy on a GPU here, or None when it can: CuPy missing or too old, no
-    driver or device, a CUDA runtime too old. `cupy_module` stands in for CuPy in tests."""
-    cupy = cupy_module
-    if cupy is None:
-        try:
-            import cupy
-        except ImportError:
-            return "CuPy is not installed (pip install 'parc[cuda13]' or 'parc[cuda12]')"
-        except Exception as e:  # a broken install: CUDA libraries missing
-            return f"CuPy does not load ({first_line(e, typed=True)})"
-    try:
-        major = int(str(cupy.__version__).split(".")[0])
-    except ValueError:
-        major = MIN_CUPY
-    if major < MIN_CUPY:
-        return f"CuPy {cupy.__version__} is older than parc supports (>= {MIN_CUPY})"
-    try:
-        count = cupy.cuda.runtime.getDeviceCount()
-        version = cupy.cuda.runtime.runtimeGetVersion()
-    except Exception as e:  # no driver, or the driver is older than the runtime
-        return f"CUDA reports no usable GPU ({first_line(e, typed=True)})"
-    if count == 0:
-        shown = os.environ.get("CUDA_VISIBLE_DEVICES")
-        return "no GPU is visible" + (f" (CUDA_VISIBLE_DEVICES={shown!r})" if shown is not None else "")
-    if version < MIN_CUDA:
-        return (f"CUDA runtime {version // 1000}.{version % 1000 // 10} is older than parc supports "
-                f"(>= {MIN_CUDA // 1000}.{MIN_CUDA % 1000 // 10})")
-    return None
-
-
-def gpu_available() -> bool:
-    """A CUDA GPU that CuPy can use."""
-    return gpu_problem() is None
-
-
-def pick_engine(engine: str) -> tuple[str, str]:
-    """(engine, device): `ort` runs onnxruntime on the CPU (onnxruntime-gpu's CUDA EP is not
-    wired up yet); `cupy` runs parc's kernels on a GPU, and is refused without one (one line
-    saying why); `numpy` runs the same kernels on the CPU; `auto` is cupy on a GPU, else ort."""
-    if engine not in ENGINES:
-        raise UsageError(f"--engine {engine}: expected one of {', '.join(ENGINES)}")
-    if engine == "ort":
-        return "ort", "cpu"
-    if engine == "numpy":
-        return "cupy", "cpu"
-    if engine == "cupy":
-        problem = gpu_problem()
-        if problem is not None:
-            raise UsageError(f"--engine cupy: {problem}; --engine numpy runs parc's kernels on the CPU")
-        return "cupy", "gpu"
-    return ("cupy", "gpu") if gpu_available() else ("ort", "cpu")
-
-
-ORT_CPU_LACKS = ("bfloat16",)  # element types onnxruntime's CPU provider has no MatMul, Add, ... for
-
-
-def ort_cpu_lacks(plan: dict) -> list[str]:
-    """The element types of a plan's tensors that onnxruntime's CPU provider cannot compute with."""
-    return sorted({t.get("dtype") for t in plan.get("tensors", {}).values()} & set(ORT_CPU_LACKS))
-
-
-def plan_engine(engine: str, plan: dict) -> str:
-    """The --engine a plan runs with. A plan holding values onnxruntime's CPU provider cannot
-    compute with (a bf16 step: `parc grad --precision bf16`) takes the array engine under `auto`
-    (cupy on a GPU, numpy on the CPU) and is refused under `ort`, one line."""
-    held = ort_cpu_lacks(plan)
-    if not held:
-        return engine
-    if engine == "ort":
-        raise UsageError(f"--engine ort: onnxruntime's CPU provider has no {held[0]} kernels and this plan "
-                         f"computes in {held[0]}; --engine numpy runs it on the CPU, --engine cupy on a GPU")
-    if engine == "auto":
-        return "cupy" if gpu_available() else "numpy"
-    return engine
 
 
 def to_host(x) -> np.ndarray:
@@ -295,32 +121,6 @@ def held_bytes(*holders) -> int:
         for x in (h.values() if isinstance(h, Mapping) else h):
             add(x)
     return sum(seen.values())
-
-
-def keep_freed_memory() -> bool:
-    """Have the C allocator keep the memory a rank frees for its next allocations (glibc: no
-    mmap, no trimming), so a step's arrays reuse pages the last step faulted in. By default glibc
-    serves a large block with mmap (from 128 KiB, the threshold rising with the blocks freed up
-    to 32 MiB) and trims the heap's top, so a step's collectives and modules can fault their
-    outputs' pages in again every step: a 3.4 MB all-reduce between 2 ranks on 2 cores, into a
-    new array each call, took 2.5 ms, and 0.9 ms with the memory kept. A step's allocations
-    repeat, so the heap stops growing after the first. False where the C library is not glibc
-    (nothing changed)."""
-    import ctypes
-    import ctypes.util
-
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):
-        return False
-    m_trim_threshold, m_mmap_max = -1, -4  # glibc's malloc.h
-    return bool(mallopt(m_mmap_max, 0)) and bool(mallopt(m_trim_threshold, 2**31 - 1))
-
-
-def rank_threads(ranks: int) -> int:
-    """Threads each of `ranks` ranks on this host gives its engine: the host's CPUs shared out."""
-    return max(1, (os.cpu_count() or 1) // ranks)
 
 
 def _runs(at: np.ndarray) -> list[tuple[int, int]]:
@@ -348,6 +148,23 @@ def _is_even(ax) -> bool:
     return isinstance(ax, Split) and ax.is_even
 
 
+@dataclass
+class _Step:
+    """The values of one step while it runs (`Rank.step`)."""
+
+    batch: Mapping[str, np.ndarray]  # every data input, whole
+    shared: dict[str, Any]  # values outside any microbatch: the state, the apply part's
+    counting: bool  # whether this step's held bytes are counted (`Rank.peak_bytes`)
+    spans: list[tuple] | None  # each task's (position, start, end[, FOLD]) where kept (`Rank.spans`)
+    begun: float = 0.0  # the step's start (perf_counter), where spans are kept
+    envs: dict[int, dict[str, Any]] = field(default_factory=dict)  # each running microbatch's values
+    sums: dict[str, Any] = field(default_factory=dict)  # the accumulations of the microbatches folded
+    folded: int = 0  # how many microbatches are folded
+    latest: dict[str, Any] = field(default_factory=dict)  # the last microbatch's values, which the apply part may read
+    outputs: dict[str, np.ndarray] = field(default_factory=dict)  # the graph outputs handed back
+    pending: list = field(default_factory=list)  # the sends not yet complete
+
+
 class Rank:
     """The runtime state of one rank (see the module docstring)."""
 
@@ -362,22 +179,7 @@ class Rank:
         self.coords = self.program.coords
         self.micro = self.program.micro_batches
         self.order = [self.graph.tasks[t] for t in self.graph.order[rank]]
-        kind, self.device = pick_engine(engine)
-        self.xp = np
-        self.pool = None
-        if self.device == "gpu":
-            import cupy
-
-            from parc.exec.engines.gpu import TightPool
-
-            self.xp = cupy
-            self.pool = TightPool.install(cupy)
-        threads = threads or rank_threads(self.graph.ranks)
-        self.engines: dict[str, Any] = {}
-        for t in self.order:
-            if t["kind"] == "compute" and t["module"] not in self.engines:
-                path = self.dir / t["module"]
-                self.engines[t["module"]] = _Ort(path, threads) if kind == "ort" else _Array(path, self.device)
+        self._open_engines(engine, threads or rank_threads(self.graph.ranks))
         self.residents = {r["name"]: r for r in self.program.residents}
         state = self._load_init()
         if init == "seeded":
@@ -385,16 +187,12 @@ class Rank:
         elif init != "source":
             raise ParcError(f"--init {init}: expected source or seeded")
         self.state = {k: self.xp.asarray(v) for k, v in state.items()}
-        for t in self.order:  # every communicator before the first step (Rhino 6.3)
-            if t["kind"] == "collective" and len(t["group"]) > 1:
-                self.comm.for_ranks(tuple(t["group"]))
-        self.comm.open_links([(rank, t["peer"]) if t["kind"] == "send" else (t["peer"], rank)
-                              for t in self.order if t["kind"] in ("send", "recv")])
+        self._connect()
         self.timings = {"compute": 0.0, "comm": 0.0}
         self.free_after = last_uses(self.order, self.program)
         self.last_of_mb = last_of_micro(self.order)
         self._shards: dict[tuple, tuple] = {}  # the shard indexes transfers cut (`_shard`)
-        self._fault = _test_fault()
+        self._fault = CollectiveFault.from_env()
         self.steps = {t["id"]: Collective.from_json(t["step"]) for t in self.order if t["kind"] == "collective"}
         self._exchanges: dict = {}  # (step, piece shape, rank in group) -> `layout.exchange`, runs, sizes
         self._pieces: dict[tuple[str, int | None], tuple[np.ndarray, ...]] = {}  # data slices, made once
@@ -414,6 +212,32 @@ class Rank:
         self.span_start = 0.0
         self.count_bytes = 2  # steps whose held bytes are counted (the first two: a step's peak repeats)
         self.peak_bytes = 0  # the most bytes of tensors this rank held at once in a counted step
+
+    def _open_engines(self, engine: str, threads: int) -> None:
+        """The device's array library and one engine session per module this rank runs."""
+        kind, self.device = pick_engine(engine)
+        self.xp = np
+        self.pool = None
+        if self.device == "gpu":
+            import cupy
+
+            from parc.exec.engines.gpu import TightPool
+
+            self.xp = cupy
+            self.pool = TightPool.install(cupy)
+        self.engines: dict[str, Any] = {}
+        for t in self.order:
+            if t["kind"] == "compute" and t["module"] not in self.engines:
+                path = self.dir / t["module"]
+                self.engines[t["module"]] = _Ort(path, threads) if kind == "ort" else _Array(path, self.device)
+
+    def _connect(self) -> None:
+        """Every communicator and point-to-point link of the order, before the first step (Rhino 6.3)."""
+        for t in self.order:
+            if t["kind"] == "collective" and len(t["group"]) > 1:
+                self.comm.for_ranks(tuple(t["group"]))
+        self.comm.open_links([(self.rank, t["peer"]) if t["kind"] == "send" else (t["peer"], self.rank)
+                              for t in self.order if t["kind"] in ("send", "recv")])
 
     def _seeded(self, seed: int) -> dict[str, np.ndarray]:
         """This rank's shard of each parameter under the seeded, plan-independent init."""
@@ -493,94 +317,16 @@ class Rank:
         Each microbatch has its own values (a pipeline stage runs the forward pass of one
         microbatch before the backward pass of an earlier one); after its last task they are
         folded into the accumulations and dropped. Sends complete by the end of the step."""
-        shared: dict[str, Any] = dict(self.state)
-        envs: dict[int, dict[str, Any]] = {}
-        acc = self.program.accumulate
-        sums: dict[str, Any] = {}
-        folded = 0
-        outputs: dict[str, np.ndarray] = {}
-        pending: list = []
-
-        latest: dict[str, Any] = {}  # the last microbatch's values, which the apply part may read
-        counting = self.count_bytes > 0
-        spans = None if self.spans is None else []
-        if spans is not None:
-            self.span_start, begun = time.time(), time.perf_counter()
-        self.count_bytes -= counting
-
-        def lookup(env: dict, name: str, mb: int | None) -> Any:
-            if name in env:
-                return env[name]
-            if name in shared:
-                return shared[name]
-            if mb is None and name in latest:
-                return latest[name]
-            return self._per_micro(name, mb)
-
-        def fold(mb: int, env: dict) -> None:
-            for name, (src, how, *_dim) in acc.items():
-                x = env[src]
-                if how == "sum":
-                    sums[name] = x.copy() if name not in sums else sums[name] + x
-                elif how == "last":
-                    sums[name] = x
-                else:
-                    sums.setdefault(name, []).append(x)
-
+        s = _Step(batch, dict(self.state), counting=self.count_bytes > 0,
+                  spans=None if self.spans is None else [])
+        if s.spans is not None:
+            self.span_start, s.begun = time.time(), time.perf_counter()
+        self.count_bytes -= s.counting
         for pos, t in enumerate(self.order):
-            mb = t.get("micro_batch")
-            env = shared if mb is None else envs.setdefault(mb, {})
-            kind = t["kind"]
-            if self.on_task is not None and kind != "sink":  # a sink hands a value back: nothing to wait on
+            if self.on_task is not None and t["kind"] != "sink":  # a sink hands a value back: nothing to wait on
                 self.on_task(self.task_info[pos])
             try:
-                if kind == "source":
-                    env[t["tensor"]] = self.xp.asarray(self.data_piece(t["tensor"], batch, mb))
-                elif kind == "compute":
-                    t0 = time.perf_counter()
-                    feeds = {i: lookup(env, i, mb) for i in t["inputs"]}
-                    env.update(self.engines[t["module"]].run(feeds))
-                    self.timings["compute"] += time.perf_counter() - t0
-                elif kind == "collective":
-                    t0 = time.perf_counter()
-                    x = lookup(env, t["src"], mb)
-                    env[t["dst"]] = self._collective(t, x)
-                    if self._fault and self._fault[1] in t["tensor"]:
-                        env[t["dst"]] = self._inject(t, x, env[t["dst"]])
-                    self.timings["comm"] += time.perf_counter() - t0
-                elif kind == "send":
-                    t0 = time.perf_counter()
-                    x = lookup(env, t["local"], mb)
-                    if not self.comm.device_buffers:
-                        x = to_host(x)
-                    if "slice" in t:  # the receiver's shard of a value this rank holds whole
-                        sl = t["slice"]
-                        x = x[self._shard(sl["global"], sl["spec"], sl["mesh"], sl["coords"], x)]
-                    pending.append(self.comm.isend(x, t["peer"], t["tag"]))
-                    self.timings["comm"] += time.perf_counter() - t0
-                elif kind == "recv":
-                    t0 = time.perf_counter()
-                    env[t["local"]] = self._receive(t)
-                    self.timings["comm"] += time.perf_counter() - t0
-                elif kind == "sink":
-                    outputs[t["tensor"]] = lookup(env, t["local"], mb)
-                if counting:
-                    self.peak_bytes = max(self.peak_bytes, held_bytes(shared, *envs.values(), sums, latest,
-                                                                      outputs, [p[1] for p in pending if p]))
-                if spans is not None:
-                    spans.append((pos, (spans[-1][2] if spans else 0.0), time.perf_counter() - begun))
-                for name in self.free_after[pos]:
-                    env.pop(name, None)
-                if mb is not None and self.last_of_mb.get(mb) == pos:
-                    fold(mb, env)
-                    if spans is not None:
-                        spans.append((pos, spans[-1][2], time.perf_counter() - begun, FOLD))
-                    folded += 1
-                    latest = envs.pop(mb)
-                    if folded == self.micro:
-                        for name, (_src, how, *dim) in acc.items():
-                            shared[name] = (self.xp.concatenate(sums[name], axis=dim[0]) if how == "concat"
-                                            else sums[name])
+                self._run_task(s, pos, t)
             except ParcError:
                 raise
             except KeyError as e:
@@ -588,30 +334,119 @@ class Rank:
             except Exception as e:  # onnxruntime and MPI raise their own types
                 if device_out_of_memory(e):
                     raise  # the launcher says which step and task, and what to do about it
-                first = first_line(e)
-                raise RunError(f"rank {self.rank}, task {t['id']}: {first}") from None
-        if pending:
+                raise RunError(f"rank {self.rank}, task {t['id']}: {first_line(e)}") from None
+        self._end_step(s)
+        return s.outputs
+
+    def _run_task(self, s: _Step, pos: int, t: dict) -> None:
+        """Run the task at `pos` in the order, then count what the rank holds, record its span,
+        drop the values no later task reads and, after a microbatch's last task, fold it."""
+        mb = t.get("micro_batch")
+        env = s.shared if mb is None else s.envs.setdefault(mb, {})
+        run = self._BY_KIND.get(t["kind"])
+        if run is not None:
+            run(self, s, t, env, mb)
+        if s.counting:
+            self.peak_bytes = max(self.peak_bytes, held_bytes(s.shared, *s.envs.values(), s.sums, s.latest,
+                                                              s.outputs, [p[1] for p in s.pending if p]))
+        if s.spans is not None:
+            s.spans.append((pos, (s.spans[-1][2] if s.spans else 0.0), time.perf_counter() - s.begun))
+        for name in self.free_after[pos]:
+            env.pop(name, None)
+        if mb is not None and self.last_of_mb.get(mb) == pos:
+            self._fold(s, env)
+            if s.spans is not None:
+                s.spans.append((pos, s.spans[-1][2], time.perf_counter() - s.begun, FOLD))
+            self._end_micro(s, mb)
+
+    # -- the tasks, by kind: each reads and writes the values of its microbatch (`env`) ---------
+    def _source_task(self, s: _Step, t: dict, env: dict, mb: int | None) -> None:
+        env[t["tensor"]] = self.xp.asarray(self.data_piece(t["tensor"], s.batch, mb))
+
+    def _compute_task(self, s: _Step, t: dict, env: dict, mb: int | None) -> None:
+        t0 = time.perf_counter()
+        feeds = {i: self._lookup(s, env, i, mb) for i in t["inputs"]}
+        env.update(self.engines[t["module"]].run(feeds))
+        self.timings["compute"] += time.perf_counter() - t0
+
+    def _collective_task(self, s: _Step, t: dict, env: dict, mb: int | None) -> None:
+        t0 = time.perf_counter()
+        x = self._lookup(s, env, t["src"], mb)
+        env[t["dst"]] = self._collective(t, x)
+        if self._fault is not None and self._fault.strikes(t["tensor"]):
+            env[t["dst"]] = self._fault.apply(x, env[t["dst"]])
+        self.timings["comm"] += time.perf_counter() - t0
+
+    def _send_task(self, s: _Step, t: dict, env: dict, mb: int | None) -> None:
+        t0 = time.perf_counter()
+        x = self._lookup(s, env, t["local"], mb)
+        if not self.comm.device_buffers:
+            x = to_host(x)
+        if "slice" in t:  # the receiver's shard of a value this rank holds whole
+            sl = t["slice"]
+            x = x[self._shard(sl["global"], sl["spec"], sl["mesh"], sl["coords"], x)]
+        s.pending.append(self.comm.isend(x, t["peer"], t["tag"]))
+        self.timings["comm"] += time.perf_counter() - t0
+
+    def _recv_task(self, s: _Step, t: dict, env: dict, mb: int | None) -> None:
+        t0 = time.perf_counter()
+        env[t["local"]] = self._receive(t)
+        self.timings["comm"] += time.perf_counter() - t0
+
+    def _sink_task(self, s: _Step, t: dict, env: dict, mb: int | None) -> None:
+        s.outputs[t["tensor"]] = self._lookup(s, env, t["local"], mb)
+
+    _BY_KIND = {"source": _source_task, "compute": _compute_task, "collective": _collective_task,
+                "send": _send_task, "recv": _recv_task, "sink": _sink_task}
+
+    def _lookup(self, s: _Step, env: dict, name: str, mb: int | None) -> Any:
+        """A value a task reads: its microbatch's, the step's, the last microbatch's (the apply
+        part reads them), or one the executor computes per microbatch."""
+        if name in env:
+            return env[name]
+        if name in s.shared:
+            return s.shared[name]
+        if mb is None and name in s.latest:
+            return s.latest[name]
+        return self._per_micro(name, mb)
+
+    def _fold(self, s: _Step, env: dict) -> None:
+        """Accumulate a microbatch's values that the apply part reads into the step's sums
+        (summed, concatenated, or the last one kept), after its last task."""
+        for name, (src, how, *_dim) in self.program.accumulate.items():
+            x = env[src]
+            if how == "sum":
+                s.sums[name] = x.copy() if name not in s.sums else s.sums[name] + x
+            elif how == "last":
+                s.sums[name] = x
+            else:
+                s.sums.setdefault(name, []).append(x)
+
+    def _end_micro(self, s: _Step, mb: int) -> None:
+        """Drop microbatch `mb`'s values (the apply part may still read them as the latest); after
+        the last microbatch, its accumulations become values of the step."""
+        s.folded += 1
+        s.latest = s.envs.pop(mb)
+        if s.folded == self.micro:
+            for name, (_src, how, *dim) in self.program.accumulate.items():
+                s.shared[name] = (self.xp.concatenate(s.sums[name], axis=dim[0]) if how == "concat"
+                                  else s.sums[name])
+
+    def _end_step(self, s: _Step) -> None:
+        """Wait for the step's sends, keep its spans, and bind its new state in place of the old."""
+        if s.pending:
             if self.on_task is not None:
                 self.on_task(SEND_COMPLETION)
-            self.comm.wait_sends(pending)
-        if spans is not None:
-            if pending:
-                spans.append((-1, spans[-1][2] if spans else 0.0, time.perf_counter() - begun))
-            self.spans = spans
+            self.comm.wait_sends(s.pending)
+        if s.spans is not None:
+            if s.pending:
+                s.spans.append((-1, s.spans[-1][2] if s.spans else 0.0, time.perf_counter() - s.begun))
+            self.spans = s.spans
         if self.on_task is not None:
             self.on_task(None)
         for out, inp in self.program.bindings.items():
-            if out in outputs and inp in self.state:
-                self.state[inp] = outputs[out]
-        return outputs
-
-    def _inject(self, t: dict, before: Any, after: Any) -> Any:
-        """PARC_TEST_FAULT (tests of `parc verify`): a collective that scales its result or does
-        nothing (a missing 1/n, a missing reduction)."""
-        kind, _, factor = self._fault  # type: ignore[misc]
-        if kind == "scale":
-            return after * after.dtype.type(factor)
-        return before if before.shape == after.shape else after
+            if out in s.outputs and inp in self.state:
+                self.state[inp] = s.outputs[out]
 
     def _receive(self, t: dict) -> Any:
         """A value another stage sends: this rank's shard as it is, or the whole value, of which

@@ -32,7 +32,7 @@ rank peak memory when the plan has its programs (`peak_bytes`: the resident stat
 alive, freed after their last reader as the executor frees them).
 
 Plans written with `--no-programs` have a stage-level task graph (`granularity: stage`, from
-`parc.passes.timing.stage_taskgraph`): one simulated rank per stage stands for the stage's ranks,
+`parc.passes.schedule.stage_taskgraph`): one simulated rank per stage stands for the stage's ranks,
 which run the same program; the report expands it back to every rank.
 """
 
@@ -46,10 +46,8 @@ from typing import Any
 import numpy as np
 
 from parc.errors import PlanFormatError
+from parc.plandir.simulation import COMM, COMPUTE, TIMELINE_RANKS, WAIT
 from parc.plandir.taskgraph import TaskGraph, last_of_micro
-
-COMPUTE, COMM, WAIT = "compute", "comm", "wait"
-TIMELINE_RANKS = 16  # ranks whose timeline `to_json` keeps (the first of each stage first)
 
 
 @dataclass

@@ -22,31 +22,35 @@ from onnx import numpy_helper
 from parc.autodiff.precision import unit_roundoff
 from parc.errors import UsageError
 from parc.exec.data import NpzData, step_inputs, synthetic
+from parc.exec.engine_choice import ort_cpu_lacks
 from parc.exec.engines.array import ArrayEngine
-from parc.exec.runner import ort_cpu_lacks, ort_session
+from parc.exec.runner import ort_session
+from parc.ir.scatter import scatter_as_elements
 from parc.ir.state import StepState, step_state
-from parc.plandir import load_program
+from parc.plandir import Plan, load_program
 
 
-def _source(plan_dir: str, plan: dict) -> Path:
-    info = plan.get("model") or {}
-    path = Path(info.get("path", ""))
+def _source(plan_dir: str, plan: Plan) -> Path:
+    if plan.model is None:
+        raise UsageError(f"{plan_dir}: the plan names no source model (planned from Python with a ModelProto); "
+                         "parc verify compares against it")
+    path = Path(plan.model.path)
     if not path.is_file():
         raise UsageError(f"{plan_dir}: the source model {path} is gone; parc verify compares against it")
     h = hashlib.sha256(path.read_bytes()).hexdigest()
-    if h != info.get("sha256"):
+    if h != plan.model.sha256:
         raise UsageError(f"{plan_dir}: the source model {path} changed since it was planned (sha256 differs)")
     return path
 
 
-def source_precision(plan_dir: str, plan: dict) -> str | None:
+def source_precision(plan_dir: str, plan: Plan) -> str | None:
     """What the source step's products compute in ("bf16", "fp16"), or None for float32."""
     model = onnx.load(str(_source(plan_dir, plan)), load_external_data=False)
     record = step_state({p.key: p.value for p in model.metadata_props})
     return (record.precision or {}).get("compute") if record is not None else None
 
 
-def reference_run(plan_dir: str, plan: dict, ranks: int, steps: int, seed: int, init: str = "source",
+def reference_run(plan_dir: str, plan: Plan, ranks: int, steps: int, seed: int, init: str = "source",
                   data_file: str | None = None) -> dict:
     """{"outputs": [per step {name: array}], "state": {name: array}} of the source model."""
     path = _source(plan_dir, plan)
@@ -71,7 +75,7 @@ def reference_run(plan_dir: str, plan: dict, ranks: int, steps: int, seed: int, 
                                                 helper.tensor_dtype_to_np_dtype(r["dtype"]))
     names = [o.name for o in model.graph.output]
     if not ort_cpu_lacks(plan):
-        sess = ort_session(model, None)
+        sess = ort_session(scatter_as_elements(model), None)  # as `parc plan` writes a plan's modules
         run = functools.partial(sess.run, names)
     else:  # values onnxruntime's CPU provider cannot compute with (bf16): the array engine, on the CPU
         engine = ArrayEngine(model, device="cpu")

@@ -14,7 +14,6 @@ from parc.hints.apply import (
     PinDivisionError,
     assign_scopes,
     check_mesh,
-    hint_pins,
     param_names,
     scope_names,
     warn_once,
@@ -23,6 +22,6 @@ from parc.hints.file import Hints, Pin, Request, Scope, load_hints
 
 __all__ = [
     "AnnotationError", "Hints", "IneligibleMeshError", "Pin", "PinDivisionError", "Request", "Scope", "annotate",
-    "assign_scopes", "check_mesh", "decode", "encode", "hint_pins", "load_hints", "param_names", "read_annotations",
+    "assign_scopes", "check_mesh", "decode", "encode", "load_hints", "param_names", "read_annotations",
     "scope_names", "warn_once", "write_sharded_model",
 ]

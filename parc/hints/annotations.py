@@ -30,7 +30,7 @@ from pathlib import Path
 import onnx
 
 from parc.errors import UsageError
-from parc.hints.file import Hints, Pin
+from parc.hints.file import Hints, Pin, mesh_text
 from parc.sharding import R, Replicated, ShardSpec, ShardSpecError, Split
 
 log = logging.getLogger("parc.hints")
@@ -70,7 +70,7 @@ def encode(name: str, spec: ShardSpec, mesh_shape: tuple[int, ...],
     """The ShardingSpecProto of `name` laid out as `spec`; AnnotationError if ONNX cannot say it."""
     mesh_shape = tuple(mesh_shape)
     if len(spec) != len(mesh_shape):
-        raise AnnotationError(f"{name}: {spec} has {len(spec)} axis specs for mesh {_mesh(mesh_shape)}")
+        raise AnnotationError(f"{name}: {spec} has {len(spec)} axis specs for mesh {mesh_text(mesh_shape)}")
     if shape is not None:
         try:
             spec = spec.canonical(shape, mesh_shape)
@@ -164,7 +164,7 @@ def decode(proto: onnx.ShardingSpecProto, mesh_shape: tuple[int, ...], rank: int
             return spec
     shown = ", ".join(f"axis {d}: {ns} shards" for d, ns in dims) or "no split axes"
     raise AnnotationError(f"{where}: devices {list(proto.device)} ({shown}) are no R/S(d) layout of mesh "
-                          f"{_mesh(mesh_shape)}: parc reads contiguous blocks held in the mesh's row-major "
+                          f"{mesh_text(mesh_shape)}: parc reads contiguous blocks held in the mesh's row-major "
                           f"device order")
 
 
@@ -205,11 +205,11 @@ def annotate(model: onnx.ModelProto, specs: Mapping[str, str | ShardSpec], mesh_
         mine += [encoded[t] for t in dict.fromkeys(node.input) if t in encoded and t not in produced]
         if mine:
             node.device_configurations.add(configuration_id=configuration, sharding_spec=mine)
-    _set_metadata(out, MESH_KEY, "x".join(map(str, mesh_shape)))
+    _set_metadata(out, MESH_KEY, mesh_text(mesh_shape))
     _set_metadata(out, UNEXPRESSED_KEY, json.dumps(unexpressed, sort_keys=True) if unexpressed else None)
     out.ir_version = max(out.ir_version, MIN_IR_VERSION)
     log.info("annotated %d tensors for mesh %s (%d layouts ONNX cannot express)", len(encoded),
-             _mesh(mesh_shape), len(unexpressed))
+             mesh_text(mesh_shape), len(unexpressed))
     return out
 
 
@@ -347,7 +347,7 @@ def _read_mesh(model: onnx.ModelProto, config: onnx.DeviceConfigurationProto, me
         mesh_shape = stated if stated and math.prod(stated) == n and min(stated) >= 1 else (n,)
     mesh_shape = tuple(int(m) for m in mesh_shape)
     if math.prod(mesh_shape) != n:
-        raise AnnotationError(f"{source}: mesh {_mesh(mesh_shape)} has {math.prod(mesh_shape)} devices, "
+        raise AnnotationError(f"{source}: mesh {mesh_text(mesh_shape)} has {math.prod(mesh_shape)} devices, "
                               f"configuration {config.name!r} has {n}")
     return mesh_shape
 
@@ -358,7 +358,3 @@ def _set_metadata(model: onnx.ModelProto, key: str, value: str | None) -> None:
     model.metadata_props.extend(kept)
     if value is not None:
         model.metadata_props.add(key=key, value=value)
-
-
-def _mesh(shape: tuple[int, ...]) -> str:
-    return "x".join(map(str, shape))

@@ -30,6 +30,11 @@ from parc.sharding import ShardSpec, ShardSpecError
 KINDS = ("replicate", "split")
 
 
+def mesh_text(shape: tuple[int, ...]) -> str:
+    """A mesh shape as messages and the `parc.mesh` annotation spell it: `2x4`."""
+    return "x".join(map(str, shape))
+
+
 @dataclass(frozen=True)
 class Request:
     """Whale's primitive: `replicate(n)` (data parallel) or `split(n)` (tensor parallel)."""

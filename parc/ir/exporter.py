@@ -27,9 +27,31 @@ def node_proto(node: Node) -> onnx.NodeProto:
     proto = helper.make_node(node.op_type, [v.name if v else "" for v in node.inputs],
                              [v.name for v in node.outputs], name=node.name, domain=node.domain)
     proto.attribute.extend(node.attrs[k] for k in sorted(node.attrs))
-    for k in sorted(node.meta):
-        proto.metadata_props.add(key=k, value=node.meta[k])
+    proto.metadata_props.extend(metadata_entry(k, node.meta[k]) for k in sorted(node.meta))
     return proto
+
+
+def metadata_entry(key: str, value: str) -> onnx.StringStringEntryProto:
+    """One metadata entry. Text holding surrogate escapes (bytes that were not valid UTF-8 in
+    the imported file, see `importer.metadata`) is written back as those bytes, which protobuf's
+    setters refuse but its parser keeps."""
+    try:
+        return onnx.StringStringEntryProto(key=key, value=value)
+    except UnicodeEncodeError:
+        entry = onnx.StringStringEntryProto()
+        entry.ParseFromString(_wire_bytes(1, key) + _wire_bytes(2, value))
+        return entry
+
+
+def _wire_bytes(field: int, text: str) -> bytes:
+    """A length-delimited protobuf field holding `text`'s original bytes."""
+    data = text.encode("utf-8", "surrogateescape")
+    head, n = bytearray([field << 3 | 2]), len(data)
+    while n >= 0x80:
+        head.append(n & 0x7F | 0x80)
+        n >>= 7
+    head.append(n)
+    return bytes(head) + data
 
 
 def tensor_proto(v: Value, external: dict[str, tuple[str, int]] | None = None) -> onnx.TensorProto:
@@ -75,8 +97,7 @@ def to_onnx(graph: Graph, *, external: dict[str, tuple[str, int]] | None = None,
         ir_version = max(8, helper.find_min_ir_version_for(opsets, ignore_unknown=True))
     model = helper.make_model(g, opset_imports=opsets, producer_name=PARC_PRODUCER,
                               ir_version=ir_version)
-    for k in sorted(graph.metadata):
-        model.metadata_props.add(key=k, value=graph.metadata[k])
+    model.metadata_props.extend(metadata_entry(k, graph.metadata[k]) for k in sorted(graph.metadata))
     return model
 
 

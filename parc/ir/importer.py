@@ -6,6 +6,7 @@ runs: after `load`, every value has a static shape and dtype and no value depend
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -68,6 +69,15 @@ def _check_text(graph: onnx.GraphProto, path: Path, where: str = "") -> None:
         for a in n.attribute:
             for g in ([a.g] if a.HasField("g") else []) + list(a.graphs):
                 _check_text(g, path, f"{where}node '{label}', attribute '{a.name}': ")
+
+
+def metadata(props: Iterable[onnx.StringStringEntryProto]) -> dict[str, str]:
+    """Metadata entries as a dict of text. An entry that is not valid UTF-8 (protobuf hands it
+    over as bytes; one flipped byte in an export) is kept byte for byte as surrogate escapes,
+    which the exporter writes back unchanged: parc does not read other tools' metadata."""
+    def text(s: str | bytes) -> str:
+        return s if isinstance(s, str) else s.decode("utf-8", "surrogateescape")
+    return {text(p.key): text(p.value) for p in props}
 
 
 def normalize(model: onnx.ModelProto, source: str = "model") -> onnx.ModelProto:
@@ -153,8 +163,10 @@ def build_graph(model: onnx.ModelProto, opts: ImportOptions) -> Graph:
     Node output shapes are left for `fold_shapes` to infer.
     """
     g = model.graph
-    graph = Graph(g.name or "main", {o.domain or "": o.version for o in model.opset_import})
-    graph.metadata = {p.key: p.value for p in model.metadata_props}
+    # a damaged name (not UTF-8) shown with U+FFFD: it is a label, and rank files' names derive from it
+    name = g.name if isinstance(g.name, str) else g.name.decode("utf-8", "replace")
+    graph = Graph(name or "main", {o.domain or "": o.version for o in model.opset_import})
+    graph.metadata = metadata(model.metadata_props)
     src = opts.source
 
     wanted = symbolic_dims(model)
@@ -202,8 +214,7 @@ def build_graph(model: onnx.ModelProto, opts: ImportOptions) -> Graph:
                                      f"has a subgraph; control flow is not supported (export "
                                      f"with static shapes so the exporter unrolls it)")
         node = Node(proto.op_type, [], [], {a.name: a for a in proto.attribute},
-                    proto.name, proto.domain,
-                    {p.key: p.value for p in proto.metadata_props})
+                    proto.name, proto.domain, metadata(proto.metadata_props))
         names = list(proto.output)
         while names and not names[-1]:
             names.pop()  # trailing omitted optional outputs

@@ -16,6 +16,8 @@ from typing import Any
 
 STATE_KEY = "parc.state"
 PHASE = "parc.phase"  # node metadata: which part of the step a node belongs to
+FORWARD_OF = "parc.forward"  # a backward node's metadata: the forward node it differentiates
+PARAM_OF = "parc.param"  # an optimizer node's metadata: the parameter it updates
 FORWARD, BACKWARD, OPTIMIZER = "forward", "backward", "optimizer"
 
 

@@ -25,8 +25,8 @@ import numpy.typing as npt
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from parc import __version__
 from parc.errors import UsageError
+from parc.version import __version__
 
 OPSET = 18
 IR_VERSION = 10

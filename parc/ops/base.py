@@ -378,7 +378,7 @@ def op_class(node: Node) -> str:
     perm [0, 1, 3, 2] at a tenth of the rate of one that keeps the last axis, moving whole rows),
     and a Softmax of attention's scores after a mask's fill (`SoftmaxMasked`, `masked_softmax`:
     exp underflows there, and onnxruntime's CPU kernel takes a slow path,
-    `parc.exec.profile.MASKED`; a device without the class prices it as a Softmax), or after the
+    `parc.calibrate.catalogue.MASKED`; a device without the class prices it as a Softmax), or after the
     fill of a mask made from data (`SoftmaxPadded`, `padded_softmax`: a padding mask)."""
     if masked_softmax(node):
         return "SoftmaxMasked"
@@ -479,7 +479,7 @@ def _conv_pieces(node: Node) -> float:
     multiplied as it is: none. A ConvTranspose writes its product's columns (M/g x kernel rows by
     the input's positions) and folds them into the output (col2im). Their cost per element is the
     class's piece cost (`DeviceSpec.piece_cost`), fitted with its rate
-    (`parc.exec.profile.fit_conv_pieces`). On this project's host, one thread, unet-tiny's weight
+    (`parc.calibrate.fit.fit_conv_pieces`). On this project's host, one thread, unet-tiny's weight
     gradients (kernels of 32 x 32 over outputs of 3 x 3: runs of 3) took 3.1-3.5 ms whether 2, 4
     or 8 output channels, a GEMM with few rows being bound by its expanded operand; over the
     convolutions of its plans (207 shapes), elements + 16 per run fitted with one rate and one

@@ -31,6 +31,7 @@ from parc.cluster.devices import DEVICES, DeviceSpec
 from parc.cluster.links import LINKS, LinkSpec
 from parc.ir.dtypes import onnx_nbytes
 from parc.ir.graph import Graph
+from parc.ir.scatter import scatter_as_elements
 from parc.ir.state import step_state
 from parc.ops.base import masked_classes
 from parc.passes.lower import APPLY, MICRO, Comm, RankProgram, bindings, loss_name, lower_rank, rules_of
@@ -41,16 +42,6 @@ from parc.sharding.layout import shard_index
 from parc.sharding.spec import ShardSpec
 
 ALIGN = 64
-
-
-def plan_inputs(plan) -> tuple[Graph, tuple[int, ...], list, dict[str, ShardSpec], int]:
-    """(graph, model mesh shape, chosen strategy per node, source specs, microbatches) of a Plan."""
-    m = plan.best.model
-    x = plan.best.solution.choice
-    strategies = [m.strategies[pos][x[m.node_index(pos)]] for pos in range(len(m.graph.nodes))]
-    specs = {v.name: m.source_specs[k][x[k]] for k, v in enumerate(m.sources)}
-    micro = m.micro.count if m.micro is not None else 1
-    return m.graph, tuple(m.mesh.shape), strategies, specs, micro
 
 
 PASS_ORDER = {"": 0, "F": 0, "B": 1, "A": 2}
@@ -201,8 +192,8 @@ def write_rank_files(p: RankProgram, graph: Graph, rank_dir: Path, device: Devic
         if fewer:
             t["shared_s"] = {str(a): at[t["name"]]["time_s"] for a, at in fewer.items()}
         t["out_bytes"] = [times[t["name"]]["out_bytes"].get(o, 0) for o in t["outputs"]]
-    for name, model in models.items():
-        onnx.save(model, rank_dir / f"{name}.onnx")
+    for name, model in models.items():  # reducing ScatterNDs rewritten: exact on any onnxruntime thread count
+        onnx.save(scatter_as_elements(model), rank_dir / f"{name}.onnx")
     _write_init(p, graph, rank_dir)
     return mod_tasks
 
@@ -221,7 +212,8 @@ def write_programs(plan, out: Path) -> TaskGraph:
     """Lower every rank of `plan`; write its modules, init and program, and taskgraph.json
     (returned)."""
     mesh = plan.best.mesh
-    return write_programs_for(*plan_inputs(plan), out, devices=[plan.cluster.devices[d] for d in mesh.devices],
+    d = plan.decision
+    return write_programs_for(d.graph, d.mesh, list(d.strategies), d.specs, d.micro_batches, out, devices=[plan.cluster.devices[d] for d in mesh.devices],
                               links=mesh.links, buckets=plan.best.model.buckets,
                               cluster=plan.cluster, device_ids=[int(d) for d in mesh.devices])
 

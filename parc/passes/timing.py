@@ -288,7 +288,7 @@ def _on_the_array_engine(nodes: list, work: list[tuple], graph_outputs: list[str
     tree before's root nor the row's output going to memory; a Transpose returns a view (its
     reader takes the strides), moving nothing itself. `consts`: the module's small integer
     initializers (ReduceSum's axes)."""
-    from parc.exec.engines.fusion import (
+    from parc.ops.fusion import (
         cast_kind,
         flat_layout,
         fusible,
@@ -460,49 +460,4 @@ def annotate(doc: dict, axis_link: Callable[[dict], LinkSpec], p2p_link: Callabl
             t["time_s"] = send_recv_time(link, 2, nbytes)
         else:
             t["time_s"] = 0.0
-    return doc
-
-
-def stage_taskgraph(result) -> dict:
-    """The stage-level task graph of a plan written without programs (`--no-programs`): one
-    simulated rank per stage standing for its devices (they run the same program), 1F1B over the
-    microbatches (`pipeline_taskgraph`) with the planner's figures per stage: a microbatch's
-    forward and backward (split as the stage search's costs split them), the optimizer, and the
-    stage's sends per microbatch (a middle stage's split evenly between its activations and
-    their gradients). A one-mesh plan is one stage: its compute, then its communication as one
-    collective."""
-    from parc.passes.pipeline.plan import PipelinePlan
-    from parc.plandir.taskgraph import FORMAT, STAGE, pipeline_taskgraph
-
-    if not isinstance(result, PipelinePlan):
-        best = result.best
-        devices = [int(d) for d in best.mesh.devices]
-        compute = float(np.sum(best.compute_s))
-        return {"format": FORMAT, "ranks": 1, "micro_batches": 1, "granularity": STAGE,
-                "stages": [{"id": 0, "ranks": [0], "devices": devices, "mesh": list(best.mesh.shape)}],
-                "tasks": [{"id": "step", "kind": "compute", "rank": 0, "module": "", "time_s": compute},
-                          {"id": "communication", "kind": "collective", "group": [0], "op": "all_reduce",
-                           "tensor": "", "time_s": float(best.comm_s)}],
-                "edges": [["step", "communication"]], "order": {"0": ["step", "communication"]}}
-    count, m = len(result.stages), result.micro_batches
-    doc = pipeline_taskgraph(count, m)
-    a = result.assignment
-
-    def send_s(stage: int) -> float:
-        """A stage's sends per microbatch (`send_s`), shared between the directions it sends in
-        (the first and last stages send one way; a middle stage's are split evenly)."""
-        return result.stages[stage].send_s / ((stage + 1 < count) + (stage > 0))
-
-    for t in doc["tasks"]:
-        st = result.stages[t["rank"]]
-        fwd, bwd = float(a.fwd_cost[st.index]), float(a.bwd_cost[st.index])
-        share = fwd / (fwd + bwd) if fwd + bwd > 0 else 0.5
-        if t["kind"] == "compute":
-            t["time_s"] = {"forward": share * st.per_micro_s, "backward": (1 - share) * st.per_micro_s,
-                           "apply": st.apply_s}[t["phase"]]
-        else:  # a send and its recv take the sending stage's time
-            t["time_s"] = send_s(t["rank"] if t["kind"] == "send" else t["peer"])
-    doc["granularity"] = STAGE
-    doc["stages"] = [{"id": st.index, "ranks": [st.index], "devices": list(st.ranks),
-                      "mesh": list(st.plan.best.mesh.shape)} for st in result.stages]
     return doc

@@ -2,8 +2,7 @@
 (`parc.plandir.manifest`; taskgraph.json's format is `parc.plandir.taskgraph`'s).
 
     PLAN_DIR/
-      plan.json              the plan (docs/plan.md): format_version 1, one mesh
-                             (parc.passes.spmd.search), or 2, a pipeline (parc.passes.pipeline.plan)
+      plan.json              the plan (docs/plan.md; `parc.plandir.plan`: one format, stages)
       taskgraph.json         tasks, edges, each rank's order (format owned by parc.plandir.taskgraph)
       model.sharded.onnx     the source annotated with ONNX's multi-device fields
       rank_<r>/program.json  what rank r's executor holds (`Program`, format parc.program/1)
@@ -25,18 +24,15 @@ from typing import Any
 
 from parc.errors import PlanFormatError
 from parc.plandir.manifest import MANIFEST, check_manifest, sha256_file, write_manifest
+from parc.plandir.plan import PLAN_FORMAT, Plan, check_plan, check_type
 from parc.plandir.taskgraph import TASKGRAPH_FILE
 
-__all__ = ["MANIFEST", "PLAN_FILE", "PLAN_FORMATS", "PLAN_FORMAT_ONE_MESH", "PLAN_FORMAT_PIPELINE",
-           "PROGRAM_FILE", "PROGRAM_FORMAT", "Program", "TASKGRAPH_FILE", "check_manifest", "check_plan",
-           "load_plan", "load_program", "plan_path", "program_path", "rank_dir", "sha256_file",
-           "write_manifest", "write_plan", "write_program"]
+__all__ = ["MANIFEST", "PLAN_FILE", "PLAN_FORMAT", "PROGRAM_FILE", "PROGRAM_FORMAT", "Plan", "Program",
+           "TASKGRAPH_FILE", "check_manifest", "check_plan", "load_plan", "load_program", "plan_path",
+           "program_path", "rank_dir", "sha256_file", "write_manifest", "write_plan", "write_program"]
 
 PLAN_FILE = "plan.json"
 PROGRAM_FILE = "program.json"
-PLAN_FORMAT_ONE_MESH = 1  # plan.json of a plan on one device mesh
-PLAN_FORMAT_PIPELINE = 2  # plan.json of a pipelined plan (stages, schedule, predicted.bubble_s)
-PLAN_FORMATS = (PLAN_FORMAT_ONE_MESH, PLAN_FORMAT_PIPELINE)
 PROGRAM_FORMAT = "parc.program/1"
 
 
@@ -51,36 +47,6 @@ def program_path(plan_dir: str | Path, rank: int) -> Path:
 
 # -- plan.json ------------------------------------------------------------------------------------
 
-# (dotted key, expected type, required): what readers of plan.json (`parc explain`, `parc run`)
-# rely on. Optional keys may be absent (an older plan without `communication`), never of the
-# wrong type.
-_NUMBER = (int, float)
-_PLAN_KEYS: tuple[tuple[str, Any, bool], ...] = (
-    ("format_version", int, True),
-    ("mesh", dict, True),
-    ("mesh.shape", list, True),
-    ("predicted", dict, True),
-    ("predicted.step_time_s", _NUMBER, True),
-    ("predicted.compute_s", _NUMBER, True),
-    ("predicted.comm_s", _NUMBER, True),
-    ("predicted.memory_bytes_per_device", list, True),
-    ("predicted.memory_budget_bytes", _NUMBER, True),
-    ("specs", dict, True),
-    ("strategies", dict, True),
-    ("cluster", dict, False),
-    ("cluster.nodes", list, False),
-    ("mesh.links", list, False),
-    ("model", dict, False),
-    ("solver", dict, False),
-    ("solver.meshes", list, False),
-    ("communication", list, False),
-    ("baselines", dict, False),
-    ("simulation", dict, False),
-    ("simulation.step_time_s", _NUMBER, False),
-    ("simulation.timeline", dict, False),
-)
-
-
 def plan_path(plan_dir: str | Path) -> Path:
     """The plan.json of a plan directory, or PlanFormatError saying what is missing."""
     d = Path(plan_dir)
@@ -94,46 +60,18 @@ def plan_path(plan_dir: str | Path) -> Path:
     return path
 
 
-def write_plan(plan_dir: str | Path, doc: dict[str, Any]) -> None:
-    """Write a plan's plan.json (a `to_json` of the planner, with the source model added)."""
-    (Path(plan_dir) / PLAN_FILE).write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
+def write_plan(plan_dir: str | Path, plan: Plan) -> None:
+    """Write a plan's plan.json. What is written reads back as the same Plan (checked on every
+    write: a field that does not survive JSON is a bug here, not a reader's problem)."""
+    text = json.dumps(plan.to_json(), indent=1, sort_keys=True) + "\n"
+    assert Plan.from_json(json.loads(text)) == plan, "plan.json does not read back as the plan written"
+    (Path(plan_dir) / PLAN_FILE).write_text(text)
 
 
-def load_plan(plan_dir: str | Path) -> dict[str, Any]:
-    """The checked contents of PLAN_DIR/plan.json."""
+def load_plan(plan_dir: str | Path) -> Plan:
+    """The checked plan.json of a plan directory, as a Plan."""
     path = plan_path(plan_dir)
-    doc = _read_json(path)
-    check_plan(doc, str(path))
-    return doc
-
-
-def check_plan(doc: Any, where: str = PLAN_FILE) -> None:
-    """Raise PlanFormatError unless `doc` is a plan.json of a format version this parc reads."""
-    if not isinstance(doc, dict):
-        raise PlanFormatError(f"{where}: expected a JSON object, found {type(doc).__name__}")
-    version = doc.get("format_version")
-    if "format_version" in doc and version not in PLAN_FORMATS:
-        readable = ", ".join(map(str, PLAN_FORMATS))
-        raise PlanFormatError(f"{where}: unknown format_version {version!r} (this parc reads {readable})")
-    for key, kind, required in _PLAN_KEYS:
-        found, value = _lookup(doc, key)
-        if not found:
-            if required:
-                raise PlanFormatError(f"{where}: missing key '{key}'")
-            continue
-        _check_type(value, kind, where, key)
-    if not doc["mesh"]["shape"] or not all(_is_int(n) and n > 0 for n in doc["mesh"]["shape"]):
-        raise PlanFormatError(f"{where}: mesh.shape should be a list of positive ints, "
-                              f"found {doc['mesh']['shape']!r}")
-
-
-def _lookup(doc: dict, dotted: str) -> tuple[bool, Any]:
-    value: Any = doc
-    for part in dotted.split("."):
-        if not isinstance(value, dict) or part not in value:
-            return False, None
-        value = value[part]
-    return True, value
+    return Plan.from_json(_read_json(path), str(path))
 
 
 # -- rank_<r>/program.json ------------------------------------------------------------------------
@@ -256,7 +194,7 @@ def _check_resident(x: Any, where: str, key: str) -> None:
     _check_ints(x["local"], where, f"{key}.local")
     if "init" in x:
         _check_type(x["init"], dict, where, f"{key}.init")
-        _check_keys(x["init"], (("mean", _NUMBER), ("std", _NUMBER)), where, f"{key}.init.")
+        _check_keys(x["init"], (("mean", (int, float)), ("std", (int, float))), where, f"{key}.init.")
 
 
 def _check_accumulation(how: Any, where: str, key: str) -> None:
@@ -287,8 +225,7 @@ def _check_keys(doc: dict, keys: tuple[tuple[str, Any], ...], where: str, prefix
 
 
 def _check_type(value: Any, kind: Any, where: str, key: str) -> None:
-    if (isinstance(value, bool) and kind is not bool) or not isinstance(value, kind):
-        raise PlanFormatError(f"{where}: key '{key}' should be {_type_name(kind)}, found {type(value).__name__}")
+    check_type(value, kind, where, key)
 
 
 def _check_ints(value: list, where: str, key: str) -> None:
@@ -298,12 +235,3 @@ def _check_ints(value: list, where: str, key: str) -> None:
 
 def _is_int(n: Any) -> bool:
     return isinstance(n, int) and not isinstance(n, bool)
-
-
-def _type_name(kind: Any) -> str:
-    if kind is _NUMBER:
-        return "a number"
-    if isinstance(kind, tuple):
-        return " or ".join(_type_name(k) for k in kind)
-    names = {dict: "an object", list: "a list", int: "an integer", str: "a string", type(None): "null"}
-    return names.get(kind, str(kind))

@@ -1,4 +1,6 @@
-"""taskgraph.json: the static task graph a plan runs (Rhino 6.1-6.2), its checks, and 1F1B.
+"""taskgraph.json: the static task graph a plan runs (Rhino 6.1), its format and its checks.
+
+The schedule that orders each rank's tasks is a compiler decision: `parc.passes.schedule`.
 
 Format `parc.taskgraph/1` (docs/taskgraph.md):
 
@@ -312,78 +314,3 @@ def reads(t: Mapping[str, Any]) -> list[str]:
     kind = t["kind"]
     return (list(t["inputs"]) if kind == "compute" else [t["src"]] if kind == "collective"
             else [t["local"]] if kind in ("sink", "send") else [])
-
-
-def one_f_one_b(stages: int, micro_batches: int) -> list[list[tuple[str, int]]]:
-    """The 1F1B (PipeDream-flush) order of each stage: ("F" | "B", micro-batch) steps.
-
-    Stage s runs min(stages - s - 1, M) forwards to fill the pipeline, then alternates one
-    forward and one backward, then drains the remaining backwards (Rhino 6.2's static schedule)."""
-    if stages < 1 or micro_batches < 1:
-        raise ValueError(f"one_f_one_b: need stages >= 1 and micro_batches >= 1, got {stages}, {micro_batches}")
-    out = []
-    for s in range(stages):
-        warm = min(stages - s - 1, micro_batches)
-        steps = [("F", k) for k in range(warm)]
-        f, b = warm, 0
-        while b < micro_batches:
-            if f < micro_batches:
-                steps.append(("F", f))
-                f += 1
-            steps.append(("B", b))
-            b += 1
-        out.append(steps)
-    return out
-
-
-def pipeline_taskgraph(stages: int, micro_batches: int) -> dict[str, Any]:
-    """A pipeline of `stages` single-rank stages over `micro_batches` micro-batches, ordered
-    1F1B: per stage and micro-batch a forward and a backward compute task, activations sent
-    forward and their gradients sent back between neighbouring stages, and one apply task per
-    stage after its last backward. The form the pipeline planner will emit."""
-    tasks, edges = [], []
-
-    def add(**t) -> str:
-        tasks.append(t)
-        return t["id"]
-
-    fwd, bwd, recv_f, recv_b = {}, {}, {}, {}
-    for s in range(stages):
-        for k in range(micro_batches):
-            common = {"rank": s, "stage": s, "micro_batch": k}
-            if s > 0:
-                recv_f[s, k] = add(id=f"s{s}.recv_act.{k}", kind="recv", peer=s - 1, tensor=f"act{s - 1}", **common)
-            fwd[s, k] = add(id=f"s{s}.fwd.{k}", kind="compute", module=f"rank_{s}/forward.onnx",
-                            phase="forward", **common)
-            if s + 1 < stages:
-                recv_b[s, k] = add(id=f"s{s}.recv_grad.{k}", kind="recv", peer=s + 1, tensor=f"grad{s}", **common)
-            bwd[s, k] = add(id=f"s{s}.bwd.{k}", kind="compute", module=f"rank_{s}/backward.onnx",
-                            phase="backward", **common)
-    sends_f, sends_b = {}, {}
-    for s in range(stages):
-        for k in range(micro_batches):
-            common = {"rank": s, "stage": s, "micro_batch": k}
-            if s + 1 < stages:
-                sends_f[s, k] = add(id=f"s{s}.send_act.{k}", kind="send", peer=s + 1, tensor=f"act{s}", **common)
-                edges += [[fwd[s, k], sends_f[s, k]], [sends_f[s, k], recv_f[s + 1, k]], [recv_f[s + 1, k], fwd[s + 1, k]]]
-                edges += [[recv_b[s, k], bwd[s, k]]]
-            if s > 0:
-                sends_b[s, k] = add(id=f"s{s}.send_grad.{k}", kind="send", peer=s - 1, tensor=f"grad{s - 1}", **common)
-                edges += [[bwd[s, k], sends_b[s, k]], [sends_b[s, k], recv_b[s - 1, k]]]
-            edges.append([fwd[s, k], bwd[s, k]])
-    applies = {s: add(id=f"s{s}.apply", kind="compute", rank=s, stage=s, micro_batch=None, phase="apply",
-                      module=f"rank_{s}/apply.onnx") for s in range(stages)}
-    for s in range(stages):
-        edges += [[bwd[s, k], applies[s]] for k in range(micro_batches)]
-    order = {}
-    for s, steps in enumerate(one_f_one_b(stages, micro_batches)):
-        ids = []
-        for what, k in steps:
-            if what == "F":
-                ids += ([recv_f[s, k]] if s > 0 else []) + [fwd[s, k]] + ([sends_f[s, k]] if s + 1 < stages else [])
-            else:
-                ids += ([recv_b[s, k]] if s + 1 < stages else []) + [bwd[s, k]] + ([sends_b[s, k]] if s > 0 else [])
-        order[str(s)] = ids + [applies[s]]
-    return {"format": FORMAT, "ranks": stages, "micro_batches": micro_batches,
-            "stages": [{"id": s, "ranks": [s]} for s in range(stages)],
-            "tasks": tasks, "edges": edges, "order": order}

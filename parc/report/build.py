@@ -1,7 +1,7 @@
-"""explain: a pure function from a checked plan.json dict to the Report of facts.
+"""explain: a pure function from a plan (`parc.plandir.Plan`) to the Report of facts.
 
-Nothing here reads files or imports the planner; `load.load_plan` gives the dict. Totals are
-sums over what plan.json lists, so the JSON report can be checked against the plan.
+Nothing here reads files or imports the planner; `parc.plandir.load_plan` gives the plan. Totals
+are sums over what plan.json lists, so the JSON report can be checked against the plan.
 """
 
 from __future__ import annotations
@@ -13,10 +13,16 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
+import numpy as np
+
+from parc.cluster import Cluster
 from parc.errors import PlanFormatError
+from parc.ir.state import BACKWARD, FORWARD, OPTIMIZER
+from parc.plandir.plan import Baseline as PlannedBaseline
+from parc.plandir.plan import Plan, Prediction
+from parc.plandir.simulation import SPAN_KINDS
 from parc.report import scopes
 from parc.report.facts import (
-    SPAN_KINDS,
     Baseline,
     CommStat,
     Communication,
@@ -36,38 +42,39 @@ from parc.report.facts import (
 from parc.report.why import reasons
 
 TOP_EDGES = 10
-PARAMETER_RULE = ("a spec name X is a parameter when X.new is also a spec name and no shorter "
-                  "such name is a prefix of X; X.<suffix> names with X.<suffix>.new are its optimizer state")
+PARAMETER_RULE = "the training step's record (parc grad): each parameter, its next value and its optimizer state"
 
 
-def explain(plan: Mapping[str, Any], plan_file: str = "plan.json") -> Report:
-    """The report of one plan (a dict that `load.check_plan` accepted)."""
-    pred = plan["predicted"]
-    step_s = float(pred["step_time_s"])
-    step = Step(step_s, float(pred["compute_s"]), float(pred["comm_s"]),
-                float(pred["comm_s"]) / step_s if step_s > 0 else 0.0)
+def explain(plan: Plan, plan_file: str = "plan.json") -> Report:
+    """The report of one plan."""
+    pred = plan.predicted
+    step_s = pred.step_time_s
+    step = Step(step_s, pred.compute_s, pred.comm_s, pred.comm_s / step_s if step_s > 0 else 0.0)
     memory = _memory(pred)
     params = _parameters(plan)
     report = Report(
-        plan=plan_file, format_version=int(plan["format_version"]),
-        model=(plan.get("model") or {}).get("path"), summary=_summary(plan), step=step,
-        groups=_groups(plan["strategies"], plan["specs"]), strategy_mix=_mix(plan["strategies"], plan["specs"]),
+        plan=plan_file, format_version=plan.format_version,
+        model=plan.model.path if plan.model else None, summary=_summary(plan), step=step,
+        groups=_groups(plan.strategies, plan.specs, plan.phases),
+        strategy_mix=_mix(plan.strategies, plan.specs, plan.phases),
         parameters=params,
-        communication=_communication(plan.get("communication"), step.comm_s), memory=memory,
-        baselines=_baselines(plan.get("baselines") or {}, step_s, memory.max_bytes), why=[],
-        pipeline=_pipeline(plan), mixed=_mixed(plan), given=plan.get("devices_given"), simulation=_simulation(plan.get("simulation"), plan_file))
+        communication=_communication(None if plan.communication is None else list(plan.communication), step.comm_s),
+        memory=memory,
+        baselines=_baselines(plan.baselines, step_s, memory.max_bytes), why=[],
+        pipeline=_pipeline(plan), mixed=_mixed(plan), given=plan.devices_given,
+        simulation=_simulation(plan.simulation, plan_file))
     return replace(report, why=reasons(report))
 
 
-def _mixed(plan: Mapping[str, Any]) -> dict[str, Any] | None:
+def _mixed(plan: Plan) -> dict[str, Any] | None:
     """A mixed mesh's facts as plan.json states them (docs/heterogeneous.md)."""
-    pred = plan["predicted"]
-    if not pred.get("devices"):
+    per = plan.predicted.per_device
+    if not per.get("devices"):
         return None
-    return {"devices": list(pred["devices"]), "compute_s": list(pred.get("compute_s_per_device") or []),
-            "memory_bytes": list(pred.get("memory_bytes_per_device") or []),
-            "budget_bytes": list(pred.get("memory_budget_bytes_per_device") or []),
-            "axes": list((plan.get("balance") or {}).get("axes") or [])}
+    return {"devices": list(per["devices"]), "compute_s": list(per.get("compute_s_per_device") or []),
+            "memory_bytes": list(plan.predicted.memory_bytes_per_device),
+            "budget_bytes": list(per.get("memory_budget_bytes_per_device") or []),
+            "axes": list((plan.balance or {}).get("axes") or [])}
 
 
 def _simulation(sim: Any, where: str) -> Simulation | None:
@@ -107,83 +114,99 @@ def _simulation(sim: Any, where: str) -> Simulation | None:
                       ranks, timeline, [str(t) for t in sim.get("critical_path") or []])
 
 
-def _pipeline(plan: Mapping[str, Any]) -> dict[str, Any] | None:
-    """The pipeline's facts as plan.json states them (format 2), with the transfer totals; also
-    what `--pipeline auto` tried for a one-mesh plan."""
-    tried = (plan.get("solver") or {}).get("pipelines") or []
-    if not plan.get("stages"):
+def _pipeline(plan: Plan) -> dict[str, Any] | None:
+    """The pipeline's facts as plan.json states them, with the transfer totals; also what
+    `--pipeline auto` tried for a one-mesh plan."""
+    tried = plan.solver.get("pipelines") or []
+    if not plan.pipelined:
         return {"tried": tried} if tried else None
-    transfers = plan.get("transfers") or []
-    return {"stages": list(plan["stages"]), "schedule": dict(plan.get("schedule") or {}),
-            "bubble_s": float(plan["predicted"].get("bubble_s", 0.0)),
+    transfers = plan.transfers
+    return {"stages": [s.to_json(with_specs=False) for s in plan.stages], "schedule": plan.schedule.to_json(),
+            "bubble_s": plan.predicted.bubble_s,
             "transfers": len(transfers), "transfer_bytes": int(sum(t.get("bytes", 0) * len(t.get("to_stages", []))
                                                                     for t in transfers)),
-            "stage_search": dict(plan.get("stage_search") or {}), "spmd_only": plan.get("spmd_only"),
+            "stage_search": dict(plan.stage_search or {}), "spmd_only": plan.spmd_only,
             "tried": tried}
 
 
-def _summary(plan: Mapping[str, Any]) -> Summary:
-    cluster = plan.get("cluster") or {}
-    nodes = cluster.get("nodes") or []
-    types = Counter(d for n in nodes for d in n.get("devices", []))
-    mesh = plan["mesh"]
-    shape = [int(n) for n in mesh["shape"]]
-    links = mesh.get("links") or []
-    spans = mesh.get("spans_nodes") or []
+def _summary(plan: Plan) -> Summary:
+    cluster = plan.cluster
+    types = Counter(d.name for n in cluster.nodes for d in n.devices)
+    shape = list(plan.mesh.shape)
+    links = list(plan.mesh.links)
+    spans = list(plan.mesh.spans_nodes)
+    order = _mesh_devices(plan, shape)
     axes = [MeshAxis(n, _get(links, k, "name"), _get(links, k, "bandwidth"), _get(links, k, "latency"),
                      spans[k] if k < len(spans) else None, _get(links, k, "call"), _get(links, k, "handoff"),
-                     _get(links, k, "kinds"), _get(links, k, "step_ratio"))
+                     _get(links, k, "kinds"), _get(links, k, "step_ratio"),
+                     None if order is None else _axis_groups(order, shape, k))
             for k, n in enumerate(shape)]
-    solver = plan.get("solver") or {}
+    solver = plan.solver
     tried = [MeshTried([int(n) for n in m.get("shape", [])], bool(m.get("feasible", False)),
                        m.get("step_time_s"), m.get("gap"),
                        bool(m.get("chosen", [int(n) for n in m.get("shape", [])] == shape)),
                        m.get("skipped"), m.get("stage"), m.get("lower_bound_s"))
              for m in solver.get("meshes") or []]
-    devices = sum(types.values()) or len(mesh.get("devices") or []) or math.prod(shape)
-    return Summary(devices, len(nodes), dict(sorted(types.items())), _cluster_words(cluster, devices),
+    devices = sum(types.values()) or len(plan.mesh.devices or ()) or math.prod(shape)
+    return Summary(devices, len(cluster.nodes), dict(sorted(types.items())), _cluster_words(cluster, devices),
                    shape, axes, tried, solver.get("level"), solver.get("time_s"), solver.get("gap"),
                    solver.get("status"), solver.get("nodes"), solver.get("gap_over_meshes"))
 
 
-def _cluster_words(cluster: Mapping[str, Any], devices: int) -> str:
-    nodes = cluster.get("nodes") or []
+def _mesh_devices(plan: Plan, shape: list[int]) -> list[int] | None:
+    """The mesh's devices in mesh order: plan.json's `mesh.devices`, or a pipeline's stages'
+    devices in stage order when every stage has the same mesh. None: unknown."""
+    devices = plan.mesh.devices
+    if devices is None and plan.pipelined and all(list(s.mesh) == shape[1:] for s in plan.stages):
+        devices = [d for s in plan.stages for d in s.devices]
+    return [int(d) for d in devices] if devices and len(devices) == math.prod(shape) else None
+
+
+def _axis_groups(devices: list[int], shape: list[int], k: int) -> list[list[int]]:
+    """The groups of devices that differ only in their coordinate on axis `k`: a collective along
+    the axis runs within each."""
+    return np.moveaxis(np.array(devices).reshape(shape), k, -1).reshape(-1, shape[k]).tolist()
+
+
+def _cluster_words(cluster: Cluster, devices: int) -> str:
+    nodes = cluster.nodes
     if not nodes:
         return f"{devices} devices"
-    kinds = Counter(d for n in nodes for d in n.get("devices", []))
+    kinds = Counter(d.name for n in nodes for d in n.devices)
     what = " + ".join(f"{c} x {t}" for t, c in sorted(kinds.items()))
-    intra = sorted({(n.get("intra_link") or {}).get("name", "?") for n in nodes})
+    intra = sorted({n.intra_link.name for n in nodes})
     text = f"{what} in {len(nodes)} node{'s' if len(nodes) != 1 else ''} ({', '.join(intra)} inside"
-    inter = (cluster.get("inter_link") or {}).get("name")
+    inter = cluster.inter_link.name
     text += f", {inter} across)" if inter and len(nodes) > 1 else ")"
-    ratios = sorted({float(v["step_ratio"]) for v in (cluster.get("device_types") or {}).values()
-                     if float(v.get("step_ratio", 1.0)) != 1.0})
+    ratios = sorted({float(d.step_ratio) for d in cluster.device_types if float(d.step_ratio) != 1.0})
     if ratios:  # a calibration's measured correction: say that the predictions carry it
         text += f"; node times x{' / x'.join(f'{r:.2f}' for r in ratios)} (the calibration's step_ratio)"
     return text
 
 
-def _groups(strategies: Mapping[str, str], specs: Mapping[str, str]) -> list[Group]:
+def _groups(strategies: Mapping[str, str], specs: Mapping[str, str], phases: Mapping[str, str]) -> list[Group]:
     by_scope: dict[str, list[str]] = defaultdict(list)
     for name in strategies:
         by_scope[scopes.scope_of(name)].append(name)
     groups = []
     for scope, names in by_scope.items():
-        words = {n: scopes.strategy_words(strategies[n], n, specs) for n in names}
-        phases = Counter(scopes.phase_of(n) for n in names)
-        update = [w for n, w in words.items() if scopes.phase_of(n) == "optimizer"]
-        compute = [w for n, w in words.items() if scopes.phase_of(n) != "optimizer"]
+        of = {n: phases.get(n, FORWARD) for n in names}
+        words = {n: scopes.strategy_words(strategies[n], n, specs, of[n]) for n in names}
+        counts = Counter(of.values())
+        update = [w for n, w in words.items() if of[n] == OPTIMIZER]
+        compute = [w for n, w in words.items() if of[n] != OPTIMIZER]
         top, count = _ranked(compute)[0] if compute else (None, 0)
         opt, opt_count = _ranked(update)[0] if update else (None, 0)
-        groups.append(Group(scope, len(names), {p: phases[p] for p in ("forward", "backward", "optimizer")},
+        groups.append(Group(scope, len(names), {p: counts[p] for p in (FORWARD, BACKWARD, OPTIMIZER)},
                             top, count, opt, opt_count, dict(_ranked(list(words.values())))))
     return sorted(groups, key=lambda g: _natural(g.scope))  # h.2 before h.10
 
 
-def _mix(strategies: Mapping[str, str], specs: Mapping[str, str]) -> dict[str, dict[str, int]]:
-    by_phase: dict[str, list[str]] = {"forward": [], "backward": [], "optimizer": []}
+def _mix(strategies: Mapping[str, str], specs: Mapping[str, str], phases: Mapping[str, str]) -> dict[str, dict[str, int]]:
+    by_phase: dict[str, list[str]] = {FORWARD: [], BACKWARD: [], OPTIMIZER: []}
     for name, strategy in strategies.items():
-        by_phase[scopes.phase_of(name)].append(scopes.strategy_words(strategy, name, specs))
+        phase = phases.get(name, FORWARD)
+        by_phase[phase].append(scopes.strategy_words(strategy, name, specs, phase))
     return {phase: dict(_ranked(words)) for phase, words in by_phase.items()}
 
 
@@ -195,30 +218,31 @@ def _natural(text: str) -> list[int | str]:
     return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", text)]
 
 
-def _parameters(plan: Mapping[str, Any]) -> Parameters:
-    specs = plan["specs"]
-    sizes = _tensor_bytes(plan.get("tensors"))
+def _parameters(plan: Plan) -> Parameters:
+    """Each trained parameter's layout, its next value's and its optimizer state's, from the
+    step's roles (plan.json's `step`); none for a plan of a graph that is not a training step."""
+    specs = plan.specs
+    sizes = {name: t.bytes for name, t in plan.tensors.items()}
     items = []
-    for name, state in scopes.parameters(specs).items():
-        spec = specs[name]
+    relaid = 0
+    for name, role in (plan.step.parameters if plan.step is not None else {}).items():
+        spec = specs.get(name)
+        if spec is None:  # not a value of the planned graph (a pipeline stage's, under another name)
+            continue
+        state = {s: specs[s] for s in role.state if s in specs}
         items.append(Parameter(name, scopes.scope_of(name), spec, scopes.spec_words(spec), scopes.is_sharded(spec),
-                               specs.get(name + ".new"), {s: specs[s] for s in state}, sizes.get(name)))
+                               specs.get(role.new) if role.new else None, state, sizes.get(name)))
+        pairs = [(name, role.new), *role.state.items()]
+        relaid += sum(new is not None and old in specs and new in specs and specs[old] != specs[new]
+                      for old, new in pairs)
     sharded = [p for p in items if p.sharded]
     known = bool(items) and all(p.bytes is not None for p in items)
     return Parameters(
         PARAMETER_RULE, len(items), len(items) - len(sharded), len(sharded),
         sum(len(p.state) for p in items), sum(scopes.is_sharded(s) for p in items for s in p.state.values()),
-        sum(specs[x] != specs[x + ".new"] for p in items for x in (p.name, *p.state)),
+        relaid,
         sum(p.bytes for p in items if not p.sharded) if known else None,  # type: ignore[misc]
         sum(p.bytes for p in sharded) if known else None, items)  # type: ignore[misc]
-
-
-def _tensor_bytes(tensors: Any) -> dict[str, int]:
-    """Whole-tensor bytes by name from an optional `tensors` {name: {bytes}} key (not in format 1)."""
-    if not isinstance(tensors, Mapping):
-        return {}
-    return {k: int(v["bytes"]) for k, v in tensors.items()
-            if isinstance(v, Mapping) and isinstance(v.get("bytes"), int | float)}
 
 
 def _communication(edges: Any, predicted_s: float) -> Communication:
@@ -251,18 +275,18 @@ def _stats(table: Mapping[str, list[float]]) -> list[CommStat]:
     return sorted((CommStat(k, int(v[0]), v[1], v[2]) for k, v in table.items()), key=lambda s: (-s.time_s, s.key))
 
 
-def _memory(pred: Mapping[str, Any]) -> Memory:
-    per = [float(m) for m in pred["memory_bytes_per_device"]]
+def _memory(pred: Prediction) -> Memory:
+    per = list(pred.memory_bytes_per_device)
     top = max(per, default=0.0)
-    budget = float(pred["memory_budget_bytes"])
+    budget = pred.memory_budget_bytes
     return Memory(per, top, budget, top / budget if budget > 0 else 0.0)
 
 
-def _baselines(baselines: Mapping[str, Any], step_s: float, mem: float) -> list[Baseline]:
+def _baselines(baselines: Mapping[str, PlannedBaseline], step_s: float, mem: float) -> list[Baseline]:
     out = []
     for name, b in sorted(baselines.items()):
-        t, m = b.get("step_time_s"), b.get("memory_bytes_per_device")
-        out.append(Baseline(name, bool(b.get("feasible", t is not None)), t,
+        t, m = b.step_time_s, b.memory_bytes_per_device
+        out.append(Baseline(name, b.feasible and t is not None, t,
                             t / step_s if t is not None and step_s > 0 else None, m,
                             m / mem if m is not None and mem > 0 else None))
     return out

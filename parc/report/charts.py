@@ -12,7 +12,7 @@ import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-from parc.exec.stepsim import TIMELINE_RANKS
+from parc.plandir.simulation import TIMELINE_RANKS
 from parc.report.units import fmt_bytes, fmt_pct, fmt_ratio, fmt_time
 
 

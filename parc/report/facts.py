@@ -9,8 +9,6 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from parc.exec.stepsim import COMM, COMPUTE, WAIT
-
 REPORT_FORMAT = "parc.explain/1"
 
 
@@ -27,6 +25,7 @@ class MeshAxis:
     handoff: float | None = None  # s the first after compute pays more
     kinds: dict | None = None  # collective kind -> [latency s, bandwidth B/s] of its own (`LinkSpec.kinds`)
     step_ratio: float | None = None  # what a collective in a step takes against its figures (a calibration's)
+    groups: list[list[int]] | None = None  # the device groups whose collectives run along this axis
 
 
 @dataclass(frozen=True)
@@ -177,7 +176,6 @@ class Baseline:
     memory_ratio: float | None  # baseline / plan memory per device
 
 
-SPAN_KINDS = (COMPUTE, COMM, WAIT)  # what a rank does in a span of the simulated step (parc.exec.stepsim)
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from parc.report.facts import Report
-from parc.report.units import bar, fmt_bytes, fmt_gap, fmt_pct, fmt_ratio, fmt_shape, fmt_time
+from parc.report.units import bar, fmt_bytes, fmt_gap, fmt_groups, fmt_pct, fmt_ratio, fmt_shape, fmt_time
 
 GROUP_ROWS = 40  # op groups shown; the JSON has them all
 PARAM_ROWS = 20  # sharded parameters listed by name
@@ -117,12 +117,17 @@ def _summary(r: Report) -> Section:
                                            f"{': ' + ', '.join(parts) if parts else ''})"))
     if r.model:
         pairs.insert(0, ("model", r.model))
+    axes_table = Table(["mesh axis", "size", "link", "across nodes", "device groups"],
+                       [[f"{k}{' (stages)' if piped and k == 0 else ''}", str(a.size), a.link or "?",
+                         "-" if a.spans_nodes is None else "yes" if a.spans_nodes else "no", fmt_groups(a.groups)]
+                        for k, a in enumerate(s.mesh_axes)], frozenset({1}),
+                       "device groups: the devices a collective along the axis runs among, one group each")
     staged = any(m.stage is not None for m in s.meshes)  # a pipeline: each stage's meshes
     rows = [[*([str(m.stage)] if staged else []), fmt_shape(m.shape),
              "yes" if m.feasible else "no (hints)" if m.skipped else "no (memory)",
-             fmt_time(m.step_time_s), fmt_gap(m.gap), "chosen" if m.chosen else ""] for m in s.meshes]
-    head = [*(["stage"] if staged else []), "mesh", "feasible", "step time", "gap", ""]
-    tables = [Table(head, rows, frozenset({2 + staged, 3 + staged}))] if rows else []
+             fmt_time(m.step_time_s), fmt_gap(m.gap), "yes" if m.chosen else ""] for m in s.meshes]
+    head = [*(["stage"] if staged else []), "mesh tried", "feasible", "step time", "gap", "chosen"]
+    tables = [axes_table] + ([Table(head, rows, frozenset({2 + staged, 3 + staged}))] if rows else [])
     return Section("Summary", pairs, tables)
 
 

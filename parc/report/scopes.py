@@ -1,23 +1,19 @@
-"""Reading node and value names: scopes, phases, parameters, and strategies in words.
+"""Reading node and value names: scopes, and strategies in words.
 
-plan.json carries names, not the graph, so everything here is a rule on names and spec
-strings; each rule is written where it is used and in docs/explain.md:
+plan.json records each node's phase and each value's role; a node's layer is not recorded, so
+the scope is a rule on names (written here and in docs/explain.md):
 
 - scope: a node belongs to the layer its name starts with. Backward nodes
   (`<forward>.grad.<op>_N`) and optimizer nodes (`<param>.update.<op>_N`) take the scope of
   the forward node or parameter they come from. The scope is the name up to the first numeric
   component and one more (`h.0.attn.qkv.matmul` -> `h.0.attn`), else its first component
   (`lm_head.gemm` -> `lm_head`). `.` and `/` both separate components (PyTorch exports).
-- phase: `.grad.` or a `grad.` prefix is backward, `.update.` is optimizer, the rest forward.
-- parameter: a spec name X is a parameter when `X.new` is also a spec name (a training step
-  outputs each parameter's next value under that name) and no shorter such name is a prefix
-  of X; the longer ones (`X.exp_avg`, `X.exp_avg_sq`) are X's optimizer state.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 
 _SEP = re.compile(r"[./]")
 _AXIS = re.compile(r"R|[SP]\([^()]*\)")
@@ -44,15 +40,6 @@ def scope_of(name: str) -> str:
     return parts[0] if len(parts) > 1 else "(top level)"
 
 
-def phase_of(name: str) -> str:
-    """forward, backward or optimizer, from the name alone."""
-    if ".update." in name:
-        return "optimizer"
-    if ".grad." in name or name.startswith("grad."):
-        return "backward"
-    return "forward"
-
-
 def split_axes(spec: str) -> list[str]:
     """`S(0)R` -> ['S(0)', 'R']: the per-mesh-axis parts of a ShardSpec string."""
     return _AXIS.findall(spec)
@@ -63,34 +50,15 @@ def is_sharded(spec: str) -> bool:
     return any(a != "R" for a in split_axes(spec))
 
 
-def parameters(spec_names: Iterable[str]) -> dict[str, list[str]]:
-    """{parameter: [its optimizer state names]} by the `X.new` rule (module docstring)."""
-    names = set(spec_names)
-    candidates = sorted(n for n in names if n + ".new" in names)
-    params: dict[str, list[str]] = {}
-    for name in candidates:  # sorted, so a parameter comes before its `name.suffix` state
-        owner = next((p for p in _prefixes(name) if p in params), None)
-        if owner is None:
-            params[name] = []
-        else:
-            params[owner].append(name)
-    return params
-
-
-def _prefixes(name: str) -> list[str]:
-    parts = name.split(".")
-    return [".".join(parts[:k]) for k in range(1, len(parts))]
-
-
-def axis_words(label: str, out_axis: str | None, name: str) -> str:
+def axis_words(label: str, out_axis: str | None, name: str, phase: str = "forward") -> str:
     """One mesh axis of a node's strategy in words.
 
     `label` is the rule label the axis splits (`-`: none); `out_axis` the node's output layout
     on that axis when plan.json has it. Dim 0 of forward and backward activations is taken to
-    be the batch (as in the zoo and most exported models)."""
+    be the batch (as in the zoo and most exported models). `phase`: the node's (plan.json's
+    `phases`)."""
     if label == "-":
         return "replicated"
-    phase = phase_of(name)
     if out_axis is not None and out_axis.startswith("P("):
         return f"partial {out_axis[2:-1]} ({label})"
     dim = _split_dim(out_axis, label)
@@ -107,14 +75,14 @@ def axis_words(label: str, out_axis: str | None, name: str) -> str:
     return f"dim {dim} split" if dim is not None else f"split ({label})"
 
 
-def strategy_words(strategy: str, name: str, specs: Mapping[str, str]) -> str:
+def strategy_words(strategy: str, name: str, specs: Mapping[str, str], phase: str = "forward") -> str:
     """A node's strategy string (`b0`, `-`, `b0xk`) in words, axis by axis."""
     labels = strategy.split("x") if strategy else ["-"]
     out = specs.get(name, specs.get(name.lower()))
     out_axes = split_axes(out) if out is not None else []
     if len(out_axes) != len(labels):
         out_axes = [None] * len(labels)  # type: ignore[list-item]
-    words = [axis_words(lbl, ax, name) for lbl, ax in zip(labels, out_axes)]
+    words = [axis_words(lbl, ax, name, phase) for lbl, ax in zip(labels, out_axes)]
     if all(w == "replicated" for w in words):
         return "replicated"
     if len(words) == 1:

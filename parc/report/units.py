@@ -46,6 +46,19 @@ def fmt_shape(shape: tuple[int, ...] | list[int]) -> str:
     return str(tuple(shape))
 
 
+def fmt_groups(groups: list[list[int]] | None, limit: int = 4) -> str:
+    """Device groups as `{0-3} {4-7}` or `{0,4} {1,5}`, the first `limit` of them; `-` unknown."""
+    if not groups:
+        return "-"
+
+    def one(g: list[int]) -> str:
+        run = len(g) > 2 and g == list(range(g[0], g[0] + len(g)))
+        return "{" + (f"{g[0]}-{g[-1]}" if run else ",".join(map(str, g))) + "}"
+
+    more = f" ... ({len(groups)} groups)" if len(groups) > limit else ""
+    return " ".join(one(g) for g in groups[:limit]) + more
+
+
 def bar(fraction: float, width: int = 30) -> str:
     """`[#######.......]`: a plain-text bar that renders the same in every format."""
     filled = max(0, min(width, round(fraction * width)))

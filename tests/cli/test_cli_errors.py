@@ -37,6 +37,31 @@ def test_a_name_that_is_not_utf8_is_bad_input(tmp_path, gpt_block, cmd, field):
     assert_one_line_error(parc(*args), "flipped.onnx", "not valid UTF-8")
 
 
+@pytest.mark.parametrize("field", [b"layer.weight", b"mm doc", b"EEval", b"test"])
+def test_metadata_that_is_not_utf8_is_carried(tmp_path, field):
+    """One flipped byte in text parc does not read (a node's metadata value, its doc string, the
+    model's metadata, the graph's name): `grad` and `inspect` accept the file, and a node's or
+    the model's metadata reaches the written step byte for byte."""
+    n = helper.make_node
+    mm = n("MatMul", ["x", "w"], ["h"], name="mm", doc_string="mm doc")
+    mm.metadata_props.add(key="origin", value="layer.weight")
+    nodes = [mm, n("ReduceSum", ["h"], ["loss"], name="sum", keepdims=0)]
+    model = make_model(nodes, [inp("x", [2, 3])], [inp("loss", [])], [tensor("w", np.ones((3, 4), np.float32))])
+    model.metadata_props.add(key="source", value="EEval")
+    data = model.SerializeToString()
+    assert data.count(field) == 1
+    flipped = field[:2] + b"\xff" + field[3:]
+    bad = tmp_path / "flipped.onnx"
+    bad.write_bytes(data.replace(field, flipped))
+    step = tmp_path / "step.onnx"
+    for args in (["grad", str(bad), "-o", str(step)], ["inspect", str(bad)], ["inspect", str(step)]):
+        res = parc(*args)
+        assert res.returncode == 0, (args, res.stderr)
+        assert "Traceback" not in res.stderr and "error" not in res.stderr
+    if field in (b"layer.weight", b"EEval"):
+        assert flipped in step.read_bytes()
+
+
 def test_non_onnx_file(tmp_path):
     bad = tmp_path / "notes.onnx"
     bad.write_text("this is not a model\n" * 20)

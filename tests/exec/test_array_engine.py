@@ -6,8 +6,8 @@ own node tests.
 2. ONNX's backend node test cases (the models and data sets `onnx.backend.test.case.node`
    generates, which the wheel's data/node folders would hold) whose ops all have kernels match
    their expected outputs at the suite's own tolerances (rtol 1e-3, atol 1e-7), dtypes and shapes
-   exactly. Cases with semantics the engine does not implement are refused when it is built
-   (EngineError) and skipped.
+   exactly. The cases data/array_engine_refused.txt lists (dtypes and semantics the engine does
+   not implement) must be refused when it is built (EngineError); any other refusal fails.
 3. Refusals and run-time failures are one-line EngineErrors naming the node and its op.
 4. On a GPU (CuPy), gpt-tiny's step matches onnxruntime too.
 
@@ -21,6 +21,7 @@ import functools
 import json
 import os
 import warnings
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -45,6 +46,7 @@ RTOL, ATOL = 1e-4, 1e-5
 # ONNX node cases that ran (not refused) with onnx 1.23.2: 1251 of 1428 whose ops have kernels.
 MIN_NODE_CASES_RUN = 1200
 DEVICE = os.environ.get("PARC_TEST_ENGINE_DEVICE", "cpu")  # where tests 1 and 2 run the engine
+REFUSED_FILE = Path(__file__).parent / "data" / "array_engine_refused.txt"
 # ONNX's expected float16 outputs come from NumPy, whose float16 matmul and sums round every
 # partial result to float16; cuBLAS and CuPy accumulate in float32 and round once, so chained
 # float16 cases (the expanded attentions) differ by up to 4 units in the last place on a GPU.
@@ -136,9 +138,20 @@ def _array(a) -> np.ndarray:
     return numpy_helper.to_array(a) if isinstance(a, onnx.TensorProto) else a
 
 
-def _run_node_case(case) -> None:
-    """Run the case's data sets; EngineError from building the engine means a refused case."""
-    engine = ArrayEngine(case.model, device=DEVICE)
+@functools.cache
+def _refused(device: str) -> dict[str, str]:
+    """Case -> op of the node cases the engine refuses on `device` (REFUSED_FILE)."""
+    out = {}
+    for line in REFUSED_FILE.read_text().splitlines():
+        if line and not line.startswith("#"):
+            op, name, *only = line.split()
+            if not only or only == [device]:
+                out[name] = op
+    return out
+
+
+def _run_node_case(case, engine: ArrayEngine) -> None:
+    """Run the case's data sets on `engine` and compare with the expected outputs."""
     names = [vi.name for vi in case.model.graph.input]
     for inputs, outputs in case.data_sets:
         got = engine.run(dict(zip(names, map(_array, inputs))))
@@ -151,15 +164,19 @@ def _run_node_case(case) -> None:
 
 @pytest.mark.parametrize("name", sorted(_node_cases()))
 def test_onnx_node_case(name):
+    """A listed case is refused when the engine is built; any other builds, runs and matches."""
     case = _node_cases()[name]
+    op = _refused(DEVICE).get(name)
+    if op is not None:
+        assert op in {n.op_type for n in case.model.graph.node}, f"{REFUSED_FILE.name}: {name} has no {op}"
+        with pytest.raises(EngineError):
+            ArrayEngine(case.model, device=DEVICE)
+        return
     try:
-        engine_error = None
-        ArrayEngine(case.model, device=DEVICE)
+        engine = ArrayEngine(case.model, device=DEVICE)
     except EngineError as e:
-        engine_error = str(e)
-    if engine_error is not None:
-        pytest.skip(engine_error[:200])
-    _run_node_case(case)
+        pytest.fail(f"{name} is refused ({e}): a regression, or a refusal to list in {REFUSED_FILE.name}")
+    _run_node_case(case, engine)
 
 
 def test_onnx_node_cases_mostly_run():

@@ -8,7 +8,8 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from parc.exec.engines.fusion import INDEX, Group, Op, extent_args, flat_layout
+from parc.exec.engines.tree_kernel import INDEX, Group, Op, extent_args
+from parc.ops.fusion import flat_layout
 
 
 def _read(leaf: np.ndarray, mode: str, extent, n: int) -> np.ndarray:

@@ -20,7 +20,9 @@ from helpers import (
 from onnx import TensorProto, helper
 
 from parc.exec.engines.array import ArrayEngine
-from parc.exec.engines.fusion import BF16, Group, RowGroup, cast_kind, fusible, trees
+from parc.exec.engines.fusion import RowGroup
+from parc.exec.engines.tree_kernel import BF16, Group
+from parc.ops.fusion import cast_kind, fusible, trees
 
 n = helper.make_node
 
@@ -182,7 +184,7 @@ def test_a_row_group_launches_where_its_kernel_applies(shape, mask_shape, want):
 
 
 def test_a_softmax_over_another_axis_or_before_opset_13():
-    from parc.exec.engines.fusion import softmax_columns
+    from parc.ops.fusion import softmax_columns
 
     assert softmax_columns(-1, 18)((2, 3, 5)) == 5 and softmax_columns(2, 18)((2, 3, 5)) == 5
     assert softmax_columns(1, 18)((2, 3, 5)) is None  # the kernels take the last axis only
@@ -256,7 +258,7 @@ def test_casts_between_float_and_bfloat16_join_the_trees_beside_them():
     groups = {tuple((o.op, o.cast) for o in g.ops): g for g in _groups(fused)}
     assert set(groups) == {(("Cast", "up"), ("Add", ""), ("Mul", ""), ("Cast", "down")), (("Cast", "up"), ("Mul", ""))}
     tree = groups[(("Cast", "up"), ("Add", ""), ("Mul", ""), ("Cast", "down"))]
-    from parc.exec.engines.fusion import BFLOAT16
+    from parc.exec.engines.tree_kernel import BFLOAT16
     f32 = np.dtype(np.float32)
     assert tree.leaves == ("yl", "b", "two")
     assert tree.types([BFLOAT16, f32, f32]) == (f32, (BF16, "float", "float")) and tree.out_dtype(f32) == BFLOAT16

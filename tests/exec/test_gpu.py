@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from parc.exec.runner import gpu_available
+from parc.exec.engine_choice import gpu_available
 from tests.helpers import bf16_casts_model, loss_softmax_model, masked_softmax_model, parc, tiny_training_step
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not gpu_available(), reason="needs a CUDA GPU and CuPy")]
@@ -178,7 +178,7 @@ def test_fused_kernels_equal_unfused_on_the_gpu(name, optimizer, tmp_path, capfd
 
     from parc.autodiff import OptimizerConfig
     from parc.exec.engines.array import ArrayEngine
-    from parc.exec.engines.fusion import Group
+    from parc.exec.engines.tree_kernel import Group
 
     model, feeds = tiny_training_step(name, tmp_path, OptimizerConfig(optimizer, lr=1e-3, weight_decay=0.01))
     fused, plain = ArrayEngine(model, device="gpu", fuse=True), ArrayEngine(model, device="gpu", fuse=False)
@@ -231,8 +231,8 @@ def test_out_of_gpu_memory_is_one_line_and_exit_1(tmp_path):
 
 
 def test_profile_measures_the_gpu_and_plan_reads_its_calibration(tmp_path):
+    from parc.calibrate import gpu_device_type
     from parc.cluster import load_constants, parse_devices
-    from parc.exec.profile import gpu_device_type
 
     out = tmp_path / "gpu.yaml"
     res = parc("profile", "-o", str(out), "--engine", "cupy", "--seconds", "0.02", timeout=300)
@@ -395,7 +395,7 @@ def test_casts_to_and_from_bfloat16_in_trees_equal_the_casts_alone_on_the_gpu():
     import cupy
 
     from parc.exec.engines.array import ArrayEngine
-    from parc.exec.engines.fusion import Group
+    from parc.exec.engines.tree_kernel import Group
 
     rng = np.random.default_rng(7)
     feeds = {"x": rng.standard_normal((64, 96)).astype(np.float32), "w": rng.standard_normal((96, 96)).astype(np.float32),

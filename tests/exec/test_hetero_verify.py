@@ -167,7 +167,7 @@ def test_slow_devices_are_left_idle_when_that_is_faster(tmp_path):
 def test_every_device_is_used_when_idling_gains_too_little(tmp_path):
     """gpt-tiny on 2 V100 + 2 P100 (the acceptance check's case): the V100s alone are predicted
     a few percent faster, under `IDLE_MIN_GAIN`, so every device is used and explain says so."""
-    from parc.cli.plan_cmd import IDLE_MIN_GAIN
+    from parc.passes.planner import IDLE_MIN_GAIN
 
     step = tmp_path / "gpt.onnx"
     assert parc("models", "build", "gpt-tiny", "--set", "batch=32", "--train", "sgd", "-o", str(step)).returncode == 0

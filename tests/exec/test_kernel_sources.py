@@ -14,7 +14,8 @@ from helpers import flat_source_of, loss_softmax_model, masked_softmax_model, ti
 
 from parc.exec.engines import gpu
 from parc.exec.engines.array import ArrayEngine
-from parc.exec.engines.fusion import BF16, BFLOAT16, Group, RowGroup
+from parc.exec.engines.fusion import RowGroup
+from parc.exec.engines.tree_kernel import BF16, BFLOAT16, Group
 from tests.nvrtc import CompileError, compile_cuda
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the nvidia-cuda-nvrtc wheel is built for Linux")
@@ -26,17 +27,17 @@ ROW_OPTIONS = ("--std=c++14", "--fmad=false")
 def test_the_row_kernels_compile(ctype):
     names = ([f"{k}<{ctype}>" for k in gpu.ROW_KERNELS + gpu.ONE_PASS]
              + [f"{k}_held<{ctype}, {p}>" for k in gpu.ROW_KERNELS for p in gpu.HELD])
-    assert compile_cuda(gpu.ROW_SOURCE, ROW_OPTIONS, names)
+    assert compile_cuda(gpu.row_source(), ROW_OPTIONS, names)
 
 
 def test_the_casts_and_column_sums_compile():
-    assert compile_cuda(gpu._CAST_BF16, ("--std=c++14",))
-    assert compile_cuda(gpu._COLUMN_SUM, ("--std=c++14",), ["column_sums<float>", "column_sums<double>"])
+    assert compile_cuda(gpu.cast_source(), ("--std=c++14",))
+    assert compile_cuda(gpu.cuda_source("column_sums"), ("--std=c++14",), ["column_sums<float>", "column_sums<double>"])
 
 
 def test_a_broken_source_is_refused_with_its_log():
     with pytest.raises(CompileError, match="identifier \"undefined_name\" is undefined"):
-        compile_cuda(gpu.ROW_SOURCE + "__global__ void k(float* x) { x[0] = undefined_name; }", ROW_OPTIONS)
+        compile_cuda(gpu.row_source() + "__global__ void k(float* x) { x[0] = undefined_name; }", ROW_OPTIONS)
 
 
 def _row_groups(shape, mask_shape, dtype):

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper
 
-from parc.exec.runner import ort_session, racy_scatter
+from parc.exec.runner import ort_session
+from parc.ir.scatter import racy_scatter
 
 pytest.importorskip("onnxruntime")
 
@@ -59,7 +60,7 @@ def test_scatter_as_elements_keeps_the_threads_and_the_sum():
     import onnx
     import onnxruntime as ort
 
-    from parc.exec.runner import scatter_as_elements
+    from parc.ir.scatter import scatter_as_elements
 
     nodes = [helper.make_node("Unsqueeze", ["ids", "axes"], ["idx"]),
              helper.make_node("ScatterND", ["data", "idx", "upd"], ["out"], reduction="add", name="grad")]
@@ -88,7 +89,7 @@ def test_constant_indices_are_rewritten_too():
     rewritten like one computed in the module; before, it was left as a ScatterND and the whole
     module ran on one thread (a one-rank GPT-2 export step took twice its two-thread time)."""
 
-    from parc.exec.runner import scatter_as_elements
+    from parc.ir.scatter import scatter_as_elements
 
     node = helper.make_node("ScatterND", ["data", "pos", "upd"], ["out"], reduction="add", name="grad")
     g = helper.make_graph([node], "g", [helper.make_tensor_value_info("data", TensorProto.FLOAT, [16, 3]),
@@ -112,7 +113,7 @@ def test_a_microbatch_slice_of_the_indices_is_rewritten_by_the_ranks():
     shape inference then knows their rank, not their dims. updates = indices[:-1] + data[k:]
     gives k = 1 from the ranks, so the node is still rewritten (BERT's token-type embedding)."""
 
-    from parc.exec.runner import scatter_as_elements
+    from parc.ir.scatter import scatter_as_elements
 
     nodes = [helper.make_node("Slice", ["ids", "start", "end", "axes"], ["idx"]),
              helper.make_node("ScatterND", ["data", "idx", "upd"], ["out"], reduction="add", name="grad")]
@@ -139,7 +140,7 @@ def test_a_microbatch_slice_of_the_indices_is_rewritten_by_the_ranks():
 _FAULTS = """
 import resource, sys
 import numpy as np
-from parc.exec.runner import keep_freed_memory
+from parc.exec.engine_choice import keep_freed_memory
 kept = keep_freed_memory() if sys.argv[1] == "keep" else None
 np.ones(1 << 24, np.float32)  # 64 MiB (over glibc's largest mmap threshold), faulted in once
 before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt

@@ -37,7 +37,7 @@ def test_pipelined_sgd_steps_verify(work, model, args):
         args = [str(work / "dp.yaml") if a == "dp" else a for a in args]
     doc = _plan(_step(work, model), plan_dir, *args)
     stages = int(args[1])
-    assert doc["format_version"] == 2 and len(doc["stages"]) == stages
+    assert doc["format_version"] == 3 and len(doc["stages"]) == stages
     if "--micro-batches" in args:
         assert doc["micro_batches"]["count"] == int(args[args.index("--micro-batches") + 1])
     tg = json.loads((plan_dir / "taskgraph.json").read_text())

@@ -58,7 +58,7 @@ def test_bf16_plan_runs_on_the_array_engine_and_refuses_onnxruntime(plans):
 def test_only_plans_holding_bfloat16_leave_onnxruntime():
     """verify's reference and `--engine auto` stay on onnxruntime for every other plan (a float32
     plan's reference on the array engine made t5's pipeline miss verify's tolerance)."""
-    from parc.exec.runner import ort_cpu_lacks, plan_engine
+    from parc.exec.engine_choice import ort_cpu_lacks, plan_engine
 
     fp32 = {"tensors": {"w": {"dtype": "float"}, "h": {"dtype": "float16"}}}
     bf16 = {"tensors": {"w": {"dtype": "float"}, "w.bf16": {"dtype": "bfloat16"}}}

@@ -445,7 +445,7 @@ class _FakeCupy:
      "CUDA reports no usable GPU (RuntimeError: cudaErrorInsufficientDriver"),
 ])
 def test_why_a_gpu_cannot_be_used(fake, needle):
-    from parc.exec.runner import gpu_problem
+    from parc.exec.engine_choice import gpu_problem
 
     got = gpu_problem(fake)
     assert got == needle if needle is None else needle in got

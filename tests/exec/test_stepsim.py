@@ -10,7 +10,8 @@ import pytest
 from parc.errors import PlanFormatError
 from parc.exec.stepsim import simulate, simulate_graph
 from parc.passes.pipeline.plan import one_f_one_b_time
-from parc.plandir.taskgraph import FORMAT, check_taskgraph, pipeline_taskgraph
+from parc.passes.schedule import pipeline_taskgraph
+from parc.plandir.taskgraph import FORMAT, check_taskgraph
 from tests.helpers import needs_mpiexec
 
 

@@ -8,7 +8,8 @@ import json
 import pytest
 
 from parc.errors import PlanFormatError
-from parc.plandir.taskgraph import check_taskgraph, load_taskgraph, one_f_one_b, pipeline_taskgraph
+from parc.passes.schedule import one_f_one_b, pipeline_taskgraph
+from parc.plandir.taskgraph import check_taskgraph, load_taskgraph
 
 
 def test_one_f_one_b_orders():

@@ -20,7 +20,6 @@ from parc.hints import (
     Pin,
     check_mesh,
     encode,
-    hint_pins,
     load_hints,
     param_names,
     read_annotations,
@@ -30,6 +29,7 @@ from parc.hints import (
 from parc.ir import load, save
 from parc.models import build_model
 from parc.passes.spmd.costs import build
+from parc.passes.spmd.pins import hint_pins
 from parc.passes.spmd.strategies import PARTIAL
 from parc.sharding import Replicated, ShardSpec, Split, reshard
 from parc.solver import solve

@@ -11,9 +11,10 @@ from helpers import parc
 from test_plan_parallel import mlp_model
 
 from parc.cluster import enumerate_meshes, parse_devices
-from parc.hints import Hints, Request, Scope, hint_pins
+from parc.hints import Hints, Request, Scope
 from parc.ir.importer import from_model
 from parc.passes.spmd.costs import build
+from parc.passes.spmd.pins import hint_pins
 from parc.passes.spmd.search import plan_graph
 from parc.sharding import Split
 

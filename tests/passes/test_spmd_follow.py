@@ -10,7 +10,7 @@ from parc.cluster import enumerate_meshes, resolve_cluster
 from parc.ir import importer
 from parc.ir.state import BACKWARD, FORWARD, OPTIMIZER, phase
 from parc.passes.spmd.costs import build
-from parc.passes.spmd.follow import mirror, training_grouping
+from parc.passes.spmd.follow import mirror, model_grouping, training_grouping
 from parc.passes.spmd.pool import SharedMinimum
 from parc.passes.spmd.search import O2_EXACT_GAP, search_plan
 from parc.sharding import ShardSpec
@@ -38,7 +38,7 @@ def test_backward_follows_forward_and_the_optimizer_its_parameter(steps):
     mesh = enumerate_meshes(CLUSTER, max_dims=2)[1]
     model = build(graph, mesh, CLUSTER)
     g = training_grouping(model)
-    assert g is not None and model.grouping is not None
+    assert g is not None and model_grouping(model) is not None
     ns = len(model.sources)
     for pos, n in enumerate(graph.nodes):
         lead = int(g.leader[model.node_index(pos)])
@@ -174,7 +174,7 @@ def test_a_budget_the_grouped_problem_cannot_meet_is_priced_around_follow(steps)
     mesh = enumerate_meshes(CLUSTER, max_dims=2)[1]
     model = build(graph, mesh, CLUSTER)
     p = model.problem
-    least, grouped_least = p.min_memory(), grouped(p, model.grouping).problem.min_memory()
+    least, grouped_least = p.min_memory(), grouped(p, model_grouping(model)).problem.min_memory()
     assert least < grouped_least
     q = p.with_budget((least + grouped_least) / 2)
     priced = search_plan(model, q, "O2", OPTIONS, exact_columns=0, refine_steps=0)

@@ -13,7 +13,7 @@ from onnx import TensorProto, helper
 
 from parc.cluster.devices import DEVICES
 from parc.exec.engines.array import ArrayEngine
-from parc.exec.engines.fusion import Group
+from parc.exec.engines.tree_kernel import Group
 from parc.passes.timing import module_seconds
 
 N = 1 << 20  # elements per tensor: 4 MiB in float32

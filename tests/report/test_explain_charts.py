@@ -18,7 +18,7 @@ import pytest
 from helpers import parc
 
 from parc.errors import PlanFormatError
-from parc.plandir import load_plan
+from parc.plandir import Plan, load_plan
 from parc.report import charts, explain, figures, render
 from parc.report.charts import (
     MERGE_FRACTION,
@@ -246,11 +246,19 @@ def test_page_of_a_real_plan_has_its_charts(plans, name, mesh_section):
         svg_tree("<svg" + svg[:svg.index("</svg>") + 6])
 
 
+def load_doc(plan_dir: Path) -> dict:
+    """A written plan's plan.json, as a document to edit."""
+    return json.loads((Path(plan_dir) / "plan.json").read_text())
+
+
+def explain_doc(doc: dict, where: str = "plan.json"):
+    return explain(Plan.from_json(doc, where), where)
+
+
 def test_page_with_a_simulation_draws_the_timeline(plans, tmp_path):
-    plan = load_plan(plans["pipeline"])
+    plan = load_doc(plans["pipeline"])
     ranks = len(plan["predicted"]["memory_bytes_per_device"])
     plan["simulation"] = simulation(ranks, 300, plan["predicted"]["step_time_s"])
-    # plan.json with the key still loads (load_plan does not reject keys it does not know)
     shutil.copytree(plans["pipeline"], tmp_path / "sim")
     (tmp_path / "sim" / "plan.json").write_text(json.dumps(plan))
     report = explain(load_plan(tmp_path / "sim"))
@@ -267,21 +275,21 @@ def test_page_with_a_simulation_draws_the_timeline(plans, tmp_path):
 
 
 def test_escaped_names_keep_the_page_well_formed(plans):
-    plan = load_plan(plans["spmd"])
+    plan = load_doc(plans["spmd"])
     plan["simulation"] = simulation(2, 50, plan["predicted"]["step_time_s"], key=lambda r: f"<&>{r}")
     plan["baselines"]["<b>&</b>"] = {"step_time_s": None, "feasible": False, "memory_bytes_per_device": None}
-    page = render(explain(plan), "html")
+    page = render(explain_doc(plan), "html")
     nesting(page)
     assert "rank &lt;&amp;&gt;0" in page and "&lt;b&gt;&amp;&lt;/b&gt;" in page
 
 
 def test_mixed_budgets_give_a_bar_per_device_group(plans):
-    plan = load_plan(plans["spmd"])
+    plan = load_doc(plans["spmd"])
     pred = plan["predicted"]
     pred["devices"] = ["v100-32g", "v100-32g", "p100-16g", "p100-16g"]
     pred["memory_budget_bytes_per_device"] = [32 * 2**30] * 2 + [16 * 2**30] * 2
     pred["memory_bytes_per_device"] = [2**30] * 4
-    root = svg_tree(figures.memory_figure(explain(plan)).split("<figcaption>")[0].removeprefix("<figure>"))
+    root = svg_tree(figures.memory_figure(explain_doc(plan)).split("<figcaption>")[0].removeprefix("<figure>"))
     assert [t for t in texts(root) if t.startswith("device")] == ["devices 0-1 (v100-32g)", "devices 2-3 (p100-16g)"]
     assert "1.00 GiB of 32.00 GiB (3.1%)" in texts(root)
 
@@ -293,10 +301,10 @@ def test_mixed_budgets_give_a_bar_per_device_group(plans):
     ({"step_time_s": None}, "simulation.step_time_s"),
 ])
 def test_a_bad_simulation_is_one_line_naming_the_key(plans, bad, key):
-    plan = load_plan(plans["spmd"])
+    plan = load_doc(plans["spmd"])
     plan["simulation"] = {**simulation(1, 3, 0.01), **copy.deepcopy(bad)}
     with pytest.raises(PlanFormatError, match=key.replace("[", r"\[").replace("]", r"\]").replace(".", r"\.")):
-        explain(plan, "p/plan.json")
+        explain_doc(plan, "p/plan.json")
 
 
 # -- in a browser ---------------------------------------------------------------------------------
@@ -308,10 +316,10 @@ def test_page_renders_in_a_headless_browser(plans, tmp_path):
     browser = next((shutil.which(b) for b in BROWSERS if shutil.which(b)), None)
     if browser is None:
         pytest.skip(f"no chromium on PATH: none of {', '.join(BROWSERS)} (Debian: apt-get install chromium)")
-    plan = load_plan(plans["pipeline"])
+    plan = load_doc(plans["pipeline"])
     plan["simulation"] = simulation(4, 2000, plan["predicted"]["step_time_s"])
     page = tmp_path / "report.html"
-    page.write_text(render(explain(plan), "html"))
+    page.write_text(render(explain_doc(plan), "html"))
     args = [browser, "--headless", "--disable-gpu", "--no-first-run", "--hide-scrollbars",
             f"--user-data-dir={tmp_path / 'profile'}", *(["--no-sandbox"] if os.geteuid() == 0 else [])]
     dom = subprocess.run([*args, "--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=120)

@@ -141,9 +141,16 @@ def test_bad_plan_directories_are_one_line(tmp_path):
     (bad / "plan.json").write_text('{"format_version": 7}')
     assert_one_line_error(parc("explain", str(bad)), "unknown format_version 7")
     (bad / "plan.json").write_text('{"format_version": 1, "mesh": {"shape": [2]}}')
-    assert_one_line_error(parc("explain", str(bad)), "missing key 'predicted'")
+    assert_one_line_error(parc("explain", str(bad)), "a plan of format 1, written by an older parc: plan the model again")
+    (bad / "plan.json").write_text('{"format_version": 3, "mesh": {"shape": [2]}}')
+    assert_one_line_error(parc("explain", str(bad)), "missing key 'cluster'")
+    from parc.cluster import parse_devices
+
     (bad / "plan.json").write_text(json.dumps({
-        "format_version": 1, "mesh": {"shape": [2]}, "specs": {}, "strategies": {}, "communication": ["x"],
+        "format_version": 3, "cluster": parse_devices("2xa100-80g").to_json(), "mesh": {"shape": [2]},
+        "stages": [{"id": 0, "devices": [0, 1], "mesh": [2], "device_types": ["a100-80g"], "nodes": 0,
+                    "step_time_s": 1.0, "memory_bytes_per_device": 1.0, "parameters": 0}],
+        "schedule": {"kind": "1f1b", "micro_batches": 1}, "specs": {}, "strategies": {}, "communication": ["x"],
         "predicted": {"step_time_s": 1.0, "compute_s": 1.0, "comm_s": 0.0, "memory_bytes_per_device": [1.0],
                       "memory_budget_bytes": 2.0}}))
     assert_one_line_error(parc("explain", str(bad)), "malformed plan")

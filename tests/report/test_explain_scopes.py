@@ -1,4 +1,4 @@
-"""Name rules of `parc explain`: scopes, phases, parameters, strategies in words."""
+"""Name rules of `parc explain`: scopes and strategies in words."""
 
 from __future__ import annotations
 
@@ -25,23 +25,6 @@ def test_scope_of(name, scope):
     assert scopes.scope_of(name) == scope
 
 
-@pytest.mark.parametrize("name, phase", [
-    ("h.0.attn.qkv.matmul", "forward"),
-    ("h.0.attn.qkv.matmul.grad.MatMul_0", "backward"),
-    ("grad.accumulate_3", "backward"),
-    ("h.0.attn.qkv.weight.update.Sqrt_0", "optimizer"),
-])
-def test_phase_of(name, phase):
-    assert scopes.phase_of(name) == phase
-
-
-def test_parameters_are_names_with_a_new_sibling_and_state_hangs_off_them():
-    names = ["w", "w.new", "w.exp_avg", "w.exp_avg.new", "w.exp_avg_sq", "w.exp_avg_sq.new",
-             "b.bias", "b.bias.new", "x", "x.grad", "parc.step", "parc.step.next"]
-    assert scopes.parameters(names) == {"b.bias": [], "w": ["w.exp_avg", "w.exp_avg_sq"]}
-    assert scopes.parameters(["a", "b", "c.grad"]) == {}
-
-
 def test_split_axes_reads_strided_and_uneven_splits():
     assert scopes.split_axes("S(0)R") == ["S(0)", "R"]
     assert scopes.split_axes("S(1,3)P(sum)") == ["S(1,3)", "P(sum)"]
@@ -57,7 +40,6 @@ def test_split_axes_reads_strided_and_uneven_splits():
     ("n", "h.0.mlp.fc.matmul", {"h.0.mlp.fc.matmul": "S(2)"}, "column-split (n) on axis 0"),
     ("k", "h.0.mlp.proj.matmul", {"h.0.mlp.proj.matmul": "P(sum)"}, "partial sum (k) on axis 0"),
     ("k", "x.grad.MatMul_1", {}, "partial sum (k) on axis 0"),  # output spec unknown: the rule's k
-    ("d0", "w.update.Mul_0", {}, "sharded update (dim 0) on axis 0"),
     ("b0xn", "h.0.mlp.fc.matmul", {"h.0.mlp.fc.matmul": "S(0)S(2)"},
      "data parallel (batch split) on axis 0, column-split (n) on axis 1"),
     ("-xk", "h.0.mlp.proj.matmul", {"h.0.mlp.proj.matmul": "RP(sum)"}, "partial sum (k) on axis 1"),
@@ -65,6 +47,12 @@ def test_split_axes_reads_strided_and_uneven_splits():
 ])
 def test_strategy_words(strategy, name, specs, words):
     assert scopes.strategy_words(strategy, name, specs) == words
+
+
+def test_an_optimizer_node_shards_its_update():
+    """The phase comes from plan.json's `phases`, not from the node's name."""
+    assert scopes.strategy_words("d0", "w.update.Mul_0", {}, "optimizer") == "sharded update (dim 0) on axis 0"
+    assert scopes.strategy_words("d0", "w.step_7", {}, "optimizer") == "sharded update (dim 0) on axis 0"
 
 
 def test_backward_output_spec_is_found_under_the_lowercased_name():

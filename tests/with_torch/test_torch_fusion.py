@@ -11,7 +11,7 @@ import numpy as np
 import onnx
 import pytest
 
-from parc.exec.engines import fusion
+from parc.exec.engines import fusion, tree_kernel
 from parc.exec.engines.array import ArrayEngine
 from tests.helpers import flat_source_of, parc
 from tests.nvrtc import compile_cuda
@@ -36,7 +36,7 @@ def test_fused_step_equals_unfused_and_its_kernels_compile(case, precision, tmp_
     feeds = {k: v for k, v in samples.items() if k in {i.name for i in model.graph.input}}
 
     sources, refused = {}, []
-    row_call, group_call = fusion.RowGroup.__call__, fusion.Group.__call__
+    row_call, group_call = fusion.RowGroup.__call__, tree_kernel.Group.__call__
 
     def record_row(self, *args):
         run = self.launch(dict(zip(self.leaves, args)))
@@ -54,7 +54,7 @@ def test_fused_step_equals_unfused_and_its_kernels_compile(case, precision, tmp_
         return group_call(self, *leaves)
 
     monkeypatch.setattr(fusion.RowGroup, "__call__", record_row)
-    monkeypatch.setattr(fusion.Group, "__call__", record_group)
+    monkeypatch.setattr(tree_kernel.Group, "__call__", record_group)
     fused = ArrayEngine(model, fuse=True)
     got, want = fused.run(feeds), ArrayEngine(model, fuse=False).run(feeds)
     for k in want:

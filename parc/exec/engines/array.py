@@ -22,6 +22,7 @@ from parc.errors import ParcError
 from parc.exec.engines import conv, elementwise, fusion, gpu, indexing, linalg, movement, norm, reduce
 from parc.exec.engines.elementwise import DTYPES
 from parc.exec.engines.kernels import HOST_INPUTS, Maker, NodeInfo, Unsupported
+from parc.ops.fusion import cast_kind
 
 KERNELS: dict[str, Maker] = {op: make
                              for module in (elementwise, movement, indexing, reduce, norm, linalg, conv)
@@ -148,8 +149,8 @@ class ArrayEngine:
             nodes.append(node)
         if fuse if fuse is not None else (xp is not np and gpu.kernels_enabled()):
             steps, ops, nodes = fusion.softmax_grads(steps, ops, nodes, consts, self._outputs, xp)
-            kinds = [fusion.cast_kind(n.op_type, _cast_to(n, graph) if n.op_type == "Cast" else None,
-                                      [k in bf16 for k in n.input]) for n in nodes]
+            kinds = [cast_kind(n.op_type, _cast_to(n, graph) if n.op_type == "Cast" else None,
+                               [k in bf16 for k in n.input]) for n in nodes]
             steps = fusion.fuse(steps, ops, nodes, self._outputs, xp, opset, kinds)
         self._steps = self._with_frees(steps)
         # op type -> [calls, seconds]; filled by run() while not None (CUDA events on a GPU)

@@ -13,7 +13,9 @@
   moved 1.2 TB/s of an H200's 4.8: a bf16 step's casts were half its kernel time).
 - `batched_matmul`: MatMul of stacks of matrices as one strided-batched cuBLAS call that reads
   transposed views and broadcast batches in place (CuPy copies both to contiguous arrays first).
-- elementwise fusion (`fusion.py`).
+- elementwise fusion (`fusion.py`, `tree_kernel.py`).
+
+The fixed kernels' CUDA C is package data, cuda/*.cu, read at its first use (`cuda_source`).
 
 `PARC_CUPY_KERNELS=0` turns all of them off (the engine then uses CuPy's generic
 operations), for measuring what they give and for telling a kernel's bug from the graph's.
@@ -25,6 +27,7 @@ import dataclasses
 import functools
 import math
 import os
+from importlib import resources
 from types import ModuleType
 from typing import Any
 
@@ -68,215 +71,26 @@ def enable_tf32(cupy: ModuleType) -> None:
                        getattr(cublas, "CUBLAS_TF32_TENSOR_OP_MATH", CUBLAS_TF32_TENSOR_OP_MATH))
 
 
-_SOFTMAX = r"""
-__device__ float ex(float v) { return expf(v); }
-__device__ double ex(double v) { return exp(v); }
-__device__ float lg(float v) { return logf(v); }
-__device__ double lg(double v) { return log(v); }
-template <typename T> __device__ T neg_inf();
-template <> __device__ float neg_inf<float>() { return __int_as_float(0xff800000); }
-template <> __device__ double neg_inf<double>() { return __longlong_as_double(0xfff0000000000000ULL); }
-
-// A block of blockDim.y rows: a warp per row where blockDim.x is 32, else one row (blockDim.y 1).
-#define ROW const long long r = (long long)blockIdx.x * blockDim.y + threadIdx.y; if (r >= rows) return;
-
-// `pad` stands in for the lanes past the last warp: any element of the row for a max, 0 for a sum.
-// A row of one warp (blockDim.x 32) needs only the shuffles: every lane ends with the whole.
-template <typename T>
-__device__ T block_reduce(T v, T* shared, bool is_max, T pad) {
-    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = (blockDim.x + 31) / 32;
-    for (int o = 16; o > 0; o >>= 1) {
-        T other = __shfl_xor_sync(0xffffffff, v, o);
-        v = is_max ? (other > v ? other : v) : v + other;
-    }
-    if (blockDim.x <= 32) return v;
-    if (lane == 0) shared[warp] = v;
-    __syncthreads();
-    if (warp == 0) {
-        v = lane < warps ? shared[lane] : pad;
-        for (int o = 16; o > 0; o >>= 1) {
-            T other = __shfl_xor_sync(0xffffffff, v, o);
-            v = is_max ? (other > v ? other : v) : v + other;
-        }
-        if (lane == 0) shared[0] = v;
-    }
-    __syncthreads();
-    T r = shared[0];
-    __syncthreads();
-    return r;
-}
-
-// The softmax and its gradient read and write through functors, so that a row kernel can take in
-// the elementwise tree that makes its input or reads its output (`fusion.RowGroup`): `Load` gives
-// element i of the input, `Store` takes element i of the output. The plain kernels read and write
-// arrays.
-template <typename T> struct Plain { const T* x; __device__ T operator()(long long i) const { return x[i]; } };
-template <typename T> struct Write { T* y; __device__ void operator()(long long i, T v) const { y[i] = v; } };
-
-template <typename T, typename Load, typename Store>
-__device__ void softmax_loop(const Load& load, const Store& store, long long r, long long cols, T* shared) {
-    const long long at = r * cols;
-    const T first = load(at);
-    T m = first;  // a lower bound of the row's max (NaNs never compare greater: as NumPy, a NaN
-                  // in the row makes the sum, and so every output, NaN)
-    for (long long j = threadIdx.x; j < cols; j += blockDim.x) { const T v = load(at + j); m = v > m ? v : m; }
-    m = block_reduce<T>(m, shared, true, first);
-    T s = 0;
-    for (long long j = threadIdx.x; j < cols; j += blockDim.x) s += ex(load(at + j) - m);
-    s = block_reduce<T>(s, shared, false, (T)0);
-    for (long long j = threadIdx.x; j < cols; j += blockDim.x) store(at + j, ex(load(at + j) - m) / s);
-}
-
-template <typename T>
-__global__ void softmax_rows(const T* x, T* y, long long rows, long long cols) {
-    __shared__ T shared[32];
-    ROW
-    softmax_loop<T>(Plain<T>{x}, Write<T>{y}, r, cols, shared);
-}
-
-// log(sum(exp(row))) in one pass: each thread keeps a running max m and sum s of exp(v - m),
-// rescaling s when m grows; the threads' pairs are then brought to the row's max and summed.
-// A NaN makes the row's result NaN; -inf elements add nothing.
-template <typename T>
-__global__ void logsumexp_rows(const T* x, T* out, long long rows, long long cols) {
-    __shared__ T shared[32];
-    ROW
-    const T* row = x + r * cols;
-    T m = neg_inf<T>(), s = 0;
-    for (long long j = threadIdx.x; j < cols; j += blockDim.x) {
-        const T v = row[j];
-        if (v > m) { s = s * ex(m - v) + (T)1; m = v; }
-        else if (!(v == m && m == neg_inf<T>())) s += ex(v - m);
-    }
-    const T top = block_reduce<T>(m, shared, true, neg_inf<T>());
-    s = block_reduce<T>(m == top ? s : s * ex(m - top), shared, false, (T)0);
-    if (threadIdx.x == 0) out[r] = top + lg(s);
-}
-"""
-
-
 CTYPES = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}  # the C types of the kernels
 
-_ROWS = _SOFTMAX + r"""
-// d loss / d x of y = softmax(x) over a row, from dy (a functor, as a softmax's input) and y:
-// y * (dy - sum(dy * y)).
-template <typename T, typename Load, typename Store>
-__device__ void softmax_grad_loop(const Load& dy, const T* y, const Store& store, long long r, long long cols,
-                                  T* shared) {
-    const long long at = r * cols;
-    T s = 0;
-    for (long long j = threadIdx.x; j < cols; j += blockDim.x) s += dy(at + j) * y[at + j];
-    s = block_reduce<T>(s, shared, false, (T)0);
-    for (long long j = threadIdx.x; j < cols; j += blockDim.x) store(at + j, y[at + j] * (dy(at + j) - s));
-}
 
-template <typename T>
-__global__ void softmax_grad_rows(const T* dy, const T* y, T* dx, long long rows, long long cols) {
-    __shared__ T shared[32];
-    ROW
-    softmax_grad_loop<T>(Plain<T>{dy}, y, Write<T>{dx}, r, cols, shared);
-}
+@functools.cache
+def cuda_source(name: str) -> str:
+    """A fixed kernel source, cuda/NAME.cu (package data), read at its first use."""
+    return (resources.files(__package__) / "cuda" / f"{name}.cu").read_text(encoding="utf-8")
 
-// LayerNormalization over a row: its mean, 1 / sqrt(variance + eps), and (x - mean) * inv * scale + bias.
-template <typename T>
-__global__ void layer_norm_rows(const T* x, const T* scale, const T* bias, int has_bias, T* y, T* mean_out,
-                                T* inv_out, long long rows, long long cols, T eps) {
-    __shared__ T shared[32];
-    ROW
-    const long long at = r * cols;
-    T s = 0;
-    for (long long j = threadIdx.x; j < cols; j += blockDim.x) s += x[at + j];
-    const T mean = block_reduce<T>(s, shared, false, (T)0) / (T)cols;
-    T v = 0;
-    for (long long j = threadIdx.x; j < cols; j += blockDim.x) { T d = x[at + j] - mean; v += d * d; }
-    const T inv = (T)1 / sqrt(block_reduce<T>(v, shared, false, (T)0) / (T)cols + eps);
-    for (long long j = threadIdx.x; j < cols; j += blockDim.x) {
-        T o = (x[at + j] - mean) * inv;
-        o = o * scale[j];
-        y[at + j] = has_bias ? o + bias[j] : o;
-    }
-    if (threadIdx.x == 0) { mean_out[r] = mean; inv_out[r] = inv; }
-}
-"""
 
-_HELD = r"""
-// The same three, for rows of at most PER * blockDim.x elements: each thread keeps its elements
-// in registers, so a row is read from memory once (the loops above read it two or three times).
-// Each thread takes the same elements, and adds them in the same order, as above: same results.
-#define EACH for (int k = 0; k < PER; ++k)
-#define J (threadIdx.x + (long long)k * blockDim.x)
+def row_source() -> str:
+    """The row kernels' module: softmax, log(sum(exp)), the softmax's gradient and LayerNormalization,
+    looping and register-held; `fusion.RowGroup` builds on its device functions."""
+    return cuda_source("softmax") + cuda_source("rows") + cuda_source("held")
 
-// Through functors as the looping kernels above; element 0 stands in for the lanes past the row's
-// end in the max.
-template <typename T, int PER, typename Load, typename Store>
-__device__ void softmax_held(const Load& load, const Store& store, long long r, long long cols, T* shared) {
-    const long long at = r * cols;
-    T v[PER];
-    const T first = load(at);
-    T m = first;
-    #pragma unroll
-    EACH { v[k] = J < cols ? load(at + J) : first; m = v[k] > m ? v[k] : m; }
-    m = block_reduce<T>(m, shared, true, first);
-    T s = 0;
-    #pragma unroll
-    EACH { v[k] = ex(v[k] - m); if (J < cols) s += v[k]; }
-    s = block_reduce<T>(s, shared, false, (T)0);
-    #pragma unroll
-    EACH if (J < cols) store(at + J, v[k] / s);
-}
 
-template <typename T, int PER, typename Load, typename Store>
-__device__ void softmax_grad_held(const Load& dy, const T* y, const Store& store, long long r, long long cols,
-                                  T* shared) {
-    const long long at = r * cols;
-    T g[PER], v[PER];
-    T s = 0;
-    #pragma unroll
-    EACH if (J < cols) { g[k] = dy(at + J); v[k] = y[at + J]; s += g[k] * v[k]; }
-    s = block_reduce<T>(s, shared, false, (T)0);
-    #pragma unroll
-    EACH if (J < cols) store(at + J, v[k] * (g[k] - s));
-}
+def cast_source() -> str:
+    """The casts between float32 and bfloat16 (`cast_bfloat16`)."""
+    return cuda_source("bf16") + cuda_source("cast")
 
-template <typename T, int PER>
-__global__ void softmax_rows_held(const T* x, T* y, long long rows, long long cols) {
-    __shared__ T shared[32];
-    ROW
-    softmax_held<T, PER>(Plain<T>{x}, Write<T>{y}, r, cols, shared);
-}
 
-template <typename T, int PER>
-__global__ void softmax_grad_rows_held(const T* dy, const T* y, T* dx, long long rows, long long cols) {
-    __shared__ T shared[32];
-    ROW
-    softmax_grad_held<T, PER>(Plain<T>{dy}, y, Write<T>{dx}, r, cols, shared);
-}
-
-template <typename T, int PER>
-__global__ void layer_norm_rows_held(const T* x, const T* scale, const T* bias, int has_bias, T* y, T* mean_out,
-                                     T* inv_out, long long rows, long long cols, T eps) {
-    __shared__ T shared[32];
-    ROW
-    const long long at = r * cols;
-    T v[PER];
-    T s = 0;
-    #pragma unroll
-    EACH if (J < cols) { v[k] = x[at + J]; s += v[k]; }
-    const T mean = block_reduce<T>(s, shared, false, (T)0) / (T)cols;
-    T var = 0;
-    #pragma unroll
-    EACH if (J < cols) { T d = v[k] - mean; var += d * d; }
-    const T inv = (T)1 / sqrt(block_reduce<T>(var, shared, false, (T)0) / (T)cols + eps);
-    #pragma unroll
-    EACH if (J < cols) {
-        T o = (v[k] - mean) * inv;
-        o = o * scale[J];
-        y[at + J] = has_bias ? o + bias[J] : o;
-    }
-    if (threadIdx.x == 0) { mean_out[r] = mean; inv_out[r] = inv; }
-}
-"""
-ROW_SOURCE = _ROWS + _HELD  # the row kernels' module; `fusion.RowGroup` builds on its device functions
 ROW_KERNELS = ("softmax_rows", "softmax_grad_rows", "layer_norm_rows")  # each has a `_held` variant
 ONE_PASS = ("logsumexp_rows",)
 HELD = (1, 2, 4, 8, 16, 32)  # elements a thread keeps in registers: the `_held` kernels' PER
@@ -288,7 +102,7 @@ BLOCK_THREADS = 128
 def _row_module(cupy: ModuleType, dtype: str) -> Any:
     names = ([f"{k}<{dtype}>" for k in ROW_KERNELS + ONE_PASS]
              + [f"{k}_held<{dtype}, {p}>" for k in ROW_KERNELS for p in HELD])
-    return cupy.RawModule(code=ROW_SOURCE, options=("--std=c++14", "--fmad=false"), name_expressions=names)
+    return cupy.RawModule(code=row_source(), options=("--std=c++14", "--fmad=false"), name_expressions=names)
 
 
 def row_shape(cols: int, held: bool) -> tuple[int, int | None, int]:
@@ -385,46 +199,13 @@ def layer_norm_last(cupy: ModuleType, x: Any, axis: int, eps: float, scale: Any,
     return y, mean, inv
 
 
-BF16_BITS = r"""
-// float32 -> bfloat16 bits: round to nearest, ties to even (as ml_dtypes, NumPy's bfloat16); a NaN
-// stays a quiet NaN of its sign. bfloat16 -> float32 is exact: the bits shifted up.
-__device__ unsigned short bf16_bits(float f) {
-    unsigned int u = __float_as_uint(f);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (unsigned short)((u >> 16) | 0x0040u);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (unsigned short)(u >> 16);
-}
-__device__ float bf16_value(unsigned short b) { return __uint_as_float((unsigned int)b << 16); }
-"""
-_CAST_BF16 = BF16_BITS + r"""
-
-extern "C" __global__ void float_to_bf16(const float* __restrict__ x, unsigned short* __restrict__ y,
-                                         unsigned int n) {
-    const unsigned int i = (blockIdx.x * blockDim.x + threadIdx.x) * 4u;
-    float v[4];
-    #pragma unroll
-    for (int k = 0; k < 4; ++k) v[k] = i + k < n ? x[i + k] : 0.0f;  // every load before any store
-    #pragma unroll
-    for (int k = 0; k < 4; ++k) if (i + k < n) y[i + k] = bf16_bits(v[k]);
-}
-
-extern "C" __global__ void bf16_to_float(const unsigned short* __restrict__ x, float* __restrict__ y,
-                                         unsigned int n) {
-    const unsigned int i = (blockIdx.x * blockDim.x + threadIdx.x) * 4u;
-    unsigned int v[4];
-    #pragma unroll
-    for (int k = 0; k < 4; ++k) v[k] = i + k < n ? (unsigned int)x[i + k] : 0u;
-    #pragma unroll
-    for (int k = 0; k < 4; ++k) if (i + k < n) y[i + k] = __uint_as_float(v[k] << 16);
-}
-"""
 CAST_THREADS = 256
 CAST_LIMIT = 1 << 31  # elements: the kernels' 32-bit indices (x 4) stay in range below this
 
 
 @functools.cache
 def _cast_module(cupy: ModuleType) -> Any:
-    return cupy.RawModule(code=_CAST_BF16, options=("--std=c++14",))
+    return cupy.RawModule(code=cast_source(), options=("--std=c++14",))
 
 
 def cast_bfloat16(cupy: ModuleType, x: Any, to: np.dtype) -> Any | None:
@@ -442,24 +223,12 @@ def cast_bfloat16(cupy: ModuleType, x: Any, to: np.dtype) -> Any | None:
     return y
 
 
-_COLUMN_SUM = r"""
-template <typename T>
-__global__ void column_sums(const T* x, T* out, long long rows, long long cols, long long per_chunk) {
-    const long long j = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (j >= cols) return;
-    const long long start = (long long)blockIdx.y * per_chunk;
-    const long long stop = start + per_chunk < rows ? start + per_chunk : rows;
-    T s = 0;
-    for (long long r = start; r < stop; ++r) s += x[r * cols + j];
-    out[(long long)blockIdx.y * cols + j] = s;
-}
-"""
 THREADS_WANTED = 1 << 18  # about what an H100/H200 keeps resident (132 SMs x 2,048)
 
 
 @functools.cache
 def _column_kernel(cupy: ModuleType, dtype: str) -> Any:
-    module = cupy.RawModule(code=_COLUMN_SUM, options=("--std=c++14",),
+    module = cupy.RawModule(code=cuda_source("column_sums"), options=("--std=c++14",),
                             name_expressions=[f"column_sums<{dtype}>"])
     return module.get_function(f"column_sums<{dtype}>")
 

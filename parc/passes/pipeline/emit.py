@@ -30,7 +30,6 @@ from parc.passes.emit import (
     _part_tasks,
     comms_by_place,
     local_bytes,
-    plan_inputs,
     residents_json,
     write_rank_files,
     write_taskgraph,
@@ -38,8 +37,9 @@ from parc.passes.emit import (
 from parc.passes.lower import APPLY, MICRO, PASSES, bindings, layout_key, loss_name, lower_rank, rules_of
 from parc.passes.pipeline.plan import PipelinePlan, p2p_link, transfer_routes
 from parc.passes.pipeline.stages import stage_outputs
+from parc.passes.schedule import one_f_one_b
 from parc.passes.timing import annotate, fold_seconds, shared_hosts
-from parc.plandir.taskgraph import FORMAT, TaskGraph, one_f_one_b
+from parc.plandir.taskgraph import FORMAT, TaskGraph
 
 TAG_LIMIT = 32767  # the largest MPI tag every implementation accepts
 
@@ -54,7 +54,8 @@ def write_pipeline_programs(pp: PipelinePlan, out: Path) -> TaskGraph:
     progs: dict[int, tuple] = {}  # global rank -> (stage plan, program, module tasks)
     layouts = transfer_routes(pp)
     for st in pp.stages:
-        graph, mesh, strategies, specs, micro = plan_inputs(st.plan)
+        d = st.plan.decision
+        graph, mesh, strategies, specs, micro = d.graph, d.mesh, list(d.strategies), d.specs, d.micro_batches
         sends = {b.name: (b.phase, list(dict.fromkeys(_sent_layout(layouts[b.name, d]) for d in b.dst)))
                  for b in pp.crossing if b.src == st.index}
         received = frozenset(b.name for b in pp.crossing if st.index in b.dst and b.name not in binds)

@@ -49,10 +49,22 @@ from parc.passes.pipeline.stages import (
     stage_graph,
     uniform_stages,
 )
-from parc.passes.spmd.costs import CostModel, Micro, micro_layout, renamed, structure_key, warm_strategies
+from parc.passes.record import step_roles
+from parc.passes.record import tensors as tensors_of
+from parc.passes.schedule import SCHEDULES, StageTimes
+from parc.passes.spmd.costs import (
+    CostModel,
+    Micro,
+    micro_layout,
+    renamed,
+    sources_of,
+    structure_key,
+    warm_strategies,
+)
+from parc.passes.spmd.decision import source_specs
 from parc.passes.spmd.hetero import device_times, stage_capacity, stage_order
 from parc.passes.spmd.search import Plan, optimizer_time, plan_graph
-from parc.plandir import PLAN_FORMAT_PIPELINE as FORMAT_VERSION
+from parc.plandir import plan as plan_format
 from parc.sharding import ShardSpec
 from parc.sharding.layout import local_shape
 from parc.sharding.spec import Split
@@ -120,63 +132,77 @@ class PipelinePlan:
     def ranks(self) -> int:
         return sum(len(s.ranks) for s in self.stages)
 
+    def stage_times(self) -> list[StageTimes]:
+        """Each stage's figures per microbatch, for the stage-level schedule: its forward and
+        backward split as the stage search's costs split them."""
+        out = []
+        for st in self.stages:
+            fwd, bwd = float(self.assignment.fwd_cost[st.index]), float(self.assignment.bwd_cost[st.index])
+            share = fwd / (fwd + bwd) if fwd + bwd > 0 else 0.5
+            out.append(StageTimes(tuple(st.ranks), tuple(st.plan.best.mesh.shape), share * st.per_micro_s,
+                                  (1 - share) * st.per_micro_s, st.apply_s, st.send_s))
+        return out
+
     def to_json(self) -> dict:
-        specs, strategies, tensors, communication = {}, {}, {}, []
+        """plan.json's contents (`to_plan`'s document)."""
+        return self.to_plan().to_json()
+
+    def to_plan(self) -> plan_format.Plan:
+        """The plan as plan.json records it (`parc.plandir.plan`): a stage per device group."""
+        specs, strategies, communication = {}, {}, []
+        stage_docs = []
+        roles = step_roles(self.graph)
         for st in reversed(self.stages):  # a value on several stages: the first stage's layout
-            doc = st.plan.to_json()
-            specs.update(doc["specs"])
-            strategies.update(doc["strategies"])
-            tensors.update(doc["tensors"])
-            communication = [dict(c, stage=st.index) for c in doc["communication"]] + communication
+            doc = st.plan.to_plan()
+            stage_docs.append(doc)
+            specs.update(doc.specs)
+            strategies.update(doc.strategies)
+            communication = [dict(c, stage=st.index) for c in doc.communication or ()] + communication
+        stage_docs.reverse()
         compute = sum(float(np.sum(st.plan.best.compute_s)) for st in self.stages)
         comm = sum(st.plan.best.comm_s for st in self.stages)
         memory = [st.memory_bytes for st in self.stages for _ in st.ranks]
         first = self.stages[0].plan
-        return {
-            "format_version": FORMAT_VERSION,
-            "cluster": self.cluster.to_json(),
-            "mesh": {"shape": [len(self.stages), *first.best.mesh.shape], "pipeline": True,
-                     "links": [stage_link(self.cluster, self.stages[0].ranks[0], self.stages[1].ranks[0]).to_json(),
-                               *first.best.mesh.to_json().get("links", [])],
-                     "spans_nodes": [self.cluster.node_of(self.stages[0].ranks[0]) !=
-                                     self.cluster.node_of(self.stages[1].ranks[0]),
-                                     *first.best.mesh.to_json().get("spans_nodes", [])]},
-            "stages": [{
-                "id": st.index, "devices": list(st.ranks), "mesh": list(st.plan.best.mesh.shape),
-                "device_types": sorted({self.cluster.devices[r].name for r in st.ranks}),
-                "nodes": len(st.positions),
-                "forward_s": float(self.assignment.fwd_cost[st.index]),
-                "backward_s": float(self.assignment.bwd_cost[st.index]),
-                "per_micro_batch_s": st.per_micro_s, "optimizer_s": st.apply_s, "send_s": st.send_s,
-                "step_time_s": st.plan.best.solution.cost - _received_s(st.plan.best.model, st.plan.best.solution.choice),
-                "memory_bytes_per_device": st.memory_bytes, "parameters": st.params,
-                "solver": {"status": st.plan.best.solution.status, "gap": st.plan.best.solution.gap},
-            } for st in self.stages],
-            "schedule": {"kind": "1f1b", "micro_batches": self.micro_batches, "searched": self.micro_searched},
-            "transfers": [{"value": b.name, "from_stage": b.src, "to_stages": list(b.dst), "pass": b.phase,
-                           "bytes": int(np.prod(b.shape)) * _itemsize(b.dtype)} for b in self.crossing],
-            "stage_search": {"status": self.assignment.status, "tolerance": self.assignment.tolerance,
-                             "cut_bytes": self.assignment.cut_bytes, "balance": balance(self.assignment),
-                             "time_s": self.assignment.solve_s},
-            "predicted": {"step_time_s": self.step_s, "bubble_s": self.bubble_s, "compute_s": compute,
-                          "comm_s": comm, "memory_bytes_per_device": memory,
-                          "memory_budget_bytes": self.budget},
-            "specs": specs,
-            "strategies": strategies,
-            "tensors": tensors,
-            "communication": communication,
-            "micro_batches": {"count": self.micro_batches} if self.micro_batches > 1 else None,
-            "solver": {"level": self.level, "time_s": self.time_s, "pipelines": self.tried,
-                       "status": next((st.plan.best.solution.status for st in self.stages
-                                       if st.plan.best.solution.status != "optimal"), "optimal"),
-                       "gap": max((st.plan.best.solution.gap or 0.0 for st in self.stages), default=0.0),
-                       "nodes": sum(st.plan.best.model.problem.n for st in self.stages),
-                       "meshes": [dict(m, stage=st.index, chosen=list(m.get("shape", [])) == list(st.plan.best.mesh.shape))
-                                  for st in self.stages for m in st.plan.tried]},
-            "baselines": self.baselines,
-            "spmd_only": self.spmd,
-            "hints": None,
-        }
+        first_mesh = first.best.mesh.to_json()
+        link = stage_link(self.cluster, self.stages[0].ranks[0], self.stages[1].ranks[0])
+        mesh = plan_format.MeshLayout(
+            (len(self.stages), *first.best.mesh.shape), (link.to_json(), *first_mesh.get("links", [])),
+            (self.cluster.node_of(self.stages[0].ranks[0]) != self.cluster.node_of(self.stages[1].ranks[0]),
+             *first_mesh.get("spans_nodes", [])), pipeline=True)
+        stages = tuple(plan_format.Stage(
+            id=st.index, devices=st.ranks, mesh=st.plan.best.mesh.shape,
+            device_types=sorted({self.cluster.devices[r].name for r in st.ranks}), nodes=len(st.positions),
+            step_time_s=st.plan.best.solution.cost - _received_s(st.plan.best.model, st.plan.best.solution.choice),
+            memory_bytes_per_device=st.memory_bytes, parameters=st.params, specs=doc.specs,
+            forward_s=float(self.assignment.fwd_cost[st.index]), backward_s=float(self.assignment.bwd_cost[st.index]),
+            per_micro_batch_s=st.per_micro_s, optimizer_s=st.apply_s, send_s=st.send_s,
+            solver={"status": st.plan.best.solution.status, "gap": st.plan.best.solution.gap},
+        ) for st, doc in zip(self.stages, stage_docs, strict=True))
+        return plan_format.Plan(
+            cluster=self.cluster, mesh=mesh, stages=stages,
+            schedule=plan_format.Schedule(SCHEDULES[0], self.micro_batches, tuple(self.micro_searched)),
+            specs=specs, strategies=strategies,
+            phases={k: v for doc in stage_docs for k, v in doc.phases.items()},
+            predicted=plan_format.Prediction(self.step_s, compute, comm, memory, self.budget, self.bubble_s),
+            baselines={k: plan_format.Baseline.from_json(v) for k, v in self.baselines.items()},
+            tensors=tensors_of(self.graph, [*sources_of(self.graph), *(v for n in self.graph.nodes for v in n.outputs)],
+                               roles),
+            step=roles,
+            solver={"level": self.level, "time_s": self.time_s, "pipelines": self.tried,
+                    "status": next((st.plan.best.solution.status for st in self.stages
+                                    if st.plan.best.solution.status != "optimal"), "optimal"),
+                    "gap": max((st.plan.best.solution.gap or 0.0 for st in self.stages), default=0.0),
+                    "nodes": sum(st.plan.best.model.problem.n for st in self.stages),
+                    "meshes": [dict(m, stage=st.index, chosen=list(m.get("shape", [])) == list(st.plan.best.mesh.shape))
+                               for st in self.stages for m in st.plan.tried]},
+            communication=tuple(communication),
+            micro={"count": self.micro_batches} if self.micro_batches > 1 else None,
+            transfers=tuple({"value": b.name, "from_stage": b.src, "to_stages": list(b.dst), "pass": b.phase,
+                             "bytes": int(np.prod(b.shape)) * _itemsize(b.dtype)} for b in self.crossing),
+            stage_search={"status": self.assignment.status, "tolerance": self.assignment.tolerance,
+                          "cut_bytes": self.assignment.cut_bytes, "balance": balance(self.assignment),
+                          "time_s": self.assignment.solve_s},
+            spmd_only=self.spmd)
 
 
 def _itemsize(onnx_type: int) -> int:
@@ -495,10 +521,8 @@ class Route:
 
 def transfer_routes(pp: PipelinePlan) -> dict[tuple[str, int], Route]:
     """(crossing value, reading stage) -> its Route (`_routes`)."""
-    from parc.passes.emit import plan_inputs
-
     return _routes(pp.graph, pp.crossing, [tuple(st.plan.best.mesh.shape) for st in pp.stages],
-                   [plan_inputs(st.plan)[3] for st in pp.stages], pp.micro_batches > 1)
+                   [st.plan.decision.specs for st in pp.stages], pp.micro_batches > 1)
 
 
 def _routes(graph: Graph, crossing: list[Boundary], meshes: list[tuple[int, ...]], specs: list[dict],
@@ -625,8 +649,7 @@ def pipeline_uniform(pp: PipelinePlan, time_limit: float = 60.0, max_mesh_dims: 
         chosen.append((r, model if model.graph is st.graph else renamed(model, st.graph, st.micro)))
     ranks = [st.ranks for st in inputs]
     meshes = [tuple(model.mesh.shape[1 if model.micro is not None else 0:]) for _, model in chosen]
-    specs = [{v.name: model.source_specs[k][r["choice"][k]] for k, v in enumerate(model.sources)}
-             for r, model in chosen]
+    specs = [source_specs(model, r["choice"]) for r, model in chosen]
     routes, pieces = _routes(graph, crossing, meshes, specs, m > 1), _pieces(pp.micro)
     per = [max(r["step_time_s"] - _received_s(model, r["choice"]) - r["optimizer_s"], 0.0) / m
            + _send_time(cluster, crossing, ranks, s, m, routes, meshes, pieces) for s, (r, model) in enumerate(chosen)]

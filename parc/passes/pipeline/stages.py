@@ -1,19 +1,10 @@
 """Pipeline stages: which stage computes each node (Rhino 5.1-5.2), and each stage's subgraph.
 
-**The stage ILP** runs on the forward graph. Integer B_i (the stage of forward node i, here
-sum_s s * x_is over 0-1 columns x_is), a 0-1 F_ij per forward edge with
-F_ij <= B_j - B_i <= (S - 1) F_ij, and the objective sum F_ij * bytes(i, j): the volume that
-crosses stages. Rhino's bound tightening keeps each node near its balanced position: with A_i
-and D_i its ancestors and descendants, c its cost and T = sum c / S,
-
-    floor(sum_{A_i} c / T - eps - h)  <=  B_i  <=  S - 1 - floor((c_i + sum_{D_i} c) / T - eps - h)
-
-(the upper bound as the mirror of the lower one: a node whose descendants need k stages' worth
-of time starts at stage S - k at the latest; h = BOUND_SLACK, half a stage: see its comment). On a non-linear graph ancestor sums say little about
-parallel branches, so a per-stage load row sum_i c_i x_is <= (1 + eps) T is added as well; eps
-doubles until the problem is feasible. A node's cost c_i counts its forward and its backward
-compute (the backward nodes whose `parc.forward` names it). Among equal cuts the most even split wins (a
-tie-break on the largest stage load).
+**The stage ILP** (Rhino 5.1-5.2, `parc/solver/stages.py`) runs on the forward graph: a stage
+per forward node, minimising the bytes that cross stages on forward edges, with Rhino's bound
+tightening and a per-stage load row. A node's cost c_i counts its forward and its backward
+compute (the backward nodes whose `parc.forward` names it). Pins (the loss's producer on the
+last stage, hints' `stage:` scopes) fix a node's stage.
 
 **The other nodes follow:** a backward node goes to the stage of the forward node it came from;
 an optimizer node to the stage of its parameter (the first stage whose forward nodes read it);
@@ -35,24 +26,17 @@ import math
 import time
 from dataclasses import dataclass, field
 
-import highspy
 import numpy as np
 
 from parc.autodiff.context import FORWARD_OF
 from parc.cluster import Cluster, compute_time
-from parc.errors import InfeasiblePlanError, UsageError
+from parc.errors import UsageError
 from parc.ir.graph import Graph, Node, Value
 from parc.ir.state import BACKWARD, FORWARD, OPTIMIZER, bindings, phase, step_state, write_step_state
 from parc.ops import node_pieces, node_work, op_class
-from parc.solver.ilp import new_highs, rowwise_lp
+from parc.solver.stages import ancestors, solve_stages
 
 DEFAULT_TOLERANCE = 0.1  # eps of the bound tightening and the load rows (docs/pipeline.md)
-# Stages of slack on the tightened bounds beyond eps. With none (the bounds as Rhino prints them)
-# the 4-stage cut came out 13-30% above the untightened ILP's on branched graphs (unet, t5-large,
-# moe-tiny, unet-tiny): ancestor sums count a parallel branch's work as if it came first. With
-# half a stage every zoo model's cut equals the untightened one's, and the solve stays under
-# 8 s where the untightened one took up to 31 s (docs/benchmarks.md); the load rows keep the balance.
-BOUND_SLACK = 0.5
 
 
 @dataclass
@@ -106,12 +90,13 @@ def assign_stages(graph: Graph, cluster: Cluster, count: int, tolerance: float =
         if phase(n) == BACKWARD and n.meta.get(FORWARD_OF) in by_name:
             weight[by_name[n.meta[FORWARD_OF]]] += costs[pos]
     edges, volume = _forward_edges(fwd, nodes, index)
-    anc = _ancestors(len(fwd), edges)
+    anc = ancestors(len(fwd), edges)
     pins = _pins(graph, fwd, nodes, by_name, fixed or {}, count)
     _check_pins(pins, fwd, nodes, anc, fixed or {})
     t0 = time.perf_counter()
-    x, status, eps = _solve(weight, anc, edges, volume, count, tolerance, pins, time_limit, tighten, capacity)
-    return _assignment(graph, costs, count, fwd, x, edges, volume, status, eps, time.perf_counter() - t0)
+    plan = solve_stages(weight, anc, edges, volume, count, tolerance, pins, time_limit, tighten, capacity)
+    return _assignment(graph, costs, count, fwd, plan.stage, edges, volume, plan.status, plan.eps,
+                       time.perf_counter() - t0)
 
 
 def _assignment(graph: Graph, costs: np.ndarray, count: int, fwd: list[int], x, edges, volume, status: str,
@@ -187,127 +172,6 @@ def _check_pins(pins: dict[int, int], fwd: list[int], nodes: list[Node], anc: np
                 where = fixed.get(name, (0, "the loss"))[1]
                 raise UsageError(f"{where}.stage: node '{name}' on stage {sj} reads (through its inputs) "
                                  f"node '{nodes[fwd[i]].name}' on the later stage {si}")
-
-
-def _solve(weight: np.ndarray, anc: np.ndarray, edges: list, volume: list, count: int, tolerance: float,
-           pins: dict[int, int], time_limit: float, tighten: bool = True,
-           capacity: list[float] | None = None) -> tuple[np.ndarray, str, float]:
-    """The stage of each forward node, the solver status and the tolerance that was feasible.
-    With `capacity` (per-stage shares) stage s's balanced load is T_s = total * share_s, and a
-    node's bounds count the stages the work before (after) it fills: the first stage it may
-    take is the number of stages whose cumulative capacity its ancestors' work exceeds (less the
-    slack, in mean stages)."""
-    total = float(weight.sum()) or 1.0
-    per = total / count
-    share = np.full(count, 1.0 / count) if capacity is None else np.asarray(capacity, dtype=np.float64)
-    a_cost = anc @ weight  # ancestors' compute
-    d_cost = weight @ anc + weight  # its own and its descendants' compute
-    # HiGHS works to absolute tolerances (1e-7 on rows, 1e-6 on the objective): loads in units of
-    # the balanced stage T and volumes in units of the largest edge keep both well scaled.
-    vscale = float(max(volume, default=1.0)) or 1.0
-    eps = tolerance
-    for _ in range(8):
-        slack = eps + (BOUND_SLACK if tighten else count)  # `count` stages of slack: no bounds
-        lo, hi = stage_bounds(a_cost, d_cost, share * total, slack * per)
-        for k, s in pins.items():
-            lo[k] = hi[k] = s
-        got = _stage_ilp(weight / per, edges, np.asarray(volume, dtype=np.float64) / vscale, count, lo, hi,
-                         1 + eps, time_limit, 1.0 / (share * count))
-        if got is not None:
-            return got[0], got[1], eps
-        eps *= 2
-    raise InfeasiblePlanError(f"no balanced split into {count} stages (tolerance up to {eps:g}); "
-                              f"the pinned stages may contradict the graph's order")
-
-
-def stage_bounds(before: np.ndarray, after: np.ndarray, loads: np.ndarray,
-                 slack: float) -> tuple[np.ndarray, np.ndarray]:
-    """Each node's first and last stage: with stage s balanced at loads[s], the first is the
-    number of stages the work before it (`before`, less `slack`) fills, the last is the mirror
-    from the end with the node's own and later work (`after`). With equal loads T these are
-    Rhino's floor(before / T - slack / T) and S - 1 - floor(after / T - slack / T)."""
-    count = len(loads)
-    lo = np.searchsorted(np.cumsum(loads), before - slack, side="right").clip(0, count - 1).astype(int)
-    hi = (count - 1 - np.searchsorted(np.cumsum(loads[::-1]), after - slack, side="right")).clip(0, count - 1)
-    return lo, np.maximum(hi.astype(int), lo)
-
-
-def _ancestors(n: int, edges: list) -> np.ndarray:
-    """anc[j, i]: i is an ancestor of j (bool [n, n]), for a DAG whose nodes are in topological
-    order; its transpose is the descendant relation."""
-    preds: list[list[int]] = [[] for _ in range(n)]
-    for i, j in edges:
-        preds[j].append(i)
-    anc = np.zeros((n, n), dtype=bool)
-    for j in range(n):
-        for i in preds[j]:
-            anc[j] |= anc[i]
-            anc[j, i] = True
-    return anc
-
-
-def _stage_ilp(weight, edges, volume, count, lo, hi, cap, time_limit,
-               per_stage: np.ndarray | None = None) -> tuple[np.ndarray, str] | None:
-    """x_is (n * count columns, node-major), then F_e, then L, the largest stage load (stage s's
-    load times per_stage[s]: its load against its capacity); None when infeasible. The objective is the cut, then (as a tie-break worth a tenth of the smallest edge
-    over the whole range of L) the largest load: among splits that cut the same volume (a chain
-    of equal layers cuts the same anywhere) the most even one."""
-    n, m = len(weight), len(edges)
-    X = n * count
-    vol = np.asarray(volume, dtype=np.float64)
-    positive = vol[vol > 0]
-    tie = 0.1 * float(positive.min()) / max(float(cap), 1e-300) if len(positive) else 1.0
-    lower = np.zeros(X + m + 1)
-    upper = np.ones(X + m + 1)
-    upper[-1] = cap
-    s_of = np.tile(np.arange(count), n)
-    node_of = np.repeat(np.arange(n), count)
-    upper[:X][(s_of < lo[node_of]) | (s_of > hi[node_of])] = 0.0
-    cost = np.concatenate([np.zeros(X), vol, [tie]])
-    rows, cols, vals, rlo, rhi = [], [], [], [], []
-    r = 0
-    # one stage per node
-    rows.append(np.repeat(np.arange(n), count))
-    cols.append(np.arange(X))
-    vals.append(np.ones(X))
-    rlo.append(np.ones(n))
-    rhi.append(np.ones(n))
-    r += n
-    # F_e <= B_j - B_i <= (count - 1) F_e, as two rows per edge
-    for k, (i, j) in enumerate(edges):
-        for scale, lo_b, hi_b in ((1.0, 0.0, highspy.kHighsInf), (count - 1.0, -highspy.kHighsInf, 0.0)):
-            rows.append(np.full(2 * count + 1, r))
-            cols.append(np.concatenate([j * count + np.arange(count), i * count + np.arange(count), [X + k]]))
-            vals.append(np.concatenate([np.arange(count, dtype=float), -np.arange(count, dtype=float), [-scale]]))
-            rlo.append(np.array([lo_b]))
-            rhi.append(np.array([hi_b]))
-            r += 1
-    # stage loads: each at most L (and L at most cap)
-    for s in range(count):
-        rows.append(np.full(n + 1, r))
-        cols.append(np.concatenate([np.arange(n) * count + s, [X + m]]))
-        vals.append(np.concatenate([np.asarray(weight, dtype=np.float64) * (1.0 if per_stage is None else per_stage[s]),
-                                    [-1.0]]))
-        rlo.append(np.array([-highspy.kHighsInf]))
-        rhi.append(np.array([0.0]))
-        r += 1
-    lp = rowwise_lp(cost, lower, upper, rows, cols, vals, rlo, rhi, r)
-    lp.integrality_ = [highspy.HighsVarType.kInteger] * (X + m) + [highspy.HighsVarType.kContinuous]
-    h = new_highs()
-    h.setOptionValue("output_flag", False)
-    h.setOptionValue("threads", 1)
-    h.setOptionValue("random_seed", 0)
-    h.setOptionValue("mip_rel_gap", 1e-4)
-    h.setOptionValue("time_limit", time_limit)
-    h.passModel(lp)
-    h.run()
-    status = h.getModelStatus()
-    info = h.getInfo()
-    if info.primal_solution_status != highspy.SolutionStatus.kSolutionStatusFeasible.value:
-        return None
-    col = np.asarray(h.getSolution().col_value)[:X].reshape(n, count)
-    name = "optimal" if status == highspy.HighsModelStatus.kOptimal else h.modelStatusToString(status)
-    return col.argmax(axis=1), name
 
 
 def _follow(graph: Graph, stage_f: dict[int, int], count: int) -> list[tuple[int, ...]]:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from functools import cached_property, lru_cache
+from functools import lru_cache
 
 import numpy as np
 
@@ -38,7 +38,6 @@ from parc.passes.spmd.strategies import (
 from parc.sharding import R, S, ShardSpec, ShardSpecError, local_shape, reshard
 from parc.sharding.spec import Partial, Replicated, Split
 from parc.solver import Problem
-from parc.solver.follow import Grouping
 
 # a layout change no sequential microbatch schedule can run costs FORBIDDEN_SCALE times the
 # most any plan without one can cost (`_forbid`: a GPT-175B-like step priced on one device has
@@ -70,13 +69,6 @@ class CostModel:
 
     def node_index(self, node_position: int) -> int:
         return len(self.sources) + node_position
-
-    @cached_property
-    def grouping(self) -> Grouping | None:
-        """Which nodes follow which in a training step (follow.py); None for other graphs."""
-        from parc.passes.spmd.follow import training_grouping
-
-        return training_grouping(self)
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,18 @@ FORWARD_OF = "parc.forward"  # written by parc/autodiff (backward nodes)
 PARAM_OF = "parc.param"  # written by parc/autodiff/optimizers.py (optimizer nodes)
 
 
+def model_grouping(model: CostModel) -> Grouping | None:
+    """Which nodes follow which in `model`'s training step (`training_grouping`), found once per
+    model and kept on it, so that it travels with the model to the search's jobs; None for a
+    graph without a backward."""
+    if _GROUPING not in model.__dict__:
+        model.__dict__[_GROUPING] = training_grouping(model)
+    return model.__dict__[_GROUPING]
+
+
+_GROUPING = "grouping"  # where `model_grouping` keeps its answer on the model
+
+
 def training_grouping(model: CostModel, lead: str = "update") -> Grouping | None:
     """The grouping of a training step's cost model (None for a graph without a backward).
 

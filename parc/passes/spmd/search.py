@@ -25,13 +25,17 @@ import numpy as np
 
 from parc.cluster import Cluster, Mesh, enumerate_meshes
 from parc.errors import InfeasiblePlanError, UsageError
-from parc.hints import Hints, IneligibleMeshError, check_mesh, hint_pins, warn_once
+from parc.hints import Hints, IneligibleMeshError, check_mesh, warn_once
 from parc.ir.graph import Graph
-from parc.ir.state import OPTIMIZER, bindings, phase
+from parc.ir.state import FORWARD, OPTIMIZER, bindings, phase
+from parc.passes.record import step_roles, tensors
+from parc.passes.schedule import SCHEDULES
 from parc.passes.spmd.costs import CostModel, Micro, build, even_choice, micro_layout, per_device
-from parc.passes.spmd.follow import training_grouping
+from parc.passes.spmd.decision import Decision
+from parc.passes.spmd.follow import model_grouping, training_grouping
+from parc.passes.spmd.pins import hint_pins
 from parc.passes.spmd.pool import SharedMinimum, run_jobs
-from parc.plandir import PLAN_FORMAT_ONE_MESH as FORMAT_VERSION
+from parc.plandir import plan as plan_format
 from parc.report.units import fmt_bytes
 from parc.sharding import R, S, ShardSpec
 from parc.solver import IlpOptions, Problem, SearchOptions, Solution, solve
@@ -80,20 +84,29 @@ class Plan:
     time_s: float = 0.0
     hints: Hints | None = None
 
+    @property
+    def decision(self) -> Decision:
+        """What was chosen on the best mesh, apart from the cost model (`Decision`)."""
+        return Decision.of(self.best.model, self.best.solution.choice)
+
     def communication(self) -> list[dict]:
         return _edge_collectives(self.best.model, self.best.solution.choice)
 
     def to_json(self) -> dict:
+        """plan.json's contents (`to_plan`'s document)."""
+        return self.to_plan().to_json()
+
+    def to_plan(self) -> plan_format.Plan:
+        """The plan as plan.json records it (`parc.plandir.plan`): one stage on the best mesh."""
         m = self.best.model
         x = self.best.solution.choice
+        d = self.decision
         cut = 1 if m.micro is not None else 0  # the microbatch axis is reported apart
         specs, time_specs = {}, {}
-        for k, v in enumerate(m.sources):
-            spec = m.source_specs[k][x[k]]
-            specs[v.name], time_specs[v.name] = _device_part(spec, cut), str(spec[0])
+        for name, spec in d.specs.items():
+            specs[name], time_specs[name] = _device_part(spec, cut), str(spec[0])
         strategies, time_labels = {}, {}
-        for pos, n in enumerate(m.graph.nodes):
-            s = m.strategies[pos][x[m.node_index(pos)]]
+        for n, s in zip(m.graph.nodes, d.strategies, strict=True):
             strategies[n.name] = "x".join(label or "-" for label in s.labels[cut:])
             time_labels[n.name] = s.labels[0] or "-"
             for v, spec in zip(n.outputs, s.outputs):
@@ -107,27 +120,30 @@ class Plan:
                        "memory_budget_bytes_per_device": list(m.balance.budgets)}
         micro = None if m.micro is None else {
             "count": m.micro.count, "specs": time_specs, "strategies": time_labels}
-        return {
-            "micro_batches": micro,
-            "communication": self.communication(),
-            "tensors": _tensors(m),
-            "format_version": FORMAT_VERSION,
-            "cluster": self.cluster.to_json(),
-            "mesh": self.best.mesh.to_json(),
-            "predicted": {"step_time_s": self.best.solution.cost, "compute_s": self.best.compute_s,
-                          "comm_s": self.best.comm_s,
-                          "memory_bytes_per_device": mem,
-                          "memory_budget_bytes": self.budget, **devices},
-            "balance": m.balance.report if m.balance is not None else None,
-            "specs": specs,
-            "strategies": strategies,
-            "solver": {"level": self.level, "time_s": self.time_s, "gap": self.best.solution.gap,
-                       "gap_over_meshes": gap_over_meshes(self.best.solution.cost, self.tried),
-                       "status": self.best.solution.status, "nodes": m.problem.n,
-                       "meshes": self.tried},
-            "baselines": self.baselines,
-            "hints": self.hints.to_json() if self.hints is not None else None,
-        }
+        roles = step_roles(m.graph)
+        mesh = self.best.mesh
+        solver = {"status": self.best.solution.status, "gap": self.best.solution.gap}
+        stage = plan_format.Stage(
+            id=0, devices=mesh.devices, mesh=mesh.shape, device_types=sorted({self.cluster.devices[r].name
+                                                                             for r in mesh.devices}),
+            nodes=len(m.graph.nodes), step_time_s=self.best.solution.cost, memory_bytes_per_device=max(mem),
+            parameters=sum(v.size for v in m.sources if v.is_param), specs=specs, solver=solver)
+        return plan_format.Plan(
+            cluster=self.cluster, mesh=plan_format.MeshLayout.from_json(mesh.to_json()), stages=(stage,),
+            schedule=plan_format.Schedule(SCHEDULES[0], m.micro.count if m.micro is not None else 1),
+            specs=specs, strategies=strategies,
+            phases={n.name: phase(n) for n in m.graph.nodes if phase(n) != FORWARD},
+            predicted=plan_format.Prediction(self.best.solution.cost, self.best.compute_s, self.best.comm_s, mem,
+                                             self.budget, per_device=devices),
+            baselines={k: plan_format.Baseline.from_json(v) for k, v in self.baselines.items()},
+            tensors=tensors(m.graph, m.sources + [v for n in m.graph.nodes for v in n.outputs], roles),
+            step=roles,
+            solver={"level": self.level, "time_s": self.time_s, "gap": self.best.solution.gap,
+                    "gap_over_meshes": gap_over_meshes(self.best.solution.cost, self.tried),
+                    "status": self.best.solution.status, "nodes": m.problem.n, "meshes": self.tried},
+            communication=tuple(self.communication()), micro=micro,
+            balance=m.balance.report if m.balance is not None else None,
+            hints=self.hints.to_json() if self.hints is not None else None)
 
 
 def gap_over_meshes(cost: float, tried: list[dict]) -> float | None:
@@ -218,15 +234,8 @@ def _entry(model: CostModel, v, value: str, consumer: str, a: ShardSpec, b: Shar
             "time_s": runs * reshard_time(a, b, v.shape, v.dtype.itemsize, model.mesh, buckets)}
 
 
-def _tensors(model: CostModel) -> dict[str, dict]:
-    """Shape, dtype and bytes of every named value (explain reports bytes per layout)."""
-    vals = list(model.sources) + [v for n in model.graph.nodes for v in n.outputs if v.name]
-    return {v.name: {"shape": list(v.shape or ()), "dtype": str(v.dtype), "bytes": v.nbytes,
-                     "parameter": bool(v.is_param)} for v in vals}
-
-
 @dataclass(frozen=True)
-class _Search:
+class _MeshJobs:
     """What every job of one search shares."""
 
     cluster: Cluster
@@ -286,7 +295,7 @@ class _NoPlan:
     proven: bool
 
 
-def _run(search: _Search, graph: Graph, job: _Job) -> _Built | Solution | _NoPlan | dict:
+def _run(search: _MeshJobs, graph: Graph, job: _Job) -> _Built | Solution | _NoPlan | dict:
     """One job: a _Built, a plan's Solution (or why none fits), or a baseline's record."""
     t0 = time.perf_counter()
     try:
@@ -295,7 +304,7 @@ def _run(search: _Search, graph: Graph, job: _Job) -> _Built | Solution | _NoPla
         log.info("mesh %s: %s took %.1f s", job.mesh.shape, job.what, time.perf_counter() - t0)
 
 
-def _job(search: _Search, graph: Graph, job: _Job) -> _Built | Solution | _NoPlan | dict:
+def _job(search: _MeshJobs, graph: Graph, job: _Job) -> _Built | Solution | _NoPlan | dict:
     mesh, model = job.mesh, job.model
     if job.what == "build":
         try:
@@ -303,7 +312,7 @@ def _job(search: _Search, graph: Graph, job: _Job) -> _Built | Solution | _NoPla
                 check_mesh(graph, search.hints, mesh.shape)  # before the (slow) cost model
             model = build(graph, mesh, search.cluster, search.micro, _pinned_layouts(search.hints, mesh.shape),
                           search.arrivals, search.kept)
-            _ = model.grouping  # once here, not in each of the plan's and baselines' jobs (it travels with the model)
+            model_grouping(model)  # once here, not in each of the plan's and baselines' jobs (it travels with the model)
             if search.hints is None:
                 return _Built(model)
             pins, warnings = hint_pins(model, search.hints)
@@ -410,7 +419,7 @@ def _search_plan(model: CostModel, problem: Problem, level: str, options: Search
                  refine_steps: int, prove: bool, incumbent: SharedMinimum | None = None) -> tuple[Solution, bool]:
     """search_plan's plan, and whether it has had the diffusion bound already."""
     problem.check_budget()  # before any search: no choice fits when the least memory does not
-    grouping = model.grouping
+    grouping = model_grouping(model)
     follow = None
     if grouping is not None:
         try:
@@ -542,7 +551,7 @@ def plan_graph(graph: Graph, cluster: Cluster, *, level: str = "O3", memory_budg
     if micro is None and micro_batches > 1:
         micro = micro_layout(graph, cluster, micro_batches)
     names = _baseline_names if with_baselines else (lambda mesh: [])
-    search = _Search(cluster, level, budget, SearchOptions(ilp=IlpOptions(time_limit=time_limit)), hints, micro,
+    search = _MeshJobs(cluster, level, budget, SearchOptions(ilp=IlpOptions(time_limit=time_limit)), hints, micro,
                      arrivals, kept)
     meshes = enumerate_meshes(cluster, max_dims=max_mesh_dims)
     total = sum(2 + len(names(m)) for m in meshes)  # jobs: build, plan, baselines

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from parc.ir.graph import Node, Value
 from parc.ops import sharding_rule
 from parc.ops.base import ShardingRule
-from parc.passes.spmd.hetero import label_sizes
 from parc.sharding import P, R, S, ShardSpec, ShardSpecError, shard_spec_for_labels
+from parc.solver.balance import label_sizes
 
 MAX_STRATEGIES = 32  # per node; label combinations beyond this are dropped, largest splits kept
 
