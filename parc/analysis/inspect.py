@@ -9,6 +9,7 @@ from typing import Any
 from parc.errors import UnboundDimError
 from parc.ir import importer
 from parc.ir.graph import Graph, Value
+from parc.ir.liveness import graph_peak
 from parc.ir.params import mark_params
 from parc.ir.shapes import shape_dependent_values
 from parc.ir.state import FORWARD, PHASE, phase, step_state
@@ -44,29 +45,12 @@ def node_flops(graph: Graph) -> tuple[int, int | None]:
 
 
 def activation_peak(graph: Graph) -> int:
-    """Peak bytes of live non-constant values when nodes run in graph order."""
-    last_use: dict[int, int] = {}
-    for i, n in enumerate(graph.nodes):
-        for v in n.inputs:
-            if v is not None and not v.is_const:
-                last_use[id(v)] = i
-    end = len(graph.nodes)
-    for v in graph.outputs:
-        last_use[id(v)] = end
-    frees: dict[int, int] = Counter()
-    live = peak = 0
-    for v in graph.inputs:
-        live += v.nbytes
-        frees[last_use.get(id(v), -1)] += v.nbytes
-    peak = live
-    for i, n in enumerate(graph.nodes):
-        for v in n.outputs:
-            if id(v) in last_use:
-                live += v.nbytes
-                frees[last_use[id(v)]] += v.nbytes
-        peak = max(peak, live)
-        live -= frees.pop(i, 0)
-    return peak
+    """Peak bytes of live non-constant values when nodes run in graph order.
+
+    `parc.ir.liveness.graph_peak` with inspect's rules: the graph's inputs count (from the
+    first node), a node output nothing reads does not, and every graph output stays to the end,
+    a training step's new parameters and state included."""
+    return graph_peak(graph, inputs=True, unread_outputs=False, bound_in_place=False).nbytes
 
 
 def inspect_graph(graph: Graph) -> dict[str, Any]:

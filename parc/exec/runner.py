@@ -160,7 +160,7 @@ class _Step:
     envs: dict[int, dict[str, Any]] = field(default_factory=dict)  # each running microbatch's values
     sums: dict[str, Any] = field(default_factory=dict)  # the accumulations of the microbatches folded
     folded: int = 0  # how many microbatches are folded
-    latest: dict[str, Any] = field(default_factory=dict)  # the last microbatch's values, which the apply part may read
+    latest: dict[str, Any] = field(default_factory=dict)  # the last microbatch's values (the apply part's)
     outputs: dict[str, np.ndarray] = field(default_factory=dict)  # the graph outputs handed back
     pending: list = field(default_factory=list)  # the sends not yet complete
 
@@ -232,7 +232,7 @@ class Rank:
                 self.engines[t["module"]] = _Ort(path, threads) if kind == "ort" else _Array(path, self.device)
 
     def _connect(self) -> None:
-        """Every communicator and point-to-point link of the order, before the first step (Rhino 6.3)."""
+        """Every communicator and link the order uses, made before the first step (Rhino 6.3)."""
         for t in self.order:
             if t["kind"] == "collective" and len(t["group"]) > 1:
                 self.comm.for_ranks(tuple(t["group"]))

@@ -375,7 +375,12 @@ def held_peak(graph: TaskGraph, rank: int, program) -> int:
     array, `last` the value itself, `concat` a list of the values, concatenated into a new array
     after the last microbatch) and its values for the apply part; the outputs handed out (the
     values themselves); send buffers until the end of the step (the value itself, or a new array
-    when the send cuts the receiver's shard)."""
+    when the send cuts the receiver's shard).
+
+    The count is taken after each task has made its values, before it frees any: the replay
+    finds the tasks between which each array is held and `parc.ir.liveness.interval_peak` sweeps
+    those intervals, one position a task."""
+    from parc.ir.liveness import interval_peak
     from parc.plandir import local_bytes as resident_bytes
     from parc.plandir.taskgraph import last_uses
 
@@ -384,27 +389,29 @@ def held_peak(graph: TaskGraph, rank: int, program) -> int:
     last_of_mb = last_of_micro(order)
     micro = len(last_of_mb)
     size: list[int] = []  # bytes of each array made, by its id
+    first: list[int] = []  # by array id, the first task whose count includes it
+    last: list[int | None] = []  # the last such task (before `first`: none); None: still held
+    clock = 0  # the task whose count what is held now is in: this one, the next once counted
 
     def made(nbytes: int) -> int:
         size.append(int(nbytes))
+        first.append(clock)
+        last.append(None)
         return len(size) - 1
 
     live: dict[int, int] = {}  # array id -> how many places hold it (an array counts once)
-    total = 0  # bytes of the arrays held
 
     def hold(i: int | None) -> None:
-        nonlocal total
         if i is not None:
+            assert i in live or last[i] is None, "an array released is held again"
             live[i] = live.get(i, 0) + 1
-            total += size[i] if live[i] == 1 else 0
 
     def release(i: int | None) -> None:
-        nonlocal total
         if i is not None:
             live[i] -= 1
             if not live[i]:
                 del live[i]
-                total -= size[i]
+                last[i] = clock - 1
 
     def put(holder: dict, key: str, i: int) -> None:
         hold(i)
@@ -421,7 +428,7 @@ def held_peak(graph: TaskGraph, rank: int, program) -> int:
     sums: dict[str, Any] = {}  # name -> array id, or a list of ids (concat)
     latest: dict[str, int] = {}
     outputs: dict[str, int] = {}
-    folded = peak = 0
+    folded = 0
 
     def lookup(env: dict, name: str) -> int | None:
         for holder in (env, shared, latest):
@@ -447,7 +454,7 @@ def held_peak(graph: TaskGraph, rank: int, program) -> int:
             held = lookup(env, t["local"])
             if held is not None:
                 put(outputs, t["tensor"], held)
-        peak = max(peak, total)
+        clock = pos + 1
         for name in free_after[pos]:
             release(env.pop(name, None))
         if mb is not None and last_of_mb.get(mb) == pos:
@@ -471,7 +478,8 @@ def held_peak(graph: TaskGraph, rank: int, program) -> int:
                     if name in sums:
                         x = sums[name]
                         put(shared, name, made(sum(size[i] for i in x)) if how == "concat" else x)
-    return peak
+    held_to_end = len(order) - 1
+    return interval_peak(size, first, [held_to_end if j is None else j for j in last]).nbytes
 
 
 def simulate_plan(plan_dir, keep_spans: bool = True) -> Simulation:

@@ -131,7 +131,7 @@ def _communication(c: facts.Communication, p: facts.Parameters) -> list[str]:
 def _parameters(r: facts.Report) -> list[str]:
     p = r.parameters
     if not p.count:
-        return ["no trained parameters found (no spec name X with an X.new sibling: not a training step)"]
+        return ["no trained parameters found (plan.json records no training step)"]
     if not p.sharded:
         return [f"all {p.count} parameters are replicated, as in data parallel"] + _state_only(p)
     names = [q.name for q in p.items if q.sharded]

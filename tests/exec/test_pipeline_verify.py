@@ -247,12 +247,12 @@ def test_transfers_matched_by_order_alone_give_the_source_loss(work, args, monke
 
     monkeypatch.setattr(ThreadComm, "recv", late_recv)
     from parc.exec.verify import reference_run
-    from parc.plandir import load_program
+    from parc.plandir import load_plan, load_program
 
     plan_dir = work / f"gpt-tiny-{'-'.join(args)}"
     if not plan_dir.exists():
         _plan(_step(work, "gpt-tiny"), plan_dir, *args)
-    plan = json.loads((plan_dir / "plan.json").read_text())
+    plan = load_plan(plan_dir)
     batches = [synthetic(step_inputs(load_program(plan_dir, 0)), 0, s) for s in range(2)]
     got, _ = run_threads(plan_dir, batches, timeout=120)
     want = reference_run(str(plan_dir), plan, 4, 2, 0)["outputs"]

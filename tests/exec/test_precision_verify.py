@@ -58,9 +58,15 @@ def test_bf16_plan_runs_on_the_array_engine_and_refuses_onnxruntime(plans):
 def test_only_plans_holding_bfloat16_leave_onnxruntime():
     """verify's reference and `--engine auto` stay on onnxruntime for every other plan (a float32
     plan's reference on the array engine made t5's pipeline miss verify's tolerance)."""
-    from parc.exec.engine_choice import ort_cpu_lacks, plan_engine
+    from types import SimpleNamespace
 
-    fp32 = {"tensors": {"w": {"dtype": "float"}, "h": {"dtype": "float16"}}}
-    bf16 = {"tensors": {"w": {"dtype": "float"}, "w.bf16": {"dtype": "bfloat16"}}}
+    from parc.exec.engine_choice import ort_cpu_lacks, plan_engine
+    from parc.plandir.plan import Tensor
+
+    def plan_of(dtypes: dict[str, str]):  # what the choice reads of a Plan: its tensors' types
+        return SimpleNamespace(tensors={name: Tensor((4,), dtype, 16) for name, dtype in dtypes.items()})
+
+    fp32 = plan_of({"w": "float", "h": "float16"})
+    bf16 = plan_of({"w": "float", "w.bf16": "bfloat16"})
     assert ort_cpu_lacks(fp32) == [] and plan_engine("auto", fp32) == "auto" and plan_engine("ort", fp32) == "ort"
     assert ort_cpu_lacks(bf16) == ["bfloat16"] and plan_engine("auto", bf16) in ("numpy", "cupy")

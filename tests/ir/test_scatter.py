@@ -16,10 +16,11 @@ ort = pytest.importorskip("onnxruntime")
 def _embedding_grad(rows: int, width: int, ids: tuple[int, ...]) -> onnx.ModelProto:
     """out = data with upd's rows added at idx (an embedding's gradient), idx [B, S, 1]."""
     node = helper.make_node("ScatterND", ["data", "idx", "upd"], ["out"], reduction="add", name="grad")
-    g = helper.make_graph([node], "g", [helper.make_tensor_value_info("data", TensorProto.FLOAT, [rows, width]),
-                                        helper.make_tensor_value_info("idx", TensorProto.INT64, [*ids, 1]),
-                                        helper.make_tensor_value_info("upd", TensorProto.FLOAT, [*ids, width])],
-                          [helper.make_tensor_value_info("out", TensorProto.FLOAT, [rows, width])])
+    inputs = [helper.make_tensor_value_info("data", TensorProto.FLOAT, [rows, width]),
+              helper.make_tensor_value_info("idx", TensorProto.INT64, [*ids, 1]),
+              helper.make_tensor_value_info("upd", TensorProto.FLOAT, [*ids, width])]
+    out = helper.make_tensor_value_info("out", TensorProto.FLOAT, [rows, width])
+    g = helper.make_graph([node], "g", inputs, [out])
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
 
 

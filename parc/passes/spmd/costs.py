@@ -23,6 +23,7 @@ from parc.cluster.cost import bucket_axes, bucket_share, ring_time
 from parc.cluster.links import LinkSpec
 from parc.errors import UsageError
 from parc.ir.graph import Graph, Node, Value, const_key, node_signature
+from parc.ir.liveness import graph_peak
 from parc.ir.state import FORWARD, OPTIMIZER, bindings, is_gradient_sync, phase
 from parc.ops import node_pieces, node_work, op_class
 from parc.passes.spmd.hetero import Balance, device_times, mesh_balance
@@ -520,31 +521,14 @@ def _node_costs(n: Node, strats: list[Strategy], held: tuple[bool, ...], shape: 
 def peak_live(graph: Graph) -> set[int]:
     """Ids of the node outputs live when the graph, run in its order, holds the most bytes.
 
-    A value is live from its producer to its last reader (graph outputs to the end, except a
-    training step's new parameters and state, which replace their inputs in place). The peak
-    is found with every value at its full size; a plan's memory per device is then its sources'
-    shares plus the shares of the values live at that point: in a training step, the
+    `parc.ir.liveness.graph_peak` with its planner rules: node outputs only (the sources are
+    priced on their own), a value no node reads live at its producer, graph outputs to the end
+    except a training step's new parameters and state, which replace their inputs in place. The
+    peak is found with every value at its full size; a plan's memory per device is then its
+    sources' shares plus the shares of the values live at that point: in a training step, the
     activations saved for the backward pass and the gradients computed so far (Rhino 4.4)."""
-
-    bound = set(bindings(graph.metadata))
-    outputs = {id(v) for v in graph.outputs if v.name not in bound}
-    position = {id(n): k for k, n in enumerate(graph.nodes)}
-    end_of = len(graph.nodes)
-    values, delta = [], np.zeros(end_of + 2)
-    for k, n in enumerate(graph.nodes):
-        for v in n.outputs:
-            if not v.name or v.shape is None or v.dtype is None:
-                continue
-            last = max((position[id(u)] for u, _ in v.uses if id(u) in position), default=k)
-            if id(v) in outputs:
-                last = end_of
-            values.append((v, k, last))
-            delta[k] += v.nbytes
-            delta[last + 1] -= v.nbytes
-    if not values:
-        return set()
-    t = int(np.argmax(np.cumsum(delta)))
-    return {id(v) for v, first, last in values if first <= t <= last}
+    peak = graph_peak(graph, inputs=False, unread_outputs=True, bound_in_place=True)
+    return {id(v) for v in peak.values}
 
 
 class _Pricer:
