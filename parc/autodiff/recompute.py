@@ -22,9 +22,8 @@ The values are the same to the bit: the same ops on the same inputs.
 
 from __future__ import annotations
 
-from parc.autodiff.context import FORWARD_OF
 from parc.ir.graph import Graph, Node, Value
-from parc.ir.state import PHASE
+from parc.ir.state import FORWARD_OF, PHASE
 from parc.ops.fusion import OPS
 
 RECOMPUTED_OPS = frozenset(OPS) | {"Cast"}  # the elementwise ops the array engine fuses, and Cast

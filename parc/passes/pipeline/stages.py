@@ -28,11 +28,20 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from parc.autodiff.context import FORWARD_OF
 from parc.cluster import Cluster, compute_time
 from parc.errors import UsageError
 from parc.ir.graph import Graph, Node, Value
-from parc.ir.state import BACKWARD, FORWARD, OPTIMIZER, bindings, phase, step_state, write_step_state
+from parc.ir.state import (
+    BACKWARD,
+    FORWARD,
+    FORWARD_OF,
+    OPTIMIZER,
+    PARAM_OF,
+    bindings,
+    phase,
+    step_state,
+    write_step_state,
+)
 from parc.ops import node_pieces, node_work, op_class
 from parc.solver.stages import ancestors, solve_stages
 
@@ -194,8 +203,8 @@ def _follow(graph: Graph, stage_f: dict[int, int], count: int) -> list[tuple[int
             continue
         if phase(n) == BACKWARD and n.meta.get(FORWARD_OF) in by_name:
             out[pos] = (by_name[n.meta[FORWARD_OF]],)
-        elif phase(n) == OPTIMIZER and n.meta.get("parc.param") in param_stage:
-            out[pos] = (param_stage[n.meta["parc.param"]],)
+        elif phase(n) == OPTIMIZER and n.meta.get(PARAM_OF) in param_stage:
+            out[pos] = (param_stage[n.meta[PARAM_OF]],)
     # the rest: the earliest stage that reads it, else the latest stage it reads from
     for pos in reversed(range(len(nodes))):
         if out[pos] is not None or pos in floating:
@@ -241,7 +250,7 @@ def _floating(graph: Graph) -> set[int]:
     out: set[int] = set()
     made: set[int] = set()
     for pos, n in enumerate(graph.nodes):
-        if phase(n) == FORWARD or n.meta.get(FORWARD_OF) or n.meta.get("parc.param"):
+        if phase(n) == FORWARD or n.meta.get(FORWARD_OF) or n.meta.get(PARAM_OF):
             continue
         ok = all(v is None or (v.producer is None and v.name not in data and v.name not in params)
                  or id(v) in made for v in n.inputs)

@@ -23,14 +23,11 @@ from __future__ import annotations
 import numpy as np
 
 from parc.ir.graph import Node
-from parc.ir.state import BACKWARD, FORWARD, OPTIMIZER, phase, step_state
+from parc.ir.state import BACKWARD, FORWARD, FORWARD_OF, OPTIMIZER, PARAM_OF, phase, step_state
 from parc.passes.spmd.costs import CostModel, _unique, reshard_time
 from parc.sharding import R, ShardSpec
 from parc.sharding.spec import Partial
 from parc.solver.follow import Grouping
-
-FORWARD_OF = "parc.forward"  # written by parc/autodiff (backward nodes)
-PARAM_OF = "parc.param"  # written by parc/autodiff/optimizers.py (optimizer nodes)
 
 
 def model_grouping(model: CostModel) -> Grouping | None:
