@@ -3,9 +3,9 @@
 Reverse-mode autodiff keeps every forward value a gradient rule reads until the backward pass
 reaches it. For an elementwise chain that is most of the chain: GELU exported as
 `0.5 * x * (1 + erf(x / sqrt 2))` leaves `x / sqrt 2`, `1 + erf(...)` and the product alive, each
-as large as the MLP's hidden layer (in gpt-medium, 128 MiB a layer at batch 8 for each, 9 GiB of
-the step's 39 GiB at its peak), where PyTorch's GELU keeps `x` alone. A decomposed layer norm or
-SiLU does the same.
+as large as the MLP's hidden layer (in gpt-medium, 128 MiB a layer at batch 8 for each, 9 GiB
+over its 24 layers; what recomputing saves: docs/training.md), where PyTorch's GELU keeps `x`
+alone. A decomposed layer norm or SiLU does the same.
 
 `recompute_elementwise` rewrites the training step: a kept value whose producer is an elementwise
 op, and whose inputs are constants, graph inputs, values kept anyway, or values this pass

@@ -1,5 +1,10 @@
 """The cost formulas: alpha-beta collectives per mesh axis, and a roofline per op.
 
+A node's time on a device is `NodeWork.of(node).seconds(device, ...)`: its work (FLOPs, bytes,
+type, class and pieces, from its op rule) priced by `compute_time`. The SPMD search, the stage
+search, the heterogeneous balance and the task times of the emitted modules all price nodes
+through it.
+
 Collectives use ring algorithms. For a group of n devices on a link with latency alpha and
 per-device bandwidth beta (bytes/s), moving a tensor of B bytes:
 
@@ -18,10 +23,14 @@ outnumber its cores). A group of one device costs nothing.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 from parc.cluster.devices import DeviceSpec
 from parc.cluster.links import LinkSpec
 from parc.cluster.mesh import Mesh
+from parc.ir.graph import Node
+from parc.ops.base import node_pieces, node_work, op_class
 
 # Latency steps of each ring collective over n devices, and the bytes each device sends as a
 # fraction of B (the table above): every collective's time comes from these two.
@@ -138,6 +147,33 @@ def collective_time(kind: str, link: LinkSpec, n: int, nbytes: float) -> float:
 def axis_collective_time(mesh: Mesh, axis: int, kind: str, nbytes: float) -> float:
     """Seconds for collective `kind` along mesh axis `axis` (all its groups at once)."""
     return collective_time(kind, mesh.links[axis], mesh.shape[axis], nbytes)
+
+
+@dataclass(frozen=True)
+class NodeWork:
+    """What one node asks of a device: FLOPs, bytes moved, the type it computes in, its op class
+    and its pieces (`parc.ops`: `node_work`, `op_class`, `node_pieces`)."""
+
+    flops: float
+    nbytes: float
+    dtype: Any
+    op_class: str = ""
+    pieces: float = 0.0
+
+    @classmethod
+    def of(cls, node: Node) -> NodeWork:
+        flops, nbytes, dtype = node_work(node)
+        return cls(flops, nbytes, dtype, op_class(node), node_pieces(node))
+
+    def seconds(self, device: DeviceSpec, share: float = 1.0, split: int = 1, queued: bool = False) -> float:
+        """`compute_time` of the part of the work one device does: `share` of it, divided `split`
+        ways (a strategy's even split; an uneven one gives each device its share)."""
+        return compute_time(self.flops * share / split, self.nbytes * share / split, device, self.dtype,
+                            self.op_class, queued=queued, pieces=self.pieces * share / split)
+
+    def floor(self, device: DeviceSpec) -> float:
+        """What the node costs on `device` however little of its work it does (`node_floor`)."""
+        return node_floor(self.flops, self.nbytes, device, self.op_class)
 
 
 def compute_time(flops: float, nbytes: float, device: DeviceSpec, dtype: object = "float32",

@@ -82,15 +82,15 @@ class DeviceSpec:
     op_piece: tuple[tuple[str, float], ...] = ()
     # the bytes/s at which a node reads a value last touched more than `cache_share` bytes of
     # traffic before (a module's inputs, a forward activation its gradient reads back), where
-    # memory_bandwidth's rates are those of data the caches still hold (calibrate: on this
-    # project's shared 2-core VM an Add streamed 24 GB/s on one core and 10 GB/s after the rank
-    # had touched 512 MiB); 0: every read at memory_bandwidth's rates (`timing.module_seconds`)
+    # memory_bandwidth's rates are those of data the caches still hold (calibrate: an Add streams
+    # far slower after the rank has touched much other memory: docs/simulate.md); 0: every read
+    # at memory_bandwidth's rates (`timing.module_seconds`)
     cold_bandwidth: float = 0.0
     cache_share: float = 0.0  # bytes of traffic a value stays in this rank's share of the caches
     # what a node takes in a real training step over what the rest of the model prices it at
     # (calibrate: `parc profile` runs reference steps with `parc run` and compares them with their
-    # simulation, `fit_step_ratio`; on this project's 2-core VM the benchmarks, each run warm and
-    # alone, priced the steps of two ranks 15-28% short); every node's time is multiplied by it
+    # simulation, `fit_step_ratio`: the benchmarks, each run warm and alone, price a step short;
+    # docs/simulate.md); every node's time is multiplied by it
     step_ratio: float = 1.0
     # `parc run` runs it with parc's array engine on a GPU: trees of elementwise nodes are fused
     # into one kernel (`parc.exec.engines.fusion`: a tree moves only its leaves and its root), and

@@ -32,14 +32,14 @@ class LinkSpec:
     # its members to be scheduled, about the same time whatever their number (`parc profile`)
     call: float = 0.0
     # (kind, latency, bandwidth) of collective kinds that run at figures of their own, where an
-    # implementation's kinds are not the same ring (MPICH on a shared-memory host: a 1 MB
-    # reduce-scatter between 2 ranks took 1.2x an all-reduce's time, not half; `parc profile`
-    # measures them); every other kind at `latency` and `bandwidth`
+    # implementation's kinds are not the same ring (MPICH on a shared-memory host: a
+    # reduce-scatter between 2 ranks takes no less than an all-reduce, not half its time:
+    # docs/cluster.md; `parc profile` measures them); every other kind at `latency` and `bandwidth`
     kinds: tuple[tuple[str, float, float], ...] = ()
     # what a collective inside a training step takes against the figures above, which bursts of
     # collectives on one buffer measure: 1 in the catalogue; `parc profile` traces its reference
-    # tensor-parallel step (on 2 CPU ranks: 2.2-2.5x, each collective between modules that left
-    # the caches to their own tensors)
+    # tensor-parallel step (on CPU ranks well above 1: each collective runs between modules that
+    # left the caches to their own tensors; benchmarks/LOG.md, 2026-11-28, seventh session)
     step_ratio: float = 1.0
 
     def __post_init__(self) -> None:

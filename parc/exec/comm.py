@@ -242,17 +242,17 @@ class MpiComm:
     def _wait(self, request, what: str, peer: int | None = None, receiving: bool = False) -> None:
         """Poll until done, until the deadline. Where this host's ranks have a core each
         (`spin`), every poll follows the last: MPI moves a large message only while its ranks
-        poll, and on 2 cores a 3.4 MB all-reduce between 2 ranks, one arriving 3 ms late, took
-        3.1 ms with the naps below and 2.4 ms without. Where ranks share cores, yielding the CPU
-        between the first polls (a collective among ranks that share cores completes in
-        microseconds), then sleeping between polls: 50 us where a counterpart (`peer`, whose
-        message this rank is `receiving` or who receives its send; else every other member) is on
-        another host; else on this host's doorbell (`Bells`), from 50 us up to BELL_NAP_S, twice
-        as long each time nothing it waits for rang, and 50 us once every counterpart has rung
-        (joined the collective, posted the send, completed the recv of this rank's send). A rank
-        that naps 50 us while the host's other ranks compute takes their cores from them: on 2
-        cores, two ranks' 41 ms of products took 66-87 ms with two ranks waiting so beside them,
-        40-46 ms with those ranks on their doorbells."""
+        poll, so naps between polls there slow a late member's large all-reduce (benchmarks/LOG.md,
+        2026-11-28, fifth session). Where ranks share cores, yielding the CPU between the first
+        polls (a collective among ranks that share cores completes in microseconds), then
+        sleeping between polls: 50 us where a counterpart (`peer`, whose message this rank is
+        `receiving` or who receives its send; else every other member) is on another host; else
+        on this host's doorbell (`Bells`), from 50 us up to BELL_NAP_S, twice as long each time
+        nothing it waits for rang, and 50 us once every counterpart has rung (joined the
+        collective, posted the send, completed the recv of this rank's send). A rank
+        that naps 50 us while the host's other ranks compute takes their cores from them: their
+        products run far slower beside ranks waiting so than beside ranks on their doorbells
+        (docs/run.md; benchmarks/LOG.md, 2026-11-29, eleventh session)."""
         bells = self.bells
         others = self._counterparts(peer) if bells is not None else ()
         quiet = bells is not None and bells.covers(others)

@@ -488,8 +488,8 @@ class Rank:
     def _pieces_to_all(self, comm, step: Collective, x):
         """An all_to_all between strided or uneven splits: each rank sends each peer only the
         positions it needs (`layout.exchange`), cut and placed as runs of slices. Gathering every
-        piece and rearranging on the host took 0.95-1.3 ms per call for moe-tiny's [32,16,96]
-        query-key-value shards on 2 ranks (traced in its step: 1.2-1.4 ms); this way 0.22-0.25 ms."""
+        piece and rearranging on the host took several times as long for moe-tiny's
+        query-key-value shards (benchmarks/LOG.md, 2026-11-28, ninth session)."""
         key = (step, tuple(x.shape), comm.rank)
         if key not in self._exchanges:
             ex = exchange(step.src, step.dst, step.n, tuple(x.shape), comm.rank)

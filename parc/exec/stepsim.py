@@ -46,6 +46,7 @@ from typing import Any
 import numpy as np
 
 from parc.errors import PlanFormatError
+from parc.ir.liveness import interval_peak
 from parc.plandir.simulation import COMM, COMPUTE, TIMELINE_RANKS, WAIT
 from parc.plandir.taskgraph import TaskGraph, last_of_micro
 
@@ -380,7 +381,6 @@ def held_peak(graph: TaskGraph, rank: int, program) -> int:
     The count is taken after each task has made its values, before it frees any: the replay
     finds the tasks between which each array is held and `parc.ir.liveness.interval_peak` sweeps
     those intervals, one position a task."""
-    from parc.ir.liveness import interval_peak
     from parc.plandir import local_bytes as resident_bytes
     from parc.plandir.taskgraph import last_uses
 

@@ -97,7 +97,7 @@ def encode(name: str, spec: ShardSpec, mesh_shape: tuple[int, ...],
 @lru_cache(maxsize=1024)
 def _devices(spec: ShardSpec, mesh_shape: tuple[int, ...]) -> tuple[onnx.ShardingSpecProto, tuple]:
     """encode's device part of `spec` (the same for every tensor in that layout: a model's
-    tensors share a few dozen, and each costs a pass over every device, 7 ms on 4,096), and
+    tensors share a few dozen, and each costs a pass over every device of the mesh), and
     its split dims with their shard counts."""
     blocks = device_blocks(spec, mesh_shape)
     dims = tuple((d, ns) for d, _, ns in blocks[0])

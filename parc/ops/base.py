@@ -422,11 +422,12 @@ def node_pieces(node: Node) -> float:
     walks 128 spans of 32); a convolution's are instead the elements of the matrices its lowering
     builds (`_conv_pieces`), a Where's the runs of its condition (`_where_runs`). 0 for every
     other op, for a broadcast of a scalar, or where a shape is unknown. A CPU engine pays a fixed cost per piece (`DeviceSpec.piece_cost`): onnxruntime
-    copies a Transpose's runs of 4-16 float32 at about 19 ns each on one thread of this project's
-    host whatever their length (1.6-7 GB/s, against 60 GB/s for runs of 256), and runs of 32 and 64
-    at about a half and a quarter of that, which the weight gives; a GPT-2 export's attention
-    transposes (runs of 8) took 12-20 us for 32 KiB, and its softmax gradient's broadcast
-    subtraction (spans of 16) 13 us. The roofline's rates are measured on long pieces."""
+    copies a Transpose's runs of up to 16 float32 (a cache line) in about the same time each
+    whatever their length, far under its rate on long runs, and runs of 32 and 64 at about a
+    half and a quarter of that, which the weight gives; a GPT-2 export's attention transposes
+    (runs of 8) and its softmax gradient's broadcast subtraction (spans of 16) take far longer
+    than their bytes at that rate (docs/simulate.md; benchmarks/LOG.md, 2026-11-27, fourth
+    session). The roofline's rates are measured on long pieces."""
     if not node.inputs or node.inputs[0] is None:
         return 0.0
     if node.op_type in CONV_OPS:
@@ -479,12 +480,12 @@ def _conv_pieces(node: Node) -> float:
     multiplied as it is: none. A ConvTranspose writes its product's columns (M/g x kernel rows by
     the input's positions) and folds them into the output (col2im). Their cost per element is the
     class's piece cost (`DeviceSpec.piece_cost`), fitted with its rate
-    (`parc.calibrate.fit.fit_conv_pieces`). On this project's host, one thread, unet-tiny's weight
-    gradients (kernels of 32 x 32 over outputs of 3 x 3: runs of 3) took 3.1-3.5 ms whether 2, 4
-    or 8 output channels, a GEMM with few rows being bound by its expanded operand; over the
-    convolutions of its plans (207 shapes), elements + 16 per run fitted with one rate and one
-    cost left a 17% RMS error, against 37% for the elements and the weights read again per
-    image. 0 where a shape is unknown."""
+    (`parc.calibrate.fit.fit_conv_pieces`). A GEMM with few rows is bound by its expanded
+    operand: unet-tiny's weight gradients (kernels of 32 x 32 over outputs of 3 x 3: runs of 3)
+    take about the same time whatever their output channels; over the convolutions of its plans,
+    elements + 16 per run fitted with one rate and one cost leave a far smaller error than the
+    elements and the weights read again per image (benchmarks/LOG.md, 2026-11-28, eighth
+    session). 0 where a shape is unknown."""
     if len(node.inputs) < 2 or node.inputs[1] is None or not node.outputs or node.outputs[0] is None:
         return 0.0
     x, w, y = node.inputs[0], node.inputs[1], node.outputs[0]
@@ -502,8 +503,8 @@ def _conv_pieces(node: Node) -> float:
 
 
 RUNS_EXACT = 1 << 22  # a broadcast condition of up to this many output elements has its runs counted exactly
-# (constant, output shape) -> runs: the planner asks for a node's pieces once per strategy, and a
-# [1024, 1024] mask takes a millisecond to count
+# (constant, output shape) -> runs: the planner asks for a node's pieces once per strategy, and
+# counting a large mask's runs walks all of its elements
 _RUNS: dict[tuple[int, tuple], tuple[object, float]] = {}
 RUNS_KEPT = 256
 
@@ -511,8 +512,8 @@ RUNS_KEPT = 256
 def _where_runs(node: Node) -> float:
     """The runs of equal condition a Where walks in its output's order: onnxruntime's CPU kernel
     picks each element's source by a branch, which the processor mispredicts where the condition
-    changes (on this project's host a Where over a random mask took 3.9 ns an element, over a
-    causal triangle broadcast across the batch 0.3 ns). A constant condition's runs are counted
+    changes (a Where over a random mask takes many times as long an element as one over a causal
+    triangle broadcast across the batch: docs/simulate.md). A constant condition's runs are counted
     (a condition broadcast over leading dims: its own runs times the copies); one within
     `MASK_DEPTH` producers of `MASK_OPS` from a constant (a mask sliced or cast from a buffer) as
     a causal triangle's, two a row of the last dim; a condition made from data (a ReLU's gradient)

@@ -32,6 +32,7 @@ from parc.cluster.links import LINKS, LinkSpec
 from parc.ir.dtypes import onnx_nbytes
 from parc.ir.graph import Graph
 from parc.ir.scatter import scatter_as_elements
+from parc.ir.simplify import simplify
 from parc.ir.state import step_state
 from parc.ops.base import masked_classes
 from parc.passes.lower import APPLY, MICRO, Comm, RankProgram, bindings, loss_name, lower_rank, rules_of
@@ -73,7 +74,9 @@ def _value_info(p: RankProgram, name: str) -> onnx.ValueInfoProto:
 
 
 def build_modules(p: RankProgram, graph: Graph) -> tuple[list[dict], dict[str, onnx.ModelProto]]:
-    """The rank's module tasks (name, part, depth, inputs, outputs) and ONNX models."""
+    """The rank's module tasks (name, part, depth, inputs, outputs) and ONNX models, each without
+    the repeated nodes and no-op Casts onnxruntime would remove (`parc.ir.simplify`: what is
+    priced and written is what runs)."""
     groups = _modules(p)
     read_later: set[str] = set(p.outputs.values())
     read_later |= {c.src for c in p.comms}
@@ -87,6 +90,7 @@ def build_modules(p: RankProgram, graph: Graph) -> tuple[list[dict], dict[str, o
                     readers[i].add(k)
     opsets = [helper.make_opsetid(d, v) for d, v in sorted(p.opset.items())]
     ir_version = max(8, helper.find_min_ir_version_for(opsets, ignore_unknown=True))
+    dtypes = {name: dtype for name, (dtype, _) in p.info.items() if dtype}
     tasks, models = [], {}
     for k, (part, phase, depth, nodes) in enumerate(groups):
         made = {o for n in nodes for o in n.output if o}
@@ -105,7 +109,8 @@ def build_modules(p: RankProgram, graph: Graph) -> tuple[list[dict], dict[str, o
         name = module_name(part, phase, depth)
         g = helper.make_graph(nodes, f"{graph.name}.rank{p.rank}.{name}", [_value_info(p, i) for i in ins],
                               [_value_info(p, o) for o in outs], initializer=inits)
-        models[name] = helper.make_model(g, opset_imports=opsets, producer_name="parc", ir_version=ir_version)
+        model = helper.make_model(g, opset_imports=opsets, producer_name="parc", ir_version=ir_version)
+        models[name], _ = simplify(model, dtypes)  # its outputs stay, so the task's inputs and outputs do
         tasks.append({"name": name, "part": part, "phase": phase, "depth": depth, "inputs": ins, "outputs": outs})
     return tasks, models
 

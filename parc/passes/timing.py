@@ -55,7 +55,7 @@ from parc.sharding.reshard import Collective
 # 30-57 us (a copy is about 170 us). parc's array engine returns a view either way
 VIEW_OPS = ("Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity")
 # what onnxruntime's CPU graph optimizer folds into a product, run as part of it at no cost of its
-# own (`removed_by_onnxruntime`): a 2-D Transpose read only by a MatMul (MatmulTransposeFusion: the
+# own (`fused_into_products`): a 2-D Transpose read only by a MatMul (MatmulTransposeFusion: the
 # product packs its operand transposed), as `parc grad` writes a weight's gradient x^T dy. In
 # gpt-tiny's step on this project's host such products ran in 0.67-0.82 ms against 0.75 ms priced
 # for the MatMul alone; batched ones read transposed (attention's) took 0.36-0.41 ms against 0.20,
@@ -79,7 +79,7 @@ def module_seconds(model: onnx.ModelProto, device: DeviceSpec, info: Mapping[str
                    masked: Mapping[str, str] | None = None) -> float:
     """Roofline seconds of every node of an ONNX module on `device` (on a CPU, a view op into or
     out of a module output priced as the copy onnxruntime makes: `VIEW_OPS`, and what
-    onnxruntime folds into a product or removes not at all: `removed_by_onnxruntime`); `info`: each value's (ONNX
+    onnxruntime folds into a product not at all: `fused_into_products`); `info`: each value's (ONNX
     type, local shape), as the lowering knows them (a module's slices of microbatches have
     shapes that depend on data, which shape inference cannot see); `masked`: the class of each of
     the graph's Softmax nodes over masked scores, by name (`parc.ops.base.masked_classes`:
@@ -136,7 +136,7 @@ def module_seconds(model: onnx.ModelProto, device: DeviceSpec, info: Mapping[str
             opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
             work = _on_the_array_engine(nodes, work, [o.name for o in model.graph.output], consts, opset)
         else:
-            gone = removed_by_onnxruntime(model, {name: dtype for name, (dtype, _) in shapes.items() if dtype})
+            gone = fused_into_products(model)
             work = [w for i, w in enumerate(work) if i not in gone]
         total = sum(compute_time(flops, nbytes, device, dtype, cls, queued=True, pieces=pieces)
                     for flops, nbytes, dtype, cls, pieces in work)
@@ -189,23 +189,15 @@ def _known_bytes(v) -> int | None:
     return v.nbytes
 
 
-# ops that onnxruntime's common-subexpression elimination leaves alone: each run draws anew
-RANDOM_OPS = ("Dropout", "RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike", "Multinomial")
-SHARED_CONST = 1  # initializers of up to this many elements are one value wherever equal (ConstantSharing)
-
-
-def removed_by_onnxruntime(model: onnx.ModelProto, dtypes: Mapping[str, int]) -> set[int]:
-    """The indices of a module's nodes that onnxruntime's CPU graph optimizer removes, so that
-    they cost nothing: a 2-D Transpose whose one reader is a MatMul (`FUSED_PRODUCT`;
-    MatmulTransposeFusion), unless its input is a Transpose's (onnxruntime merges the two into one
-    that stays); a node that computes what an earlier one computed (same op, attributes and
-    inputs, equal small initializers counted as one: CommonSubexpressionElimination after
-    ConstantSharing; `parc grad`'s recomputation repeats the forward nodes in a module that also
-    holds them), a Cast to the type its input has (CastElimination), and a Mul or Div by a scalar
-    constant of a MatMul's result or of an operand that only MatMuls read, none of them followed
-    by an Add alone (MatMulScaleFusion: the product scales as it goes; MatMulAddFusion has made
-    that one a Gemm before). A node whose result is a module output stays. `dtypes`: the
-    ONNX element type of each value, where known."""
+def fused_into_products(model: onnx.ModelProto) -> set[int]:
+    """The indices of a module's nodes that onnxruntime's CPU graph optimizer folds into a
+    product, so that they cost nothing of their own: a 2-D Transpose whose one reader is a MatMul
+    (`FUSED_PRODUCT`; MatmulTransposeFusion), unless its input is a Transpose's (onnxruntime
+    merges the two into one that stays), and a Mul or Div by a scalar constant of a MatMul's
+    result or of an operand that only MatMuls read, none of them followed by an Add alone
+    (MatMulScaleFusion: the product scales as it goes; MatMulAddFusion has made that one a Gemm
+    before). A node whose result is a module output stays. (The repeated nodes and no-op Casts
+    onnxruntime removes as well are not in the modules parc writes: `parc.ir.simplify`.)"""
     graph = model.graph
     outputs = {o.name for o in graph.output}
     inits = {t.name: t for t in graph.initializer}
@@ -225,41 +217,17 @@ def removed_by_onnxruntime(model: onnx.ModelProto, dtypes: Mapping[str, int]) ->
         after = readers.get(product.output[0], [])
         return len(after) == 1 and after[0].op_type == "Add"
 
-    canon: dict[str, object] = {}
-
-    def key_of(name: str) -> object:
-        if name in canon:
-            return canon[name]
-        t = inits.get(name)
-        if t is not None and int(np.prod(t.dims)) <= SHARED_CONST:
-            return ("const", t.data_type, tuple(t.dims), numpy_helper.to_array(t).tobytes())
-        return name
-
-    seen: dict[tuple, list[str]] = {}
     out: set[int] = set()
     for i, n in enumerate(graph.node):
         mine = [o for o in n.output if o]
         if n.domain not in ("", "ai.onnx"):
             continue
-        is_output = bool(set(mine) & outputs)  # CSE, CastElimination and a folded Transpose keep it
-        if not is_output and n.op_type not in RANDOM_OPS and not any(
-                a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in n.attribute):
-            key = (n.op_type, tuple(key_of(x) for x in n.input),
-                   tuple(sorted(a.SerializeToString() for a in n.attribute)))
-            if key in seen and len(seen[key]) == len(mine):
-                canon.update({o: canon.get(e, e) for o, e in zip(mine, seen[key])})
-                out.add(i)
-                continue
-            seen.setdefault(key, mine)
+        is_output = bool(set(mine) & outputs)  # a folded Transpose keeps it
         if n.op_type == "Transpose" and mine and not is_output:
             perm = next((list(a.ints) for a in n.attribute if a.name == "perm"), None)
             only = readers.get(mine[0], [])
             after_transpose = n.input[0] in producer and producer[n.input[0]].op_type == "Transpose"
             if perm == [1, 0] and not after_transpose and len(only) == 1 and only[0].op_type == FUSED_PRODUCT:
-                out.add(i)
-        elif n.op_type == "Cast" and n.input and dtypes.get(n.input[0]) is not None and not is_output:
-            to = next((a.i for a in n.attribute if a.name == "to"), None)
-            if to == dtypes[n.input[0]]:
                 out.add(i)
         elif n.op_type in ("Mul", "Div") and len(n.input) == 2 and mine:
             pairs = [(n.input[1], n.input[0])] if n.op_type == "Div" else \

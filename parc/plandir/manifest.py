@@ -27,7 +27,7 @@ _ZEROS = bytes(_CHUNK)
 def sha256_file(path: Path) -> str:
     """The file's sha256. Holes of a sparse file (weight shards of zoo models, fresh optimizer
     state) are hashed as the zeros they read as, without reading them: the kernel's zero-filled
-    reads made a gpt-medium 8-rank plan's manifest take 42 s."""
+    reads made a large model's multi-rank manifest slow (benchmarks/LOG.md, 2026-11-22, issue 5)."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
         fd, size, pos = f.fileno(), os.fstat(f.fileno()).st_size, 0

@@ -15,9 +15,8 @@ edges' minima,
 
 here on every node at once (one pass is a few array reductions: `_Diffusion`). Its
 fixed points can sit below the LP relaxation's bound, but on the training steps measured it
-closes most of the gap the trivial bound (every node and edge at its own minimum) leaves: on
-gpt-medium's AdamW step on a 2 x 4 mesh the trivial bound is 11% below the optimum, 100 passes
-0.2% (docs/solver.md).
+closes most of the gap the trivial bound (every node and edge at its own minimum) leaves
+(docs/solver.md).
 
 Under a memory budget M the bound is Lagrangian: for every price p >= 0,
 min_x C(x) + p (mem(x) - M) <= C(x*) for the constrained optimum x*, and the diffusion bound of
@@ -59,9 +58,8 @@ class _Group:
 class _Diffusion:
     """The reparametrised costs: comp' flat, comm' grouped by edge shape (row and column minima
     are then reductions along an axis of a contiguous block, and the updates broadcasts, where
-    the flat layout needed a gather and segmented reductions per pass: 2.5 times
-    faster a pass, its bound included, on gpt-medium's step on 2 x 4, whose 1.2 M entries fall in 32
-    shapes)."""
+    the flat layout needed a gather and segmented reductions per pass; a training step's entries
+    fall in a few dozen shapes: benchmarks/LOG.md, 2026-11-27, third session)."""
 
     p: Problem
     groups: list[_Group]
@@ -146,8 +144,8 @@ class _Diffusion:
     def run(self, upper: float, gap: float, passes: int, deadline: float, offset: float = 0.0) -> float:
         """Diffusion passes until the bound plus `offset` is within `gap` of `upper`, stalls, or
         time is up; the bound (without the offset). Stalled: ten passes closed under STALL of
-        the gap left (gpt-medium's step on 4 x 2 closes 1% of its 0.7% gap per ten passes after
-        200, where halving the gap would take hundreds more), or under 1e-5 of the plan's cost."""
+        the gap left (late passes close little of it, and halving it would take hundreds more:
+        benchmarks/LOG.md, 2026-11-26, fifth session), or under 1e-5 of the plan's cost."""
         best, last = self.bound(), -math.inf
         scale = max(abs(upper), 1e-300)
         for k in range(passes):
@@ -183,7 +181,7 @@ def dual_bound(p: Problem, upper: float, gap: float = 5e-3, passes: int = 300, t
         return trivial
     # first without the budget (a relaxation), on the exactly coarsened problem (chains and
     # cones folded by min-plus products): the same optimum, and diffusion needs fewer passes
-    # (gpt-medium's step on 2 x 4: 0.5% in 40 passes, 0.65 s, against 100 passes, 1.5 s)
+    # (benchmarks/LOG.md, 2026-11-25, third session)
     c = coarsen(q.with_budget(None))
     free = None if c.problem is None else _Diffusion.of(c.problem)
     if free is None:

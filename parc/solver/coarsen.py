@@ -3,8 +3,8 @@
 Rhino 4.3 coarsens the graph before its ILP: ops that follow their input, cones hanging off
 one node, chains between two nodes. All of these are degree <= 2 nodes of the pairwise model,
 and eliminating them is an exact min-plus product (dp.py), so the ILP over what survives has the
-same optimum as the ILP over the whole problem, at a fraction of its size (a training step of
-gpt-medium: 9,205 nodes before, about a tenth after).
+same optimum as the ILP over the whole problem, at a fraction of its size (benchmarks/LOG.md,
+2026-11-25, issue 11).
 
 Under a memory budget only nodes whose memory does not depend on their strategy are eliminated
 (their bytes are a constant taken off the budget); the others keep their column in the ILP's

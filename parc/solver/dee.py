@@ -12,9 +12,9 @@ no more, so some optimum avoids j: dropping it keeps the optimum and every lower
 Pins are applied first (a strategy a pin forbids is dropped). Sweeps repeat while they drop
 something, up to `sweeps`.
 
-On the coarsened training step of gpt-medium on a 2 x 4 mesh it drops 12% of the strategies,
-the ILP's columns shrink by a quarter and its LP by a third (`IlpOptions.prune` says why it is
-not on by default yet).
+On a coarsened training step it drops a part of the strategies, and the ILP and its LP shrink
+with them (benchmarks/LOG.md, 2026-11-25, issue 11; `IlpOptions.prune` says why it is not on by
+default yet).
 """
 
 from __future__ import annotations

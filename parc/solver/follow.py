@@ -9,16 +9,15 @@ per member and leader strategy: the members' best joint choice under the group's
 (compute, internal edges, affinities), for every s at once by bucket elimination (dp.py). The
 grouped problem has one node per group (its leader's strategies), costs summed exactly under
 the maps, and the edges between groups as they are: a training step shrinks to about its
-forward graph plus one node per parameter and per optimizer chain (gpt-medium's step: 9,205
-nodes -> 2,271).
+forward graph plus one node per parameter and per optimizer chain (docs/plan.md).
 
 Its optimum is a feasible choice of the original problem, not its optimum. `solve_follow` then
 polishes it by block coordinate descent on the original problem: each block of `Grouping.blocks`
 free in turn with the rest fixed (a training step: its backward and optimizer side, then its
 forward side), each block solved exactly (`condition` folds the fixed nodes into their
-neighbours' costs), until a round gains nothing. The cost never rises; gpt-medium's step on
-2 x 4 V100 (two rounds): 182.062 ms against the exact 181.676, +0.2%. `refine` then makes
-large-neighbourhood steps on the whole problem, which close that (docs/solver.md).
+neighbours' costs), until a round gains nothing. The cost never rises, and ends near the exact
+optimum; `refine` then makes large-neighbourhood steps on the whole problem, which close the
+rest (docs/solver.md).
 """
 
 from __future__ import annotations
@@ -160,7 +159,7 @@ def grouped(p: Problem, g: Grouping) -> Grouped:
     (`follow_maps`); every cost summed exactly under the maps.
 
     (Offering the greedy maps as well, as more joint choices per group, gave the same plans on
-    gpt-medium's step, flat and 2-D, for 20% more time.)"""
+    gpt-medium's step, flat and 2-D, for more time: docs/solver.md.)"""
     maps = follow_maps(p, g)
     leaders = np.flatnonzero(g.leader == np.arange(p.n))
     where = np.full(p.n, -1, dtype=np.int64)
@@ -239,7 +238,7 @@ def solve_follow(p: Problem, g: Grouping, solve: Callable[[Problem], Solution], 
 
     (Solving the grouped problem again around the polished choice, with it and the members'
     best responses to it among the joint choices, gained nothing on gpt-medium's step, flat or
-    2-D, for 30-40% more time: not done.)"""
+    2-D, for more time: not done; docs/solver.md.)"""
     t0 = time.perf_counter()
     solve = partial(_folding_fixed, solve=solve)
     gp = grouped(p, g)
@@ -259,8 +258,8 @@ def solve_follow(p: Problem, g: Grouping, solve: Callable[[Problem], Solution], 
 
 
 def lp_columns(p: Problem) -> int:
-    """The edge columns of p's ILP after exact coarsening: what its LP costs (a 2-D mesh of
-    gpt-medium's step has 1.26M, 25 s of simplex; its flat mesh 125 k, 2.4 s)."""
+    """The edge columns of p's ILP after exact coarsening: what its LP costs (a 2-D mesh's are
+    many times a flat mesh's: benchmarks/LOG.md, 2026-11-25, issue 11)."""
     c = coarsen(p)
     return 0 if c.problem is None else int(c.problem.comm_offsets[-1])
 
@@ -268,7 +267,7 @@ def lp_columns(p: Problem) -> int:
 def _folding_fixed(p: Problem, solve: Callable[[Problem], Solution]) -> Solution:
     """solve(p) with p's nodes of one allowed strategy folded into their neighbours' costs
     (exact): a constant every group reads (an optimizer's scalar) would otherwise tie the whole
-    grouped graph into one segment for O2 (gpt-medium's step on 2 x 4: 7.6 s -> 1.4 s)."""
+    grouped graph into one segment for O2 (docs/solver.md)."""
     fixed = np.add.reduceat(p.allowed_flat, p.offsets[:-1]) == 1
     if not fixed.any() or fixed.all() or not p.num_edges:
         return solve(p)
@@ -322,8 +321,8 @@ def refine(p: Problem, x: np.ndarray, solve: Callable[[Problem, np.ndarray], Sol
     """Large-neighbourhood steps around x: the whole problem with every node restricted to its
     `neighbourhood` (its k best with the neighbours at x, and x's own), solved exactly
     (`solve(problem, start)`, an ILP that starts from x), while a round gains. Joint moves of
-    many groups that the polish's blocks cannot make: gpt-medium's step on 2 x 4, k = 2: the
-    follow plan 182.062 ms -> 181.675 in 1.3 s (the exact optimum is 181.676, 25 s of LP)."""
+    many groups that the polish's blocks cannot make: on gpt-medium's step, k = 2 takes the
+    follow plan to the exact optimum in a fraction of the exact LP's time (docs/solver.md)."""
     cost = p.cost(x)
     for _ in range(rounds):
         sol = solve(p.restricted(neighbourhood(p, x, k)), x)

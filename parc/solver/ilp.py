@@ -1,9 +1,9 @@
 """Rhino §4.2's ILP, in the marginal (local-polytope) form, solved with HiGHS through highspy.
 
 Rhino linearises x_{u,j1} x_{v,j2} with A >= x_{u,j1} + x_{v,j2} - 1. Its LP relaxation is weak:
-A = 0, x = 1/s_i is feasible, and on 2000-op instances the LP bound sits 60-70% below the
-optimum, so branch and bound has to do all the work. We use instead, for each edge e = (u, v),
-continuous y_{e,j1,j2} >= 0 with marginals
+A = 0, x = 1/s_i is feasible, and on transformer-like instances the LP bound sits far below the
+optimum (docs/solver.md), so branch and bound has to do all the work. We use instead, for each
+edge e = (u, v), continuous y_{e,j1,j2} >= 0 with marginals
 
     sum_{j2} y_{e,j1,j2} = x_{u,j1}   (every j1),     sum_{j1} y_{e,j1,j2} = x_{v,j2}   (every j2)
 
@@ -34,8 +34,8 @@ class IlpOptions:
     threads: int = 1  # HiGHS threads; its MIP search is serial, more only helps its LP
     presolve: bool = True  # HiGHS presolve
     warm_start: bool = True  # solve the LP relaxation, round x per node (argmax), pass as incumbent
-    # Drop dominated strategies first (dee.py: exact; the LP a third faster on gpt-medium's 2 x 4
-    # mesh: 25.8 s -> 16.5 s). Off here, on in every exact ILP the planner runs
+    # Drop dominated strategies first (dee.py: exact; a smaller, faster LP: benchmarks/LOG.md,
+    # 2026-11-25, issue 11). Off here, on in every exact ILP the planner runs
     # (parc/passes/spmd/search.py:_pruned); O2's segment cores stay unpruned (small already).
     prune: bool = False
     seed: int = 0  # HiGHS random_seed, so the same problem gives the same plan
@@ -143,8 +143,8 @@ def build_model(p: Problem) -> Model:
 def objective_scale(cost: np.ndarray) -> float:
     """The factor that makes the median nonzero cost coefficient 1. Costs are seconds, often
     1e-6 to 1e-3 per node, where HiGHS's absolute tolerances (1e-7 dual feasibility, 1e-6
-    mip_abs_gap) are a large part of a plan's cost: unscaled, unet-tiny's step on 4 devices
-    (6.33 ms) came back "optimal" 1.8e-4 above a plan the follow search had found."""
+    mip_abs_gap) are a large part of a plan's cost: unscaled, a small model's step came back
+    "optimal" above a plan the follow search had found (docs/solver.md)."""
     nz = np.abs(cost[cost != 0])
     return 1.0 / float(np.median(nz)) if len(nz) else 1.0
 
@@ -290,8 +290,7 @@ def _solve_ilp(p: Problem, options: IlpOptions, t0: float, start: np.ndarray | N
             if p.fits(fallback) and remaining() < t_lp:
                 # HiGHS's branch and bound starts over (presolve, then the root LP, without this
                 # LP's basis): with less time left than the relaxation took, its root cannot end
-                # and its bound stays below the LP's (gpt-medium's step on 2 x 4 V100s: LP 34 s,
-                # then 26 s of MIP for a bound of 13% of it). The LP bound is the proof.
+                # and its bound stays below the LP's (docs/solver.md). The LP bound is the proof.
                 lower = min(lp_bound, cost)
                 return Solution(fallback, cost, lower, relative_gap(cost, lower), "time_limit",
                                 time.perf_counter() - t0, "ilp(lp-rounding)")

@@ -125,10 +125,9 @@ def search_price(p: Problem, solve_free: Callable[[Problem], Solution], steps: i
 
     Repeated structure makes the priced plans jump: a model's identical layers change layout at
     the same price, so the plan just under the price that fits can be far over the budget, and the
-    one at it far under (gpt-2.7b on 4 x 8 V100s over 25 GbE: 6.02 s at 34.7 GiB, then 12.70 s
-    at 17.9 GiB, against 32 GiB). `mix(q, start)` then solves q exactly with the memory row (an
-    ILP that starts from the fitting plan), q the problem with each node restricted to its
-    strategies in those two plans: some of the layers change, not all (7.11 s at 31.98 GiB)."""
+    one at it far under (docs/solver.md: gpt-2.7b over 25 GbE). `mix(q, start)` then solves q
+    exactly with the memory row (an ILP that starts from the fitting plan), q the problem with each
+    node restricted to its strategies in those two plans: some of the layers change, not all."""
     t0 = time.perf_counter()
     free = p.with_budget(None)
     base = solve_free(free)

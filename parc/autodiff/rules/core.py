@@ -127,8 +127,8 @@ def _constant_exponent(b: Value) -> float | None:
 def _pow_factor(ctx: GradContext, a: Value, c: float) -> Value:
     """c * a^(c-1) for a constant exponent c, with no Pow where c - 1 is 1, 2 or 0.5 (a, a * a,
     Sqrt(a)): onnxruntime's CPU Pow takes an exponent other than 2 or 3 element by element
-    through pow(), 0.48 ms against 0.025 ms for x^2 on [32, 64, 32] on this project's host, and
-    RMSNorm's and T5's x^2 had a gradient of 2 * x^1.0 that ran that way."""
+    through pow(), many times a square's time (docs/training.md; benchmarks/LOG.md, 2026-11-28,
+    third session), and RMSNorm's and T5's x^2 had a gradient of 2 * x^1.0 that ran that way."""
     e = c - 1.0
     if e == 1:
         power = a

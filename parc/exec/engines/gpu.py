@@ -10,7 +10,8 @@
   sum): SoftmaxCrossEntropyLoss over a vocabulary without writing its log-probabilities.
 - `sum_leading`: ReduceSum/ReduceMean over leading axes, a column sum in chunks of rows.
 - `cast_bfloat16`: Cast between float32 and bfloat16, four elements a thread (CuPy's `astype`
-  moved 1.2 TB/s of an H200's 4.8: a bf16 step's casts were half its kernel time).
+  reaches a small part of the card's memory bandwidth, and a bf16 step's casts were a large part
+  of its kernel time: benchmarks/LOG.md, 2026-11-27, bf16's casts).
 - `batched_matmul`: MatMul of stacks of matrices as one strided-batched cuBLAS call that reads
   transposed views and broadcast batches in place (CuPy copies both to contiguous arrays first).
 - elementwise fusion (`fusion.py`, `tree_kernel.py`).
@@ -110,7 +111,8 @@ def row_shape(cols: int, held: bool) -> tuple[int, int | None, int]:
     rows of `cols` elements: a warp a row for rows of up to WARP_ROWS elements, 4 rows a block,
     else a block of 128 or 256 threads a row; the register-held variant (`held`) where the row
     fits (up to 32 elements a thread). (A warp a row for rows of 1,024, as PyTorch's softmax,
-    measured 2.9 times slower on an H200 with these kernels: docs/benchmarks.md.)"""
+    ran slower with these kernels: benchmarks/LOG.md, 2026-11-27, issue 14, the loss in one
+    pass.)"""
     threads = 32 if cols <= WARP_ROWS else 128 if cols <= 1024 else 256
     per = next((p for p in HELD if p * threads >= cols), None) if held else None
     return threads, per, BLOCK_THREADS // threads if threads == 32 else 1
@@ -267,11 +269,11 @@ class TightPool:
     request, but it cannot join blocks that came from separate allocations: when a training step
     asks for a block larger than any free one (the logits' 1.6 GB in gpt-medium at the loss,
     while the forward pass's freed pieces are 128-512 MiB), it allocates anew and keeps the
-    pieces. On gpt-medium's step the pool held 43.5 GiB for 38.7 GiB of tensors. Here the pool's
-    limit is held at what it holds: at a request that no free block can serve, CuPy releases the
-    pool's free blocks (every allocation whose blocks are all free goes back to the driver) and
-    tries again under the limit; only if it still does not fit is the limit raised, and the pool
-    grows. So the pool never holds more than the tensors
+    pieces, and holds gigabytes more than the step's tensors (docs/training.md; benchmarks/LOG.md,
+    2026-11-26, issue 14). Here the pool's limit is held at what it holds: at a request that no
+    free block can serve, CuPy releases the pool's free blocks (every allocation whose blocks are
+    all free goes back to the driver) and tries again under the limit; only if it still does not
+    fit is the limit raised, and the pool grows. So the pool never holds more than the tensors
     need and the pieces it cannot join. Releasing synchronises the device; it happens while the
     pool finds its size (the first step), rarely after. A limit of the user's own
     (`CUPY_GPU_MEMORY_LIMIT`) stays the ceiling. `high` is the most the pool held at once.

@@ -212,8 +212,8 @@ def _itemsize(onnx_type: int) -> int:
 def pipeline_candidates(cluster: Cluster) -> list[int]:
     """The stage counts `--pipeline auto` tries: one stage per node, so every hop over the slow
     links between nodes is on the pipeline axis and every stage's SPMD plan stays inside a node
-    (Rhino fig. 9's setting). One candidate, because each costs a search per stage (gpt-2.7b on
-    4 nodes: 84 s for S = 4 beside 282 s for the one-mesh search); `--pipeline S` plans others.
+    (Rhino fig. 9's setting). One candidate, because each costs a search per stage, longer than
+    the one-mesh search (docs/pipeline.md); `--pipeline S` plans others.
     On one node the links are fast and only the one-mesh search runs, unless nothing fits in
     memory (`fallback_counts`)."""
     k = len(cluster.nodes)

@@ -28,7 +28,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from parc.cluster import Cluster, compute_time
+from parc.cluster import Cluster
+from parc.cluster.cost import NodeWork
 from parc.errors import UsageError
 from parc.ir.graph import Graph, Node, Value
 from parc.ir.state import (
@@ -42,7 +43,7 @@ from parc.ir.state import (
     step_state,
     write_step_state,
 )
-from parc.ops import node_pieces, node_work, op_class
+from parc.ops import node_work
 from parc.solver.stages import ancestors, solve_stages
 
 DEFAULT_TOLERANCE = 0.1  # eps of the bound tightening and the load rows (docs/pipeline.md)
@@ -71,8 +72,7 @@ def node_costs(graph: Graph, cluster: Cluster) -> np.ndarray:
     slowest = min(cluster.devices, key=lambda d: d.peak("float32"))
     out = np.empty(len(graph.nodes))
     for pos, n in enumerate(graph.nodes):
-        flops, nbytes, dtype = node_work(n)
-        out[pos] = compute_time(flops, nbytes, slowest, dtype, op_class(n), pieces=node_pieces(n))
+        out[pos] = NodeWork.of(n).seconds(slowest)
     return out
 
 

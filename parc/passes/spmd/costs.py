@@ -18,14 +18,13 @@ from functools import lru_cache
 
 import numpy as np
 
-from parc.cluster import Cluster, Mesh, compute_time
-from parc.cluster.cost import bucket_axes, bucket_share, ring_time
+from parc.cluster import Cluster, Mesh
+from parc.cluster.cost import NodeWork, bucket_axes, bucket_share, ring_time
 from parc.cluster.links import LinkSpec
 from parc.errors import UsageError
 from parc.ir.graph import Graph, Node, Value, const_key, node_signature
 from parc.ir.liveness import graph_peak
 from parc.ir.state import FORWARD, OPTIMIZER, bindings, is_gradient_sync, phase
-from parc.ops import node_pieces, node_work, op_class
 from parc.passes.spmd.hetero import Balance, device_times, mesh_balance
 from parc.passes.spmd.strategies import (
     MAX_STRATEGIES,
@@ -360,12 +359,11 @@ def _device_costs(n: Node, strats: list[Strategy], held: tuple[bool, ...], shape
     """_node_costs on a mesh of mixed devices: a strategy costs its slowest device's roofline
     time for that device's piece of the work, and its memory is the most any device holds,
     scaled to the smallest budget (`Balance.budgets`)."""
-    flops, nbytes, dtype = node_work(n)
-    cls, pieces = op_class(n), node_pieces(n)
+    work = NodeWork.of(n)
     comp, mem = [], []
     for s in strats:
         f = work_fractions(s, shape)
-        comp.append(max(compute_time(flops * fr, nbytes * fr, d, dtype, cls, pieces=pieces * fr)
+        comp.append(max(work.seconds(d, fr)
                         for fr, d in set(zip(f.tolist(), balance.devices))))
         mem.append(sum(_device_bytes(v, spec, shape, balance) for v, spec, h in zip(n.outputs, s.outputs, held) if h))
     return np.array(comp), np.array(mem)
@@ -509,10 +507,8 @@ def _on_time_axis(v: Value, fixed: ShardSpec, specs: list[ShardSpec], shape: tup
 def _node_costs(n: Node, strats: list[Strategy], held: tuple[bool, ...], shape: tuple[int, ...],
                 slowest) -> tuple[np.ndarray, np.ndarray]:
     """(compute seconds, bytes of its outputs live at the peak) per strategy of node n."""
-    flops, nbytes, dtype = node_work(n)
-    cls, pieces = op_class(n), node_pieces(n)
-    comp = np.array([compute_time(flops / s.split, nbytes / s.split, slowest, dtype, cls, pieces=pieces / s.split)
-                     for s in strats])
+    work = NodeWork.of(n)
+    comp = np.array([work.seconds(slowest, split=s.split) for s in strats])
     mem = np.array([sum(_local_bytes(v, spec, shape) for v, spec, h in zip(n.outputs, s.outputs, held) if h)
                     for s in strats])
     return comp, mem
@@ -739,10 +735,9 @@ def per_device(model: CostModel, choice) -> tuple[list[float], list[float]]:
     live = peak_live(model.graph)
     for pos, n in enumerate(model.graph.nodes):
         s = model.strategies[pos][choice[model.node_index(pos)]]
-        flops, nbytes, dtype = node_work(n)
+        work = NodeWork.of(n)
         f = work_fractions(s, shape)
-        cls, pieces = op_class(n), node_pieces(n)
-        compute += [compute_time(flops * fr, nbytes * fr, d, dtype, cls, pieces=pieces * fr)
+        compute += [work.seconds(d, fr)
                     for fr, d in zip(f.tolist(), devices)]
         for v, spec in zip(n.outputs, s.outputs):
             if id(v) in live:

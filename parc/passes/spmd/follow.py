@@ -5,11 +5,11 @@ follows the first optimizer node of its parameter (`parc.param`), and so does th
 read only by that parameter's update. Parameters, data and forward nodes lead.
 
 A second grouping, `lead="param"`, puts each optimizer chain and its state under the parameter
-itself, which makes the write-back into the parameter's layout a cost inside the group. Neither is better everywhere: on gpt-2.7b over
-25 GbE (4 x 8 mesh, no budget) the update-led plan is 6.686 s and the parameter-led one the
-exact optimum, 5.545 s; on the pinned megatron-tp4 baseline (8 x 4) the update-led plan is
-7.531 s (exact 7.530) and the parameter-led 10.147 s. The search tries the second when the
-first is not proven close (`parc.passes.spmd.search._second`).
+itself, which makes the write-back into the parameter's layout a cost inside the group. Neither
+is better everywhere: on gpt-2.7b over 25 GbE the parameter-led plan is the exact optimum and the
+update-led one well above it, on the pinned megatron-tp4 baseline the other way round
+(docs/solver.md; benchmarks/LOG.md, 2026-11-25, fourth session). The search tries the second
+when the first is not proven close (`parc.passes.spmd.search._second`).
 
 A member's affinity to its leader's strategy s prices, on the mesh, what the problem's edges cannot see
 inside a group: reading a value the leader reads (an input they share) in another layout, and

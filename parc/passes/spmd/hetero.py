@@ -20,9 +20,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from parc.cluster import Cluster, Mesh, compute_time, node_floor
+from parc.cluster import Cluster, Mesh
+from parc.cluster.cost import NodeWork
 from parc.cluster.devices import DeviceSpec
-from parc.ops import node_pieces, node_work, op_class
 from parc.solver.balance import balanced_time, exact_balance, whale_balance
 
 
@@ -30,10 +30,8 @@ def device_times(graph, devices, floors: bool = False) -> dict[str, float]:
     """Per device type (by name), the graph's roofline compute time on one such device; the
     nodes' floors (`node_floor`) only with `floors` (they do not shrink with a device's share of a
     split node, but a pipeline stage pays every one of its nodes' floors)."""
-    work = [(*node_work(n), op_class(n), node_pieces(n)) for n in graph.nodes]  # once, then priced on each type
-    return {d.name: sum(compute_time(flops, nbytes, d, dtype, cls, pieces=pieces)
-                        - (0.0 if floors else node_floor(flops, nbytes, d, cls))
-                        for flops, nbytes, dtype, cls, pieces in work)
+    work = [NodeWork.of(n) for n in graph.nodes]  # once, then priced on each type
+    return {d.name: sum(w.seconds(d) - (0.0 if floors else w.floor(d)) for w in work)
             for d in set(devices)}
 
 

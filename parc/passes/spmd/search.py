@@ -378,10 +378,9 @@ def _dominated(sol: Solution, incumbent: SharedMinimum | None) -> bool:
 def _second(model: CostModel, problem: Problem, sol: Solution, options: SearchOptions,
             refine_steps: int) -> Solution:
     """sol, or the plan of the second grouping (optimizer chains led by their parameter) when
-    that is cheaper. Follow's plan is a local optimum of its grouping: gpt-2.7b over 25 GbE on
-    4 x 8 without a budget, 6.686 s led by the update and 5.545 s (the exact optimum) led by the
-    parameter; on the pinned megatron-tp4 baseline the parameter-led plan loses 35%, hence a
-    second candidate, tried when the first is not proven within SECOND_GAP."""
+    that is cheaper. Follow's plan is a local optimum of its grouping, and neither grouping is
+    better everywhere (`parc.passes.spmd.follow`; docs/solver.md), hence a second candidate,
+    tried when the first is not proven within SECOND_GAP."""
     grouping = training_grouping(model, lead="param")
     if grouping is None:
         return sol
@@ -498,21 +497,21 @@ def _refined(problem: Problem, sol: Solution, options: SearchOptions, refine_ste
 
 
 # a plan not proven within SECOND_GAP after the diffusion bound gets a second candidate, the
-# parameter-led grouping's plan (`_second`): gpt-medium's step (0.5%) and the 12-96-layer GPTs
-# (up to 1.8%) are proven within it; gpt-2.7b over 25 GbE is not (20%)
+# parameter-led grouping's plan (`_second`): gpt-medium's step and the 12-96-layer GPTs are
+# proven within it, gpt-2.7b over 25 GbE is not (benchmarks/LOG.md, 2026-11-25, fourth session)
 SECOND_GAP = 2e-2
 # O2's exact finish on a small problem stops at this relative gap and time: a binding memory
 # budget makes the ILP a knapsack whose last tenths of a percent take its whole time limit
 O2_EXACT_GAP = 1e-2
 O2_EXACT_TIME_S = 20.0
 # a plan's lower bound is improved by min-sum diffusion when its gap is above PROVE_GAP, for at
-# most PROVE_TIME_S (gpt-medium's step on 2 x 4: trivial bound 14% below the plan, diffusion 1%
-# in 1.0 s). PROVE_GAP is O2's exact-finish gap: proving more buys no better plan, only a
-# figure, and the last half percent cost gpt-medium's three meshes 2.4 s more at 0.5%
+# most PROVE_TIME_S (the trivial bound sits far below a training step's plan, and diffusion
+# closes most of that well within it). PROVE_GAP is O2's exact-finish gap: proving more buys no
+# better plan, only a figure, and its last half percent costs seconds (docs/solver.md)
 PROVE_GAP = O2_EXACT_GAP
 PROVE_TIME_S = 5.0
 # rounds of the follow plan's polish (each frees the backward side, then the forward side): a
-# second round gained 0.03% on gpt-medium's step for a second more, and the exact finish or the
+# second round gains little for its time (docs/solver.md), and the exact finish or the
 # large-neighbourhood step after it does more
 POLISH_ROUNDS = 1
 
@@ -718,10 +717,9 @@ def megatron_baseline(model: CostModel, budget: float, options: SearchOptions, l
     tp axis (the solver then picks column- or row-parallel, as Megatron's recipe does), the
     rest is chosen freely (data parallel on the dp axis). The record holds `choice`, and is
     solved at `level`, as in flat_baseline: O2 unless asked, at every level of the plan. Its
-    exact ILP on a 2-D mesh is an LP of 10-20 s (gpt-medium's step on 8 V100s: the two
-    baselines were 40 s of O3's 139 s of work on 2 cores) for a reference 0.37% lower at most
-    there (megatron-tp4 193.007 ms exact, 193.731 ms at O2; tp2 190.939 and 190.945 ms); the
-    flat baselines' ILPs take a second and are solved at the plan's level."""
+    exact ILP on a 2-D mesh is a long LP, a large part of O3's work, for a reference barely
+    lower (docs/plan.md; benchmarks/LOG.md, 2026-11-26, issues 11 and 12); the flat baselines'
+    ILPs are short and are solved at the plan's level."""
     from parc.hints import Request, Scope
 
     tp = model.mesh.shape[-1]

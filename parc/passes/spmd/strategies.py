@@ -58,11 +58,11 @@ def node_strategies(node: Node, mesh_shape: tuple[int, ...],
     found.sort(key=lambda s: (s.labels != (None,) * len(mesh_shape), -s.split, str(s)))
     found = found[:MAX_STRATEGIES]
     # Partial sums pass through on a flat mesh of devices, and on the microbatch axis (axis 0
-    # when `first` is given). On multi-axis device meshes they multiply near-equal choices:
-    # gpt-medium's step on 2x4 A100s then ends its 60 s ILP at a 27% gap (165 ms) where without
-    # them it is solved to optimality in 29 s (133 ms). A flat device mesh behind the microbatch
-    # axis keeps them: without, a gradient a linear op reads after its reduction (a bias's, through
-    # a Reshape) was all-reduced in every microbatch instead of once after their sum.
+    # when `first` is given). On multi-axis device meshes they multiply near-equal choices: a
+    # training step's ILP then ends at its time limit far from the optimum it reaches without
+    # them (docs/plan.md). A flat device mesh behind the microbatch axis keeps them: without, a
+    # gradient a linear op reads after its reduction (a bias's, through a Reshape) was all-reduced
+    # in every microbatch instead of once after their sum.
     device_axes = len(mesh_shape) - (first is not None)
     axes = range(len(mesh_shape)) if device_axes <= 1 else (0,) if first is not None else ()
     found += partial_variants(node, found, mesh_shape, axes)
