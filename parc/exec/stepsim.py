@@ -12,8 +12,8 @@ task's `time_s` from `parc plan` (`parc.passes.timing`):
   more computed than the count their time stops growing at;
 - a send is posted and the rank goes on; its message moves once the receiver has posted the
   matching recv (rendezvous, as MPI does for large messages) and the recv ends when it has
-  arrived, with no handoff (traced on 4 CPU ranks sharing 2 cores, a recv whose message was
-  already sent took 0.03-0.08 ms, median of each pipelined step, where the handoff is 0.9 ms);
+  arrived, with no handoff (a recv whose message was already sent is traced far below the
+  link's handoff: benchmarks/LOG.md, "Figures moved out of code comments");
   a rank's step ends when its last task has and its sends have completed (the executor waits
   for them at the end of the step);
 - sources and sinks take no time;

@@ -255,7 +255,7 @@ def write_programs_for(graph: Graph, mesh: tuple[int, ...], strategies: list, sp
         return p, mod_tasks
 
     # the ranks are lowered and written in forked processes (as the meshes are searched), when
-    # there is enough to lower to pay for the fork (gpt-medium's 8 ranks: 12.4 s -> 9.5 s)
+    # there is enough to lower to pay for the fork (measured: benchmarks/LOG.md)
     big = len(graph.nodes) * ranks >= PARALLEL_LOWERING_NODES
     written = run_jobs(write_rank, graph, list(range(ranks)), min(os.cpu_count() or 1, ranks) if big else 1)
     for r, (p, mod_tasks) in enumerate(written):

@@ -42,25 +42,25 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from parc.cluster.cost import compute_time, ring_time, send_recv_time
+from parc.cluster.cost import NodeWork, compute_time, ring_time, send_recv_time
 from parc.cluster.devices import DeviceSpec
 from parc.cluster.links import LinkSpec
-from parc.ir.dtypes import onnx_nbytes
+from parc.ir.dtypes import DType, onnx_nbytes
+from parc.ir.graph import Node, Value
+from parc.ir.tensor import TensorData
+from parc.ops.base import node_pieces, node_work, op_class
 from parc.sharding.reshard import Collective
 
 # ops that only reshape: onnxruntime hands the input's buffer on (other nodes may read it too),
-# except where the input or the view is a module output, which has a buffer of its own: on this
-# project's host a 1 MiB Reshape after a Relu added 22 us to the Relu's 13 where the Relu's result
-# was also an output, and 4 us where it was not; a 4 MiB one whose input an Add also read added
-# 30-57 us (a copy is about 170 us). parc's array engine returns a view either way
+# except where the input or the view is a module output, which has a buffer of its own and is
+# priced as a copy (measured: benchmarks/LOG.md, "Figures moved out of code comments"). parc's
+# array engine returns a view either way
 VIEW_OPS = ("Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity")
 # what onnxruntime's CPU graph optimizer folds into a product, run as part of it at no cost of its
 # own (`fused_into_products`): a 2-D Transpose read only by a MatMul (MatmulTransposeFusion: the
-# product packs its operand transposed), as `parc grad` writes a weight's gradient x^T dy. In
-# gpt-tiny's step on this project's host such products ran in 0.67-0.82 ms against 0.75 ms priced
-# for the MatMul alone; batched ones read transposed (attention's) took 0.36-0.41 ms against 0.20,
-# about the separate Transpose's price, and a bias Add folded into a Gemm 0.1-0.4 ms beyond the
-# MatMul, about the Add's: those stay priced
+# product packs its operand transposed), as `parc grad` writes a weight's gradient x^T dy. Batched
+# products read transposed (attention's) and a bias Add folded into a Gemm cost about what the
+# separate node costs, so those stay priced (measured: benchmarks/LOG.md)
 FUSED_PRODUCT = "MatMul"
 # (module digest, device) -> seconds: the ranks of an even mesh (lowered in one process) share them
 _MODULE_SECONDS: dict[tuple[str, str], float] = {}
@@ -90,11 +90,6 @@ def module_seconds(model: onnx.ModelProto, device: DeviceSpec, info: Mapping[str
     if len(_MODULE_SECONDS) > _MODULE_SECONDS_MAX:
         _MODULE_SECONDS.clear()
     if key not in _MODULE_SECONDS:
-        from parc.ir.dtypes import DType
-        from parc.ir.graph import Node, Value
-        from parc.ir.tensor import TensorData
-        from parc.ops.base import node_pieces, node_work, op_class
-
         shapes = dict(info)
         for init in model.graph.initializer:
             shapes[init.name] = (init.data_type, tuple(init.dims))
@@ -138,8 +133,7 @@ def module_seconds(model: onnx.ModelProto, device: DeviceSpec, info: Mapping[str
         else:
             gone = fused_into_products(model)
             work = [w for i, w in enumerate(work) if i not in gone]
-        total = sum(compute_time(flops, nbytes, device, dtype, cls, queued=True, pieces=pieces)
-                    for flops, nbytes, dtype, cls, pieces in work)
+        total = sum(NodeWork(*w).seconds(device, queued=True) for w in work)
         if device.cold_cost():
             total += device.step_ratio * device.cold_cost() * far_bytes(nodes, device.cache_share, gone, outputs)
         _MODULE_SECONDS[key] = total
@@ -155,10 +149,8 @@ def far_bytes(nodes: Sequence, share: float, gone: Collection[int] = (), outputs
     `outputs` (by name), written into memory the step has not touched for a while: a step
     holds its modules' outputs (the activations the backward pass reads), so each is a new
     array. Traffic counts every read and write of the nodes that run (not those in `gone`,
-    which onnxruntime removes). On this project's 2-core VM, one thread, gpt-tiny's
-    tensor-parallel GeLU module (3.1 MiB in, 8 MiB out) took 2.5 ms run after run on the same
-    arrays, 3.0 ms with its outputs held (new memory each run) and 3.3 ms with the caches
-    evicted as well; in its step, 4.0 ms."""
+    which onnxruntime removes). A module that writes new memory and reads evicted inputs runs
+    measurably slower than the same module rerun on warm arrays (benchmarks/LOG.md)."""
     last: dict[str, float] = {}
     traffic = far = 0.0
     for i, node in enumerate(nodes):
@@ -355,8 +347,7 @@ def fold_seconds(accumulate: Mapping[str, list], info: Mapping[str, tuple[int, t
     """What a rank spends after each microbatch folding it into the step's sums (the executor's
     `fold`): one Add per `sum` value on its local shape (read twice, written once: the first
     microbatch's copy is priced as an add too); a `last` keeps the value and a `concat` the
-    list. On this project's host 16 sums of 1.8 MB took a median 0.3 ms a microbatch, 4 ranks
-    sharing its 2 cores, where nothing priced them: 2-4% of a pipelined gpt-tiny step."""
+    list. Unpriced, these sums were a few percent of a pipelined step (benchmarks/LOG.md)."""
     total = 0.0
     for src, how, *_dim in accumulate.values():
         if how != "sum" or src not in info:

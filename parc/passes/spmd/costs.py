@@ -614,7 +614,7 @@ def _forbid(comp: list[np.ndarray], pair_cost: dict[tuple[int, int], np.ndarray]
     return that price: above every allowed plan, so a solution that pays it has no allowed
     alternative, yet within the range of the other coefficients. A fixed large price (it was
     at least 1e3 s) is a coefficient 1e9 times the median one on a small model, where the LP's
-    1e-7 tolerances let the relaxation's bound rise 2.6% above a plan it had not found."""
+    1e-7 tolerances let the relaxation's bound rise above a plan it had not found."""
     top = sum(float(c.max()) for c in comp if len(c))
     for m in pair_cost.values():
         finite = m[np.isfinite(m)]
