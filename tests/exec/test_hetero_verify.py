@@ -160,7 +160,7 @@ def test_slow_devices_are_left_idle_when_that_is_faster(tmp_path):
                "--jobs", "1", "--all-devices", "-o", str(tmp_path / "all"))
     assert res.returncode == 0, res.stderr
     plan = json.loads((tmp_path / "all" / "plan.json").read_text())
-    assert "devices_given" not in plan and len(plan["predicted"]["memory_bytes_per_device"]) == 4
+    assert plan["devices_given"] is None and len(plan["predicted"]["memory_bytes_per_device"]) == 4
     assert plan["predicted"]["step_time_s"] == pytest.approx(every["step_time_s"])
 
 
