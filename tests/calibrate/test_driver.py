@@ -79,8 +79,8 @@ def _gpu() -> bool:
     return gpu_available()
 
 
-@pytest.mark.slow  # the whole `parc profile` with its reference runs (make test-all); the two-rank profile
-@needs_mpiexec     # below runs the same path with fewer reference steps in make test
+@pytest.mark.slow  # the whole `parc profile` with its reference runs (make test-all); make test runs the
+@needs_mpiexec     # profile without them and the reference steps' failure paths
 def test_profile_ends_with_reference_steps_that_set_the_step_ratio(tmp_path, monkeypatch):
     """`parc profile` on two ranks with a small reference: each count's reference step is planned
     with the figures just written, run with `parc run` and simulated; the ratio of each count is
