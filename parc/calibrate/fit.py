@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from statistics import geometric_mean
 
 import numpy as np
 
@@ -14,11 +15,6 @@ from parc.cluster.cost import _VOLUME, STEPS
 
 CACHE_RATIO = 1.5  # a rate counts as the caches' where it is at least this many times memory's
 COLD_RATIO = 1.2  # the least warm / cold rate worth pricing
-
-
-def geomean(values: list[float]) -> float:
-    """The geometric mean of `values` (each > 0)."""
-    return math.exp(sum(math.log(v) for v in values) / len(values))
 
 
 def fit_cold(rows: list[dict]) -> tuple[float, float]:
@@ -96,7 +92,7 @@ def fit_cache(rows: dict) -> tuple[float, float]:
     if not rows.get("sweep"):
         return 0.0, 1.0
     adds = sorted((r["bytes"], r["bytes_per_s"]) for r in rows["memory"] + rows["sweep"] if r["op"] == "Add")
-    slow = geomean([rate for _, rate in adds[-2:]])
+    slow = geometric_mean([rate for _, rate in adds[-2:]])
     within = []
     for nbytes, rate in adds[:-2]:
         if rate < CACHE_RATIO * slow:
@@ -104,7 +100,7 @@ def fit_cache(rows: dict) -> tuple[float, float]:
         within.append((nbytes, rate))
     if not within:
         return 0.0, 1.0
-    return float(within[-1][0]), geomean([rate for _, rate in within]) / slow
+    return float(within[-1][0]), geometric_mean([rate for _, rate in within]) / slow
 
 
 def _from_memory(nbytes: float, cache: tuple[float, float]) -> float:
@@ -173,7 +169,7 @@ def fit(rows: dict, k: int) -> dict:
         groups: dict = {}
         for cls, rate in items:
             groups.setdefault(cls, []).append(rate)
-        return {cls: geomean(rates) for cls, rates in groups.items()}
+        return {cls: geometric_mean(rates) for cls, rates in groups.items()}
 
     rates = by_class((r["class"] if "class" in r else matmul_class(r["shape"]), r["flops_per_s"])
                      for r in rows["matmul"] if "count" not in r)

@@ -12,10 +12,10 @@ import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from statistics import geometric_mean
 
 import numpy as np
 
-from parc.calibrate.fit import geomean
 from parc.calibrate.host import host_probe
 from parc.exec.engine_choice import pick_engine, rank_threads
 from parc.exec.runner import RunError
@@ -221,4 +221,4 @@ def fit_step_ratio(rows: Sequence[dict]) -> float:
     if not ratios:
         return 1.0
     low, high = STEP_RATIO_RANGE
-    return geomean([min(high, max(low, x)) for x in ratios])  # a mean of values in the range stays in it
+    return geometric_mean([min(high, max(low, x)) for x in ratios])  # a mean of values in the range stays in it

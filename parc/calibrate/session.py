@@ -12,14 +12,13 @@ from parc.calibrate.catalogue import BUDGET, MASKED, PADDED, POOL_BYTES
 from parc.exec.data import padding
 from parc.exec.engines.array import ArrayEngine
 from parc.exec.runner import ort_session
-from parc.ir.scatter import scatter_as_elements
 
 
 class OrtBench:
     """One benchmark model in an onnxruntime session."""
 
     def __init__(self, model, threads: int) -> None:
-        self.session = ort_session(scatter_as_elements(model), threads)  # as `parc plan` writes modules
+        self.session = ort_session(model, threads)
         self.shapes = {i.name: tuple(i.shape) for i in self.session.get_inputs()}
 
     def place(self, array: np.ndarray):

@@ -37,7 +37,7 @@ from parc.exec.engine_choice import pick_engine, rank_threads
 from parc.exec.engines.gpu import device_out_of_memory
 from parc.exec.faults import CollectiveFault
 from parc.exec.trace import FOLD
-from parc.ir.scatter import racy_scatter
+from parc.ir.scatter import racy_scatter, scatter_as_elements
 from parc.plandir import TASKGRAPH_FILE, load_program, rank_dir
 from parc.plandir.taskgraph import MB_END, MB_FIRST, MB_START, WHOLE, last_of_micro, last_uses, load_taskgraph
 from parc.sharding.layout import exchange, positions, reduce_parts, shard_index
@@ -55,17 +55,20 @@ def ort_session(model: str | bytes | onnx.ModelProto, threads: int | None):
     same; `parc verify`'s reference too): `threads` intra-op threads (None: onnxruntime's
     default), no inter-op parallelism. `model`: a path, the bytes or the proto.
 
-    The model runs as it is given. A plan's modules hold their reducing ScatterNDs as the
-    ScatterElements they equal (`parc plan` writes them so); a caller running any other model
-    rewrites it first (`parc.ir.scatter.scatter_as_elements`). A model that still holds one (a
-    node the rewrite leaves) runs on one intra-op thread, where onnxruntime's kernel is exact."""
+    onnxruntime's CPU ScatterND with a reduction adds duplicate indices from several threads
+    without atomics, so a model holding one runs with each such node as the ScatterElements it
+    equals (`parc.ir.scatter.scatter_as_elements`, which `parc plan` also applies to the modules
+    it writes, so a plan's modules arrive without any: nothing to do), or, where a node indexes
+    more than one dim, on one intra-op thread, where onnxruntime's kernel is exact."""
     import onnxruntime as ort
 
     proto = model if isinstance(model, onnx.ModelProto) else onnx.load_model_from_string(model) \
         if isinstance(model, bytes) else onnx.load(model, load_external_data=False)
     opts = ort.SessionOptions()
     if racy_scatter(proto.graph):
-        threads = 1
+        proto = model = scatter_as_elements(proto)
+        if racy_scatter(proto.graph):
+            threads = 1
     if threads is not None:
         opts.intra_op_num_threads = threads
     opts.inter_op_num_threads = 1

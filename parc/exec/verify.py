@@ -25,7 +25,6 @@ from parc.exec.data import NpzData, step_inputs, synthetic
 from parc.exec.engine_choice import ort_cpu_lacks
 from parc.exec.engines.array import ArrayEngine
 from parc.exec.runner import ort_session
-from parc.ir.scatter import scatter_as_elements
 from parc.ir.state import StepState, step_state
 from parc.plandir import Plan, load_program
 
@@ -75,7 +74,7 @@ def reference_run(plan_dir: str, plan: Plan, ranks: int, steps: int, seed: int, 
                                                 helper.tensor_dtype_to_np_dtype(r["dtype"]))
     names = [o.name for o in model.graph.output]
     if not ort_cpu_lacks(plan):
-        sess = ort_session(scatter_as_elements(model), None)  # as `parc plan` writes a plan's modules
+        sess = ort_session(model, None)
         run = functools.partial(sess.run, names)
     else:  # values onnxruntime's CPU provider cannot compute with (bf16): the array engine, on the CPU
         engine = ArrayEngine(model, device="cpu")

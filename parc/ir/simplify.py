@@ -14,7 +14,7 @@ optimizer, which applies the same rules when it loads a module, finds none of th
   read its input (onnxruntime's CastElimination).
 
 Neither touches a node whose result is a module output or is read inside a subgraph (it keeps
-its name), a node of another domain, a random op (`RANDOM_OPS`: each run draws anew) or a node
+its name), a node of another domain, a random op (`parc.ir.evaluate.NONDETERMINISTIC`: each run draws anew) or a node
 with a subgraph. The module stays valid and in topological order (a removed node's readers come
 after the node that replaces it); the model given is never changed.
 """
@@ -29,10 +29,10 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from parc.ir.evaluate import NONDETERMINISTIC
+
 log = logging.getLogger("parc.passes")  # every pass logs under one name, wherever it lives
 
-# ops that onnxruntime's common-subexpression elimination leaves alone: each run draws anew
-RANDOM_OPS = ("Dropout", "RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike", "Multinomial")
 SHARED_CONST = 1  # initializers of up to this many elements are one value wherever equal (ConstantSharing)
 _DEFAULT_DOMAINS = ("", "ai.onnx")
 _SUBGRAPHS = (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
@@ -64,22 +64,19 @@ def eliminate_common_subexpressions(model: onnx.ModelProto) -> tuple[onnx.ModelP
     docstring); `model` itself where none did."""
     graph = model.graph
     pinned = _pinned(graph)
-    shareable = {t.name: t for t in graph.initializer if _small(t)}
-    for v in graph.input:  # an initializer that is also an input can be fed: not a constant
-        shareable.pop(v.name, None)
+    fed = {v.name for v in graph.input}  # an initializer that is also an input can be fed: not a constant
+    shareable = {t.name: ("const", t.data_type, tuple(t.dims), numpy_helper.to_array(t).tobytes())
+                 for t in graph.initializer if _small(t) and t.name not in fed}
     rename: dict[str, str] = {}
 
     def key_of(name: str) -> object:
         name = rename.get(name, name)
-        t = shareable.get(name)
-        if t is None:
-            return name
-        return ("const", t.data_type, tuple(t.dims), numpy_helper.to_array(t).tobytes())
+        return shareable.get(name, name)
 
     first: dict[tuple, list[str]] = {}  # a computation -> the outputs of the node that made it first
     gone: set[int] = set()
     for i, n in enumerate(graph.node):
-        if n.domain not in _DEFAULT_DOMAINS or n.op_type in RANDOM_OPS or pinned.intersection(n.output) \
+        if n.domain not in _DEFAULT_DOMAINS or n.op_type in NONDETERMINISTIC or pinned.intersection(n.output) \
                 or any(a.type in _SUBGRAPHS for a in n.attribute):
             continue
         key = (n.op_type, tuple(key_of(x) for x in n.input), tuple(sorted(a.SerializeToString() for a in n.attribute)))

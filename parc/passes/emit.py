@@ -216,11 +216,11 @@ PARALLEL_LOWERING_NODES = 20_000  # graph nodes x ranks from which ranks are low
 def write_programs(plan, out: Path) -> TaskGraph:
     """Lower every rank of `plan`; write its modules, init and program, and taskgraph.json
     (returned)."""
-    mesh = plan.best.mesh
-    d = plan.decision
-    return write_programs_for(d.graph, d.mesh, list(d.strategies), d.specs, d.micro_batches, out, devices=[plan.cluster.devices[d] for d in mesh.devices],
+    mesh, decided = plan.best.mesh, plan.decision
+    return write_programs_for(decided.graph, decided.mesh, list(decided.strategies), decided.specs,
+                              decided.micro_batches, out, devices=[plan.cluster.devices[r] for r in mesh.devices],
                               links=mesh.links, buckets=plan.best.model.buckets,
-                              cluster=plan.cluster, device_ids=[int(d) for d in mesh.devices])
+                              cluster=plan.cluster, device_ids=[int(r) for r in mesh.devices])
 
 
 def write_programs_for(graph: Graph, mesh: tuple[int, ...], strategies: list, specs: dict[str, ShardSpec],

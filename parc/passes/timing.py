@@ -49,6 +49,16 @@ from parc.ir.dtypes import DType, onnx_nbytes
 from parc.ir.graph import Node, Value
 from parc.ir.tensor import TensorData
 from parc.ops.base import node_pieces, node_work, op_class
+from parc.ops.fusion import (
+    cast_kind,
+    flat_layout,
+    fusible,
+    last_columns,
+    row_groups,
+    softmax_columns,
+    softmax_grad_groups,
+    trees,
+)
 from parc.sharding.reshard import Collective
 
 # ops that only reshape: onnxruntime hands the input's buffer on (other nodes may read it too),
@@ -248,17 +258,6 @@ def _on_the_array_engine(nodes: list, work: list[tuple], graph_outputs: list[str
     tree before's root nor the row's output going to memory; a Transpose returns a view (its
     reader takes the strides), moving nothing itself. `consts`: the module's small integer
     initializers (ReduceSum's axes)."""
-    from parc.ops.fusion import (
-        cast_kind,
-        flat_layout,
-        fusible,
-        last_columns,
-        row_groups,
-        softmax_columns,
-        softmax_grad_groups,
-        trees,
-    )
-
     def reduce_axis(i: int) -> int | None:
         n = nodes[i]
         axes = consts.get(n.inputs[1].name) if len(n.inputs) > 1 and n.inputs[1] is not None else None

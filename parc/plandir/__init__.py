@@ -23,8 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from parc.errors import PlanFormatError
+from parc.ir.dtypes import onnx_nbytes
 from parc.plandir.manifest import MANIFEST, check_manifest, sha256_file, write_manifest
-from parc.plandir.plan import PLAN_FORMAT, Plan, check_plan, check_type
+from parc.plandir.plan import PLAN_FORMAT, Plan, check_plan, check_type, is_int
 from parc.plandir.taskgraph import TASKGRAPH_FILE
 
 __all__ = ["MANIFEST", "PLAN_FILE", "PLAN_FORMAT", "PROGRAM_FILE", "PROGRAM_FORMAT", "Plan", "Program",
@@ -136,7 +137,7 @@ class Program:
                 _check_ints(doc[key], where, key)
         for key in ("outputs", "bindings"):
             for name, local in doc[key].items():
-                _check_type(local, str, where, f"{key}.{name}")
+                check_type(local, str, where, f"{key}.{name}")
         for name, how in doc["accumulate"].items():
             _check_accumulation(how, where, f"accumulate.{name}")
         for key in ("residents", "data_inputs"):
@@ -163,8 +164,6 @@ _ACCUMULATIONS = ("sum", "last", "concat")
 
 def local_bytes(resident: dict[str, Any]) -> int:
     """Bytes of a program resident's local shard (its `local` shape and ONNX `dtype`)."""
-    from parc.ir.dtypes import onnx_nbytes
-
     return onnx_nbytes(resident["local"], resident["dtype"])
 
 
@@ -188,19 +187,19 @@ def load_program(plan_dir: str | Path, rank: int) -> Program:
 
 
 def _check_resident(x: Any, where: str, key: str) -> None:
-    _check_type(x, dict, where, key)
+    check_type(x, dict, where, key)
     _check_keys(x, _RESIDENT_KEYS, where, f"{key}.")
     _check_ints(x["shape"], where, f"{key}.shape")
     _check_ints(x["local"], where, f"{key}.local")
     if "init" in x:
-        _check_type(x["init"], dict, where, f"{key}.init")
+        check_type(x["init"], dict, where, f"{key}.init")
         _check_keys(x["init"], (("mean", (int, float)), ("std", (int, float))), where, f"{key}.init.")
 
 
 def _check_accumulation(how: Any, where: str, key: str) -> None:
     """[micro value, "sum" | "last"] or [micro value, "concat", dim]."""
     ok = (isinstance(how, list) and len(how) >= 2 and isinstance(how[0], str) and how[1] in _ACCUMULATIONS
-          and (how[1] != "concat" or len(how) == 3 and _is_int(how[2])))
+          and (how[1] != "concat" or len(how) == 3 and is_int(how[2])))
     if not ok:
         raise PlanFormatError(f"{where}: key '{key}' should be [value, one of {', '.join(_ACCUMULATIONS)}"
                               f" (concat: and a dim)], found {how!r}")
@@ -221,17 +220,9 @@ def _check_keys(doc: dict, keys: tuple[tuple[str, Any], ...], where: str, prefix
     for key, kind in keys:
         if key not in doc:
             raise PlanFormatError(f"{where}: missing key '{prefix}{key}'")
-        _check_type(doc[key], kind, where, prefix + key)
-
-
-def _check_type(value: Any, kind: Any, where: str, key: str) -> None:
-    check_type(value, kind, where, key)
+        check_type(doc[key], kind, where, prefix + key)
 
 
 def _check_ints(value: list, where: str, key: str) -> None:
-    if not all(_is_int(n) for n in value):
+    if not all(is_int(n) for n in value):
         raise PlanFormatError(f"{where}: key '{key}' should be a list of integers, found {value!r}")
-
-
-def _is_int(n: Any) -> bool:
-    return isinstance(n, int) and not isinstance(n, bool)

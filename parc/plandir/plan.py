@@ -26,10 +26,6 @@ OLDER_FORMATS = (1, 2)  # written by earlier versions of parc (one mesh; a pipel
 Record = dict[str, Any]  # a JSON object kept as it is (see the module docstring)
 
 
-def _tuple(x: Any) -> tuple:
-    return tuple(x) if x is not None else ()
-
-
 def _floats(x: Any) -> tuple[float, ...]:
     return tuple(float(v) for v in x)
 
@@ -425,7 +421,7 @@ def check_plan(doc: Any, where: str = "plan.json") -> None:
             continue
         check_type(value, kind, where, key)
     shape = doc["mesh"]["shape"]
-    if not shape or not all(_is_int(n) and n > 0 for n in shape):
+    if not shape or not all(is_int(n) and n > 0 for n in shape):
         raise PlanFormatError(f"{where}: mesh.shape should be a list of positive ints, found {shape!r}")
     if not doc["stages"]:
         raise PlanFormatError(f"{where}: key 'stages' should list at least one stage")
@@ -454,7 +450,8 @@ def check_type(value: Any, kind: Any, where: str, key: str) -> None:
         raise PlanFormatError(f"{where}: key '{key}' should be {type_name(kind)}, found {type(value).__name__}")
 
 
-def _is_int(n: Any) -> bool:
+def is_int(n: Any) -> bool:
+    """An int that is not a bool (JSON's true is no count)."""
     return isinstance(n, int) and not isinstance(n, bool)
 
 

@@ -15,7 +15,7 @@ from parc.solver.graph import Segment, critical_nodes, segments
 from parc.solver.ilp import IlpOptions, build_model, solve_ilp
 from parc.solver.problem import MemoryBudgetError, Problem, ProblemError, Solution
 from parc.solver.search import SearchOptions, memory_order, restrict_largest, solve, solve_o2
-from parc.solver.stages import StagePlan, solve_stages
+from parc.solver.stages import StageCut, solve_stages
 
 __all__ = [
     "FactorGraph",
@@ -26,7 +26,7 @@ __all__ = [
     "SearchOptions",
     "Segment",
     "Solution",
-    "StagePlan",
+    "StageCut",
     "build_model",
     "chain_dp",
     "coarsen",

@@ -47,7 +47,7 @@ BOUND_SLACK = 0.5
 
 
 @dataclass(frozen=True)
-class StagePlan:
+class StageCut:
     """The stage of each node, how HiGHS ended, and the eps that was feasible."""
 
     stage: np.ndarray  # B_i, int per node
@@ -57,7 +57,7 @@ class StagePlan:
 
 def solve_stages(cost: np.ndarray, anc: np.ndarray, edges: Sequence[tuple[int, int]], volume: Sequence[float],
                  count: int, tolerance: float, pins: Mapping[int, int] | None = None, time_limit: float = 60.0,
-                 tighten: bool = True, capacity: Sequence[float] | None = None) -> StagePlan:
+                 tighten: bool = True, capacity: Sequence[float] | None = None) -> StageCut:
     """The stages of `count` (S) for nodes of cost c_i = `cost[i]` (module docstring). `anc`:
     `ancestors(n, edges)`; `volume`: bytes per edge; `tolerance`: the first eps; `pins`: node ->
     fixed stage; `tighten=False` leaves out the bounds (d) (every node may take any stage);
@@ -81,7 +81,7 @@ def solve_stages(cost: np.ndarray, anc: np.ndarray, edges: Sequence[tuple[int, i
         got = stage_ilp(c / T, edges, np.asarray(volume, dtype=np.float64) / vscale, count, lo, hi,
                         1 + eps, time_limit, 1.0 / (share * count))
         if got is not None:
-            return StagePlan(got[0], got[1], eps)
+            return StageCut(got[0], got[1], eps)
         eps *= 2
     raise InfeasiblePlanError(f"no balanced split into {count} stages (tolerance up to {eps:g}); "
                               f"the pinned stages may contradict the graph's order")
@@ -177,4 +177,4 @@ def stage_ilp(cost, edges, volume, count: int, lo: np.ndarray, hi: np.ndarray, c
     return x.argmax(axis=1), name
 
 
-__all__ = ["BOUND_SLACK", "StagePlan", "ancestors", "solve_stages", "stage_bounds", "stage_ilp"]
+__all__ = ["BOUND_SLACK", "StageCut", "ancestors", "solve_stages", "stage_bounds", "stage_ilp"]

@@ -31,9 +31,15 @@ from parc.calibrate.session import ArrayBench, make_feeds
 from parc.exec import data
 
 
+@pytest.fixture(scope="module")
+def ort_rows() -> dict:
+    """One rank's benchmarks on onnxruntime, measured once for the tests that read them."""
+    return measure_rank(Solo(), 1, budget=0.002)
+
+
 @pytest.mark.parametrize("engine", [("ort", "cpu"), ("cupy", "cpu")], ids=["ort", "numpy"])
-def test_a_rank_alone_measures_every_class_of_op(engine):
-    rows = measure_rank(Solo(), 1, budget=0.005, engine=engine)
+def test_a_rank_alone_measures_every_class_of_op(engine, ort_rows):
+    rows = ort_rows if engine[0] == "ort" else measure_rank(Solo(), 1, budget=0.002, engine=engine)
     assert rows["launch_floor_s"] > 0 and rows["task_overhead_s"] >= 0
     assert {r["op"] for r in rows["memory"]} == set(MEMORY_OPS)
     assert len(rows["matmul"]) == len(MATMULS) + len(GEMMS) and all(r["flops_per_s"] > 0 for r in rows["matmul"])
@@ -57,12 +63,12 @@ def _slowed(rows: dict, ops: set[str], factor: float) -> dict:
                                if r["op"] in ops else r for r in rows["memory"]]}
 
 
-def test_where_is_measured_as_its_own_class():
+def test_where_is_measured_as_its_own_class(ort_rows):
     """Where (a ReLU's gradient and attention's mask) and Softmax after a causal and a padding
     mask's fill are measured on rows of their own and fitted as classes of their own, each from
     its own rows: slowing one class's rows moves its figure and no other's. The figures are not
     compared with each other: how fast each runs is this host's business."""
-    rows = measure_rank(Solo(), 1, budget=0.002)
+    rows = ort_rows
     where = [r for r in rows["memory"] if r["op"] in ("Where", "WhereMasked")]
     assert len(where) == 2 * len(MEMORY_ROWS) and all(r["s"] > 0 and r["pieces"] > 0 for r in where)
     # the masked softmaxes run on scores with a mask's fill (`make_feeds`), each in its own class
@@ -127,13 +133,13 @@ def test_the_array_engine_pays_for_a_transpose_it_returns_as_a_view(monkeypatch)
     assert made and made[-1].shape == view.shape and not made[-1].flags.c_contiguous
 
 
-def test_a_small_case_is_measured_as_copies_of_its_node():
+def test_a_small_case_is_measured_as_copies_of_its_node(ort_rows):
     model, _ = graphs.memory_op("Softmax", 64)
     copies = graphs.copies(model, 4)
     assert [n.op_type for n in copies.graph.node] == ["Softmax"] * 4 and len(copies.graph.output) == 4
     assert len({n.output[0] for n in copies.graph.node}) == 4 and len(model.graph.node) == 1
     assert graphs.pieces(model) == 64 / 16  # 64 rows of 1 KiB: a sixteenth of a piece each
-    rows = measure_rank(Solo(), 1, budget=0.002)
+    rows = ort_rows
     assert {r["op"] for r in rows["pieces"]} == set(PIECE_OPS)
     assert len(rows["small"]) == len(MEMORY_OPS) + len(SMALL_MATMULS)
     assert all(r["pieces"] > 0 for r in rows["pieces"])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import textwrap
 
 import pytest
@@ -11,6 +12,7 @@ from parc.cluster import (
     DEVICES,
     LINKS,
     Calibration,
+    Cluster,
     LinkSpec,
     enumerate_meshes,
     load_cluster,
@@ -300,6 +302,7 @@ def test_a_host_whose_ranks_outnumber_its_cpus_keeps_the_figures_of_fewer_ranks_
     assert [(a, [d.peak("float32") for d in devices]) for a, devices in four.nodes[0].sharing] == [(2, [0.1e12] * 4)]
     assert four.shared_devices(3) == ((2, four.nodes[0].sharing[0][1][3]),)
     assert four.devices[0].peak("float32") == 0.05e12  # all 4 at once: the 4 ranks' figures
+    assert Cluster.from_json(json.loads(json.dumps(four.to_json()))) == four  # plan.json keeps the sharing
     assert calibration.apply(parse_devices("3xcpu")).nodes[0].sharing[0][0] == 2
     for fits in ("1xcpu", "2xcpu", "2x2xcpu"):  # the ranks' threads fit the CPUs
         assert all(not node.sharing for node in calibration.apply(parse_devices(fits)).nodes)

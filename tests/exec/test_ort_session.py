@@ -80,7 +80,9 @@ def test_scatter_as_elements_keeps_the_threads_and_the_sum():
     one = ort.SessionOptions()
     one.intra_op_num_threads = 1
     want = ort.InferenceSession(model.SerializeToString(), one, providers=["CPUExecutionProvider"]).run(None, feeds)[0]
-    got = ort_session(model.SerializeToString(), 2).run(None, feeds)[0]
+    session = ort_session(model.SerializeToString(), 2)  # rewritten inside: it keeps its two threads
+    assert session.get_session_options().intra_op_num_threads == 2
+    got = session.run(None, feeds)[0]
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
 
 

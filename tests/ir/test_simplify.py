@@ -84,14 +84,14 @@ def test_repeats_whose_results_are_module_outputs_stay():
     assert eliminate_common_subexpressions(one) == (one, 0)
 
 
-@pytest.mark.parametrize("op, attrs", [("Dropout", {}), ("RandomNormalLike", {"seed": 1.0})])
+@pytest.mark.parametrize("op, attrs", [("Dropout", {}), ("RandomNormalLike", {"seed": 1.0}), ("Bernoulli", {})])
 def test_random_ops_are_never_merged(op, attrs):
+    """Each run of a random op draws anew: two draws are two values (the list is the IR's
+    `NONDETERMINISTIC`, which shape folding also leaves alone)."""
     nodes = [helper.make_node(op, ["x"], ["d1"], **attrs), helper.make_node(op, ["x"], ["d2"], **attrs),
              helper.make_node("Add", ["d1", "d2"], ["y"])]
     model = _model(nodes, ["y"])
     assert eliminate_common_subexpressions(model) == (model, 0)
-    if op == "Dropout":  # (deterministic outside training)
-        _same_results(model, model)
 
 
 def test_equal_scalar_initializers_count_as_one_value_and_larger_ones_do_not():
@@ -136,7 +136,6 @@ def test_other_domains_and_nodes_with_subgraphs_are_left_alone():
     model = _model(nodes, ["y"], [cond])
     out, removed = eliminate_common_subexpressions(model)
     assert removed == 0 and out is model  # r2 is read inside the Ifs; the Ifs hold subgraphs
-    _same_results(model, out)
 
 
 def test_a_cast_to_its_inputs_type_goes_and_a_real_cast_or_an_outputs_stays():

@@ -108,13 +108,16 @@ def test_bounds_with_equal_capacities_are_rhinos():
 
 
 def test_pins_fix_a_stage_and_contradicting_pins_raise():
-    """A pinned node takes its stage; pins against the edges' order leave no split at any eps."""
+    """A pinned node takes its stage, even where balance alone puts it elsewhere (without pins the
+    chain splits [0 0 1 1] at eps 0.1); pins against the edges' order leave no split at any eps."""
     from parc.errors import InfeasiblePlanError
 
     weight = np.ones(4)
     edges = [(0, 1), (1, 2), (2, 3)]
     anc = ancestors(4, edges)
-    plan = solve_stages(weight, anc, edges, [1.0, 1.0, 1.0], 2, 0.1, {3: 1, 0: 0}, 10.0)
-    assert plan.stage[0] == 0 and plan.stage[3] == 1 and plan.status == "optimal"
+    free = solve_stages(weight, anc, edges, [1.0, 1.0, 1.0], 2, 0.1, {}, 10.0)
+    assert list(free.stage) == [0, 0, 1, 1] and free.eps == pytest.approx(0.1)
+    plan = solve_stages(weight, anc, edges, [1.0, 1.0, 1.0], 2, 0.1, {1: 1}, 10.0)
+    assert list(plan.stage) == [0, 1, 1, 1] and plan.eps > 0.1 and plan.status == "optimal"
     with pytest.raises(InfeasiblePlanError, match="2 stages"):
         solve_stages(weight, anc, edges, [1.0, 1.0, 1.0], 2, 0.1, {0: 1, 3: 0}, 10.0)

@@ -220,7 +220,7 @@ def _follow(graph: Graph, stage_f: dict[int, int], count: int) -> list[tuple[int
                 if v is not None and v.producer is not None and id(v.producer) in pos_of]
         out[pos] = (max(made),) if made else (count - 1,)
     # replicated nodes: every stage that reads their outputs or holds the state they update
-    bound = _bound_sources(graph)
+    bound = bindings(graph.metadata)
     readers: dict[str, set[int]] = {}
     for pos, n in enumerate(nodes):
         if out[pos] is None:
@@ -258,10 +258,6 @@ def _floating(graph: Graph) -> set[int]:
             out.add(pos)
             made.update(id(v) for v in n.outputs)
     return out
-
-
-def _bound_sources(graph: Graph) -> dict[str, str]:
-    return bindings(graph.metadata)
 
 
 def _owners(graph: Graph, stages_of: list[tuple[int, ...]]) -> dict[str, int]:
@@ -319,7 +315,7 @@ def boundaries(graph: Graph, a: StageAssignment) -> list[Boundary]:
             if v is not None and v.producer is None:
                 readers.setdefault(v.name, set()).update(a.stages_of[pos])
     outputs = {v.name: v for v in graph.outputs}
-    for new, old in _bound_sources(graph).items():
+    for new, old in bindings(graph.metadata).items():
         v = outputs.get(new)
         if v is None or v.producer is None:
             continue
@@ -338,7 +334,8 @@ def stage_graph(graph: Graph, a: StageAssignment, stage: int, crossing: list[Bou
     g = Graph(f"{graph.name}.stage{stage}", dict(graph.opset))
     g.metadata = dict(graph.metadata)
     copies: dict[int, Value] = {}
-    received = {b.name for b in crossing if stage in b.dst and b.name not in _bound_sources(graph)}
+    bound = bindings(graph.metadata)
+    received = {b.name for b in crossing if stage in b.dst and b.name not in bound}
     input_consts = {v.name for v in graph.input_constants}
 
     def value(v: Value) -> Value:
@@ -393,7 +390,7 @@ def stage_outputs(graph: Graph, a: StageAssignment, stage: int) -> set[str]:
     pos_of = {id(n): pos for pos, n in enumerate(graph.nodes)}
     held = {v.name for pos in a.nodes_of(stage) for v in graph.nodes[pos].inputs
             if v is not None and v.producer is None}
-    binds = _bound_sources(graph)
+    binds = bindings(graph.metadata)
     out = set()
     for v in graph.outputs:
         if v.producer is None or stage not in a.stages_of[pos_of[id(v.producer)]]:

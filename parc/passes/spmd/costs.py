@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
+from enum import Enum
 from functools import lru_cache
+from typing import Any
 
 import numpy as np
 
@@ -47,6 +49,15 @@ FORBIDDEN = 1e3
 FORBIDDEN_SCALE = 10.0
 
 
+class Lazy(Enum):
+    """A field found on first use (it pickles as itself, unlike a bare `object()`)."""
+
+    NOT_FOUND = 0
+
+
+NOT_FOUND = Lazy.NOT_FOUND
+
+
 @dataclass
 class CostModel:
     """A graph's strategies and costs on one mesh, and the Problem built from them."""
@@ -61,6 +72,9 @@ class CostModel:
     balance: Balance | None = None  # mixed devices on this mesh: the axes' shares (hetero.py)
     forbidden: float = FORBIDDEN  # what a forbidden time-axis move costs in this model (_Pricer)
     buckets: tuple[bool, ...] = ()  # per mesh axis, whether gradient buckets pay (the lowering's too)
+    # which nodes follow which (`follow.model_grouping`, found once and pickled with the model to the
+    # search's jobs); not an init field, so `replace` (another graph) starts without it
+    grouping: Any = field(default=NOT_FOUND, init=False, repr=False, compare=False)
 
     pool_blob = True  # sent to several jobs: pickled once (parc/passes/spmd/pool.py)
 

@@ -24,7 +24,7 @@ import numpy as np
 
 from parc.ir.graph import Node
 from parc.ir.state import BACKWARD, FORWARD, FORWARD_OF, OPTIMIZER, PARAM_OF, phase, step_state
-from parc.passes.spmd.costs import CostModel, _unique, reshard_time
+from parc.passes.spmd.costs import NOT_FOUND, CostModel, _unique, reshard_time
 from parc.sharding import R, ShardSpec
 from parc.sharding.spec import Partial
 from parc.solver.follow import Grouping
@@ -34,12 +34,9 @@ def model_grouping(model: CostModel) -> Grouping | None:
     """Which nodes follow which in `model`'s training step (`training_grouping`), found once per
     model and kept on it, so that it travels with the model to the search's jobs; None for a
     graph without a backward."""
-    if _GROUPING not in model.__dict__:
-        model.__dict__[_GROUPING] = training_grouping(model)
-    return model.__dict__[_GROUPING]
-
-
-_GROUPING = "grouping"  # where `model_grouping` keeps its answer on the model
+    if model.grouping is NOT_FOUND:
+        model.grouping = training_grouping(model)
+    return model.grouping
 
 
 def training_grouping(model: CostModel, lead: str = "update") -> Grouping | None:
