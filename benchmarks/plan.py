@@ -6,6 +6,8 @@ each `parc plan` runs in a fresh process; *wall s* is the whole command. Suites:
 * ``tiny``: the tiny zoo models on 2 and 4 A100s, -O2 and -O3 (`--models/--devices/--levels/--time-limit`).
 * ``zoo``: plan quality against the baselines for the full-size zoo models on 8 x V100-32G, flat
   mesh only (`--mesh-dims 1`; `--zoo-mesh-dims 2` for the 2-D meshes too), -O2 and -O3, 60 s per solve.
+* ``agreement``: the same zoo at -O2 on the default meshes with programs written: the search's
+  predicted step beside the simulated step of the plan it chose (`--zoo-models`).
 * ``scaling``: GPT with hidden 512, 8 heads, FFN 2048 and L layers on 8 x A100-80G, -O2, flat
   mesh, 120 s per solve; plus one L=72 run over the default 2-D meshes.
 * ``medium``: gpt-medium (default batch) on 8 x A100-80G, -O2 and -O3, default meshes, 60 s per solve.
@@ -16,7 +18,7 @@ each `parc plan` runs in a fresh process; *wall s* is the whole command. Suites:
   is the largest resident set of the command and its worker processes.
 
 Usage:
-    python benchmarks/plan.py [--suite tiny|zoo|scaling|medium|scale|all] [--zoo-models a,b] [--layers 12,24]
+    python benchmarks/plan.py [--suite tiny|zoo|agreement|scaling|medium|scale|all] [--zoo-models a,b] [--layers 12,24]
                               [--models gpt-tiny,resnet-tiny,unet-tiny] [--devices 2xa100-80g,4xa100-80g]
                               [--levels O2,O3] [--time-limit 10] [--out out/bench-plan.md]
 Tables go to out/bench-plan[-SUITE].md, the raw rows to out/bench-plan-SUITE.json.
@@ -56,9 +58,16 @@ def build(name: str, sets: list[str], path: Path) -> int:
 
 
 def plan(
-    step: Path, out: Path, devices: str, level: str, time_limit: str, mesh_dims: int | None = None
+    step: Path,
+    out: Path,
+    devices: str,
+    level: str,
+    time_limit: str,
+    mesh_dims: int | None = None,
+    programs: bool = False,
 ) -> dict:
-    """One `parc plan` in a fresh process: wall time and plan.json, or the error line."""
+    """One `parc plan` in a fresh process: wall time and plan.json, or the error line. Without
+    `programs`, the search alone (`--no-programs`)."""
     cmd = [
         *PARC,
         "plan",
@@ -68,7 +77,7 @@ def plan(
         f"-{level}",
         "--time-limit",
         time_limit,
-        "--no-programs",  # the search's time; lowering is measured in benchmarks/runtime.py
+        *([] if programs else ["--no-programs"]),  # the search's time; lowering: benchmarks/runtime.py
         "-o",
         str(out),
     ]
@@ -235,6 +244,53 @@ def suite_zoo(args: argparse.Namespace, tmp: Path) -> None:
         )
     text = head + body + ("\n" + "\n".join(notes) + "\n" if notes else "")
     write("zoo" if args.zoo_mesh_dims == 1 else f"zoo-{args.zoo_mesh_dims}d", text, rows)
+
+
+def suite_agreement(args: argparse.Namespace, tmp: Path) -> None:
+    """The search's figure against the simulated step of the plan it chose (issue 52: one cost
+    model): the zoo on 8 x V100-32G, -O2, the default meshes, programs written."""
+    devices, limit = "8xv100-32g", "60"
+    rows = []
+    for name in args.zoo_models.split(","):
+        step = tmp / f"{name}.train.onnx"
+        build(name, ZOO_SETS.get(name, []), step)
+        r = plan(step, tmp / f"{name}-agree", devices, "O2", limit, programs=True)
+        row = {"model": name, "sets": " ".join(ZOO_SETS.get(name, [])[1::2]), "wall": r["wall"], "error": r.get("error")}
+        if "doc" in r:
+            doc = r["doc"]
+            p, sim = doc["predicted"], doc.get("simulation", {})
+            row.update(
+                mesh="x".join(map(str, doc["mesh"]["shape"])) if len(doc.get("stages") or [0]) <= 1 else "pipeline",
+                search=p["step_time_s"],
+                search_compute=p["compute_s"],
+                search_comm=p["comm_s"],
+                simulated=sim.get("step_time_s"),
+                exposed=sim.get("exposed_comm_s"),
+                bubble=sim.get("bubble_s", 0.0),
+            )
+        log(f"{name}: {r['wall']:.1f} s {r.get('error') or ''}")
+        rows.append(row)
+
+    def ms(x) -> str:
+        return f"{x * 1e3:.1f}" if x is not None else "-"
+
+    text = machine(f"`--devices {devices}`, -O2, default meshes, per-solve time limit {limit} s, programs written") + (
+        "| model | mesh | wall s | search ms | search compute ms | search comm ms | simulated ms | "
+        "simulated compute ms | exposed comm ms | simulated / search |\n"
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|\n"
+    )
+    for r in rows:
+        label = r["model"] + (f" ({r['sets']})" if r["sets"] else "")
+        if r.get("error") or r.get("simulated") is None:
+            text += f"| {label} | - | {r['wall']:.1f} | {r.get('error') or 'no simulation'} |||||||\n"
+            continue
+        compute = r["simulated"] - r["exposed"] - r["bubble"]
+        text += (
+            f"| {label} | {r['mesh']} | {r['wall']:.1f} | {ms(r['search'])} | {ms(r['search_compute'])} | "
+            f"{ms(r['search_comm'])} | {ms(r['simulated'])} | {ms(compute)} | {ms(r['exposed'])} | "
+            f"{r['simulated'] / r['search']:.3f} |\n"
+        )
+    write("agreement", text, rows)
 
 
 def suite_scaling(args: argparse.Namespace, tmp: Path) -> None:
@@ -425,7 +481,7 @@ def suite_scale(args: argparse.Namespace, tmp: Path) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--suite", default="all", choices=["tiny", "zoo", "scaling", "medium", "scale", "all"])
+    ap.add_argument("--suite", default="all", choices=["tiny", "zoo", "agreement", "scaling", "medium", "scale", "all"])
     ap.add_argument("--scale-cases", default="", help="scale suite: only cases whose label contains one of these")
     ap.add_argument("--models", default="gpt-tiny,resnet-tiny,unet-tiny", help="tiny suite")
     ap.add_argument("--devices", default="2xa100-80g,4xa100-80g", help="tiny suite")
@@ -442,7 +498,7 @@ def main() -> None:
         help="scaling suite: skip the L=72 run over the 2-D meshes",
     )
     args = ap.parse_args()
-    suites = {"tiny": suite_tiny, "zoo": suite_zoo, "scaling": suite_scaling, "medium": suite_medium,
+    suites = {"tiny": suite_tiny, "zoo": suite_zoo, "agreement": suite_agreement, "scaling": suite_scaling, "medium": suite_medium,
               "scale": suite_scale}
     with tempfile.TemporaryDirectory() as tmp:
         for name, fn in suites.items():

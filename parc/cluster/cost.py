@@ -1,9 +1,9 @@
 """The cost formulas: alpha-beta collectives per mesh axis, and a roofline per op.
 
-A node's time on a device is `NodeWork.of(node).seconds(device, ...)`: its work (FLOPs, bytes,
-type, class and pieces, from its op rule) priced by `compute_time`. The SPMD search, the stage
-search, the heterogeneous balance and the task times of the emitted modules all price nodes
-through it.
+A node's time on a device is `NodeWork.seconds(device, ...)`: its work (FLOPs, bytes, type, class
+and pieces, from its op rule; among other nodes, as `parc.cluster.work.graph_work` says) priced by
+`compute_time`. The SPMD search, the stage search, the heterogeneous balance and the task times
+of the emitted modules all price nodes through it.
 
 Collectives use ring algorithms. For a group of n devices on a link with latency alpha and
 per-device bandwidth beta (bytes/s), moving a tensor of B bytes:
@@ -152,13 +152,18 @@ def axis_collective_time(mesh: Mesh, axis: int, kind: str, nbytes: float) -> flo
 @dataclass(frozen=True)
 class NodeWork:
     """What one node asks of a device: FLOPs, bytes moved, the type it computes in, its op class
-    and its pieces (`parc.ops`: `node_work`, `op_class`, `node_pieces`)."""
+    and its pieces (`parc.ops`: `node_work`, `op_class`, `node_pieces`), and of its bytes, those
+    the caches do not hold (`cold`: `parc.cluster.work.far_bytes`, priced at the device's cold
+    rate on top of its roofline). Alone, a node is `NodeWork.of(node)`; among the nodes of a
+    module or a graph, `parc.cluster.work.graph_work` says what each asks."""
 
     flops: float
     nbytes: float
     dtype: Any
     op_class: str = ""
     pieces: float = 0.0
+    cold: float = 0.0
+    alone: bool = True  # a kernel of its own; False: part of one, whose launch another node pays
 
     @classmethod
     def of(cls, node: Node) -> NodeWork:
@@ -168,16 +173,18 @@ class NodeWork:
     def seconds(self, device: DeviceSpec, share: float = 1.0, split: int = 1, queued: bool = False) -> float:
         """`compute_time` of the part of the work one device does: `share` of it, divided `split`
         ways (a strategy's even split; an uneven one gives each device its share)."""
-        return compute_time(self.flops * share / split, self.nbytes * share / split, device, self.dtype,
-                            self.op_class, queued=queued, pieces=self.pieces * share / split)
+        t = compute_time(self.flops * share / split, self.nbytes * share / split, device, self.dtype,
+                         self.op_class, queued=queued, pieces=self.pieces * share / split, floor=self.alone)
+        return t + device.step_ratio * device.cold_cost() * self.cold * share / split if self.cold else t
 
     def floor(self, device: DeviceSpec) -> float:
-        """What the node costs on `device` however little of its work it does (`node_floor`)."""
-        return node_floor(self.flops, self.nbytes, device, self.op_class)
+        """What the node costs on `device` however little of its work it does (`node_floor`;
+        nothing for part of a kernel)."""
+        return node_floor(self.flops, self.nbytes, device, self.op_class) if self.alone else 0.0
 
 
 def compute_time(flops: float, nbytes: float, device: DeviceSpec, dtype: object = "float32",
-                 op_class: str = "", queued: bool = False, pieces: float = 0.0) -> float:
+                 op_class: str = "", queued: bool = False, pieces: float = 0.0, floor: bool = True) -> float:
     """Roofline time of one op: the slower of compute and memory traffic, plus the launch floor.
     `queued` (a module's nodes in a row, as the task times price them): on a GPU
     (`DeviceSpec.gpu`) the longer of the two instead, since kernels queue while the host launches
@@ -192,7 +199,8 @@ def compute_time(flops: float, nbytes: float, device: DeviceSpec, dtype: object 
     rows). Queued on a GPU, the node costs the longest of its roofline (with its pieces) and its
     launch, and no class floor. `dtype` is a DType or a name ('float32', 'tf32', 'bf16', ...); a
     dtype the device lists no peak for runs at its float32 peak. The whole is multiplied by the
-    device's `step_ratio` (1 but in a calibration from `parc profile`).
+    device's `step_ratio` (1 but in a calibration from `parc profile`). `floor=False` (part of a
+    kernel another node launches): no launch and no class floor.
     """
     if flops < 0 or nbytes < 0:
         raise ValueError(f"compute_time: need flops >= 0 and bytes >= 0, got {flops}, {nbytes}")
@@ -200,8 +208,8 @@ def compute_time(flops: float, nbytes: float, device: DeviceSpec, dtype: object 
     memory = nbytes / (device.memory_bandwidth * device.memory_fraction(op_class))
     walk = pieces * device.piece_cost(op_class) if pieces else 0.0
     if queued and device.gpu:
-        return device.step_ratio * max(compute + walk, memory + walk, device.launch_floor)
-    return device.step_ratio * (max(compute, memory) + walk + node_floor(flops, nbytes, device, op_class))
+        return device.step_ratio * max(compute + walk, memory + walk, device.launch_floor if floor else 0.0)
+    return device.step_ratio * (max(compute, memory) + walk + (node_floor(flops, nbytes, device, op_class) if floor else 0.0))
 
 
 def node_floor(flops: float, nbytes: float, device: DeviceSpec, op_class: str = "") -> float:

@@ -41,7 +41,7 @@ def _verify(out: Path) -> None:
     assert "verified:" in res.stdout
 
 
-@pytest.mark.parametrize("model, batch", [("gpt-tiny", 32), ("moe-tiny", 16), ("unet-tiny", 16)])
+@pytest.mark.parametrize("model, batch", [("gpt-tiny", 32), ("moe-tiny", 32), ("unet-tiny", 16)])
 def test_uneven_data_parallel_verifies(tmp_path, model, batch):
     out, plan = _plan(tmp_path, model, batch)
     assert _uneven(plan), "no uneven split in the mixed-cluster plan"
@@ -111,9 +111,10 @@ def test_an_uneven_checkpoint_reshards_onto_an_even_plan_and_back(tmp_path):
 
 def test_a_2d_mesh_uneven_on_its_mixed_axis_verifies(tmp_path):
     """Two nodes of one V100 and one P100: on the 2 x 2 mesh the axis inside a node joins unlike
-    devices and splits unevenly, the axis between nodes evenly."""
+    devices and splits unevenly, the axis between nodes evenly (batch 128: at 32 the step's kernels
+    take no longer than their launch, and no split of them gains)."""
     step = tmp_path / "gpt.onnx"
-    assert parc("models", "build", "gpt-tiny", "--set", "batch=32", "--train", "sgd", "-o", str(step)).returncode == 0
+    assert parc("models", "build", "gpt-tiny", "--set", "batch=128", "--train", "sgd", "-o", str(step)).returncode == 0
     hints = tmp_path / "tp2.yaml"
     hints.write_text("default: {split: 2}\n")  # on 4 devices only the 2 x 2 mesh holds it
     out = tmp_path / "mesh2d"

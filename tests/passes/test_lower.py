@@ -168,7 +168,11 @@ def test_small_gradients_run_in_buckets_and_the_step_is_unchanged(step):
     from parc.plandir import load_program
 
     out = step / "dp2d"
-    (step / "dp2d.yaml").write_text("default: replicate\npins:\n  wte.weight: RR\n")  # a 2-axis pin: 2-D meshes only
+    # a 2-axis pin: 2-D meshes only; the attention cores (which read no parameter, so `default`
+    # leaves them free) split along both axes too, else at batch 4 the search computes them
+    # replicated along one (their kernels take no longer than a launch)
+    cores = "".join(f"  h.{i}.attn.merge_heads: S(0)S(0)\n" for i in range(2))
+    (step / "dp2d.yaml").write_text("default: replicate\npins:\n  wte.weight: RR\n" + cores)
     res = parc("plan", str(step / "t.onnx"), "--devices", "4xa10-24g", "--jobs", "1", "--hints", str(step / "dp2d.yaml"),
                "-o", str(out))
     assert res.returncode == 0, res.stderr

@@ -128,16 +128,15 @@ def test_the_microbatch_count_is_searched(tmp_path):
 
 
 def test_a_pipeline_never_loses_to_the_uniform_recipe(tmp_path):
-    """bert-tiny on 2 V100 + 2 P100: the speed-balanced cut, planned, predicts 4.245 ms where the
-    pipeline-uniform recipe on the uniform cut predicts 4.195 ms (a small step: the per-node
-    estimate the stage search balances misses what each stage's plan costs). The plan then
-    searches the uniform cut too and keeps the faster, and it still verifies."""
+    """bert-tiny on 2 V100 + 2 P100 with a stage search that tolerates 50% imbalance: its cut,
+    planned, predicts a slower step than the pipeline-uniform recipe on the uniform cut. The plan
+    then searches the uniform cut too and keeps the faster, and it still verifies."""
     step = tmp_path / "bert.onnx"
     res = parc("models", "build", "bert-tiny", "--train", "adamw", "-o", str(step))
     assert res.returncode == 0, res.stderr
     out = tmp_path / "plan"
     res = parc("plan", str(step), "--devices", "2xv100-32g+2xp100-16g", "--pipeline", "2", "--micro-batches", "2",
-               "--jobs", "1", "-o", str(out))
+               "--pipeline-tolerance", "0.5", "--jobs", "1", "-o", str(out))
     assert res.returncode == 0, res.stderr
     doc = json.loads((out / "plan.json").read_text())
     uniform = doc["baselines"]["pipeline-uniform"]
@@ -226,12 +225,13 @@ def test_stages_of_the_same_structure_are_searched_once(tmp_path, monkeypatch):
     real = pipeline_plan.plan_graph
     monkeypatch.setattr(pipeline_plan, "plan_graph", lambda *a, **k: searches.append(1) or real(*a, **k))
     cluster = resolve_cluster("8xa100-80g", None)
-    reused = plan_pipeline(g, cluster, 4, jobs=1)
+    # 2 microbatches: stages 1 and 2 keep as many (min(stages - s, 2)), so their problems are equal
+    reused = plan_pipeline(g, cluster, 4, micro_batches=2, jobs=1)
     assert costs.structure_key(reused.stages[1].graph) == costs.structure_key(reused.stages[2].graph)
     assert len(searches) == 3  # stage 2 is stage 1's plan
     assert [n.name for n in reused.stages[2].plan.best.model.graph.nodes] == [n.name for n in reused.stages[2].graph.nodes]
     monkeypatch.setattr(pipeline_plan, "structure_key", lambda *a, **k: object())  # every stage searched
-    fresh = plan_pipeline(g, cluster, 4, jobs=1)
+    fresh = plan_pipeline(g, cluster, 4, micro_batches=2, jobs=1)
     assert len(searches) == 3 + 4
     assert reused.step_s == pytest.approx(fresh.step_s, rel=1e-12)
     a, b = reused.to_json(), fresh.to_json()

@@ -141,8 +141,8 @@ def test_mirror_replicates_partial_sums():
 @pytest.mark.parametrize("name", ["gpt-tiny", "unet-tiny", "moe-tiny"])
 def test_o2_follow_plan_against_the_exact_plan(steps, name):
     """On every 1-D and 2-D mesh of 4 devices: the follow plan alone fits, is never below the
-    exact optimum and stays within 6% of it (measured: unet-tiny's flat mesh +5.4%, the rest
-    within 1.5%); O2 finishes such small problems with the ILP from it, to O2_EXACT_GAP; O3 from
+    exact optimum and stays within 6% of it (measured: moe-tiny +1.6% on its worst mesh, the
+    others exact); O2 finishes such small problems with the ILP from it, to O2_EXACT_GAP; O3 from
     it is the exact optimum."""
     graph = steps[name]
     worst = 0.0
@@ -161,7 +161,7 @@ def test_o2_follow_plan_against_the_exact_plan(steps, name):
             assert o2.cost <= exact.cost * (1 + O2_EXACT_GAP), (name, mesh.shape)
         assert o3.cost <= min(follow.cost, exact.cost) * (1 + 1e-4), (name, mesh.shape)
         worst = max(worst, follow.cost / exact.cost)
-    if name == "unet-tiny":  # where the follow restriction loses most (the exact finish matters)
+    if name == "moe-tiny":  # where the follow restriction loses most (the exact finish matters)
         assert worst > 1.01
 
 

@@ -227,7 +227,6 @@ def test_a_weight_gradients_transpose_costs_nothing_on_a_cpu():
     its MatMul alone. A Transpose another node also reads, one whose result is a module output,
     one of a Transpose (merged with it first) and a batched one (attention's) stay priced."""
     from parc.cluster.cost import compute_time
-    from parc.passes.timing import fused_into_products
 
     def module(extra_reader=False, of_transpose=False, as_output=False, batched=False):
         shape = [4, 256, 512] if batched else [256, 512]
@@ -245,10 +244,10 @@ def test_a_weight_gradients_transpose_costs_nothing_on_a_cpu():
                 for n in ("g", *(("r",) if extra_reader else ()), *(("xt",) if as_output else ()))]
         return helper.make_model(helper.make_graph(nodes, "m", io, outs), opset_imports=[helper.make_opsetid("", 17)])
 
-    assert fused_into_products(module()) == {0}
+    assert _folded(module()) == {0}
     for kind in ("extra_reader", "as_output", "batched"):
-        assert fused_into_products(module(**{kind: True})) == set(), kind
-    assert fused_into_products(module(of_transpose=True)) == set()
+        assert _folded(module(**{kind: True})) == set(), kind
+    assert _folded(module(of_transpose=True)) == set()
     info = {"x": (TensorProto.FLOAT, (256, 512)), "xt": (TensorProto.FLOAT, (512, 256)),
             "dy": (TensorProto.FLOAT, (256, 512)), "g": (TensorProto.FLOAT, (512, 512)),
             "r": (TensorProto.FLOAT, (512, 256))}
@@ -290,10 +289,9 @@ def _fusion_module():
 def test_what_onnxruntime_folds_into_a_product_costs_nothing():
     """A scalar scale of a product's result or operand: gone from onnxruntime's optimized graph,
     priced at 0."""
-    from parc.passes.timing import fused_into_products
 
     model, names = _fusion_module()
-    removed = {model.graph.node[i].name for i in fused_into_products(model)}
+    removed = {model.graph.node[i].name for i in _folded(model)}
     assert removed == {"scale_after", "div_before"}
     info = {n: (TensorProto.FLOAT, (32, 64)) for n in names}
     info["w"] = (TensorProto.FLOAT, (64, 64))
@@ -312,7 +310,6 @@ def test_onnxruntime_removes_every_node_priced_as_fused():
     import onnxruntime as ort
 
     from parc.ir.simplify import simplify
-    from parc.passes.timing import fused_into_products
 
     def optimized_names(model, tmp) -> set[str]:
         opts = ort.SessionOptions()
@@ -327,7 +324,7 @@ def test_onnxruntime_removes_every_node_priced_as_fused():
     model, _ = _fusion_module()
     with tempfile.TemporaryDirectory() as d:
         left = optimized_names(model, Path(d) / "a.onnx")
-        removed = {model.graph.node[i].name for i in fused_into_products(model)}
+        removed = {model.graph.node[i].name for i in _folded(model)}
         assert removed and not removed & left
         assert {"mul_by_three", "div_after_shared", "mul_by_a_row", "div_before_an_output"} <= left
         # a training step: its weight gradients' transposes
@@ -341,7 +338,7 @@ def test_onnxruntime_removes_every_node_priced_as_fused():
         typed = onnx.shape_inference.infer_shapes(model).graph
         dtypes = {v.name: v.type.tensor_type.elem_type for v in (*typed.value_info, *typed.input, *typed.output)}
         model, _ = simplify(model, dtypes)
-        removed = {model.graph.node[i].name for i in fused_into_products(model)}
+        removed = {model.graph.node[i].name for i in _folded(model)}
         assert len(removed) > 10 and not removed & optimized_names(model, Path(d) / "b.onnx")
 
 
@@ -350,9 +347,9 @@ def test_reads_of_values_the_caches_no_longer_hold_cost_the_cold_rate():
     value read back after more than the cache share of traffic and for writing its outputs,
     beyond the elementwise stream's rate; not for a value read right after it was written.
     Without one, nothing more."""
+    from parc.cluster.work import far_bytes
     from parc.ir.dtypes import DType
     from parc.ir.graph import Node, Value
-    from parc.passes.timing import far_bytes
 
     mib = 1 << 20
 
@@ -362,14 +359,14 @@ def test_reads_of_values_the_caches_no_longer_hold_cost_the_cold_rate():
     x, a, big, y, z = v("x", 1), v("a", 1), v("big", 64), v("y", 64), v("z", 1)
     # x (input) -> a, then 128 MiB of traffic (big in and out), then a read back with a fresh z
     nodes = [Node("Relu", [x], [a]), Node("Relu", [big], [y]), Node("Add", [a, z], [v("out", 1)])]
-    assert far_bytes(nodes, share=100 * mib) == (1 + 64 + 1 + 1) * mib  # x, big, z first read; a after 129 MiB
-    assert far_bytes(nodes, share=200 * mib) == (1 + 64 + 1) * mib  # a still held
-    assert far_bytes(nodes, share=200 * mib, gone={1}) == (1 + 1) * mib  # the big node does not run
+    assert sum(far_bytes(nodes, share=100 * mib)) == (1 + 64 + 1 + 1) * mib  # x, big, z first read; a after 129 MiB
+    assert sum(far_bytes(nodes, share=200 * mib)) == (1 + 64 + 1) * mib  # a still held
+    assert sum(far_bytes(nodes, share=200 * mib, gone={1})) == (1 + 1) * mib  # the big node does not run
     # the module's outputs are written into memory the caches do not hold (a step keeps them)
-    assert far_bytes(nodes, share=200 * mib, outputs={"out", "y"}) == (1 + 64 + 1 + 1 + 64) * mib
-    assert far_bytes(nodes, share=200 * mib, gone={1}, outputs={"out", "y"}) == (1 + 1 + 1) * mib
+    assert sum(far_bytes(nodes, share=200 * mib, outputs={"out", "y"})) == (1 + 64 + 1 + 1 + 64) * mib
+    assert sum(far_bytes(nodes, share=200 * mib, gone={1}, outputs={"out", "y"})) == (1 + 1 + 1) * mib
     unknown = Value("u", x.dtype, (None, 4))  # a dim the lowering does not know: no traffic
-    assert far_bytes([Node("Add", [unknown, x], [v("w", 1)])], share=100 * mib) == mib
+    assert sum(far_bytes([Node("Add", [unknown, x], [v("w", 1)])], share=100 * mib)) == mib
 
     model, info = _module()
     cpu = replace(DEVICES["h100-80g"], gpu=False)
@@ -399,3 +396,13 @@ def test_a_gpu_prices_a_softmax_gradient_reading_its_bfloat16_dy_as_one_pass():
     info.update({"dyl": (bf, tuple(shape)), "s": (f, (shape[0], 1))})
     h100 = replace(DEVICES["h100-80g"], launch_floor=0.0)
     assert module_seconds(model, h100, info) == pytest.approx((2 * N + 4 * N + 4 * N) / h100.memory_bandwidth)
+
+
+def _folded(model) -> set[int]:
+    """`parc.cluster.work.fused_into_products` over an ONNX module's nodes."""
+    from parc.cluster.work import fused_into_products
+    from parc.passes.timing import module_nodes
+
+    nodes, consts = module_nodes(model)
+    return fused_into_products(nodes, {o.name for o in model.graph.output}, consts,
+                               {t.name for t in model.graph.initializer})

@@ -7,6 +7,7 @@ from collections import Counter
 
 import pytest
 from bars import (
+    REDUCTIONS,
     collective_bytes,
     data_parallel_sync_bytes,
     gradient_sync_bytes,
@@ -76,7 +77,8 @@ def test_moe_tiny_experts_split_with_all_to_all(tmp_path):
 def test_gpt_mlp_column_then_row_parallel_under_memory_pressure(tmp_path):
     """Weights (0.4 GiB for two blocks of hidden 2048) that cannot be replicated in 0.3 GiB:
     each MLP's fc weight splits on its output dim, proj's on its input dim, and proj's partial
-    sums are reduced once (all-reduce, or reduce-scatter as in sequence parallelism)."""
+    sums are reduced once (all-reduce, or reduce-scatter as in sequence parallelism), before the
+    bias Add or after it."""
     graph = training_step("gpt-tiny", tmp_path, hidden=2048, ffn=8192, seq=64, batch=8, layers=2,
                           vocab=1024, heads=16)
     p = plan(graph, mem_gib=0.3)
@@ -86,6 +88,7 @@ def test_gpt_mlp_column_then_row_parallel_under_memory_pressure(tmp_path):
         chosen = strategies(p, mlp, "MatMul")
         assert chosen == {f"{mlp}.fc.matmul": "n", f"{mlp}.proj.matmul": "k"}
         assert specs[f"{mlp}.fc.weight"] == "S(1)" and specs[f"{mlp}.proj.weight"] == "S(0)"
-        reduced = [c["kind"] for e in p.communication() if e["value"] == f"{mlp}.proj.matmul"
-                   for c in e["collectives"]]
+        # before the bias Add or after it (the bias added to one device's partial sum)
+        reduced = [c["kind"] for e in p.communication() if e["value"] in (f"{mlp}.proj.matmul", f"{mlp}.proj.add")
+                   for c in e["collectives"] if c["kind"] in REDUCTIONS]
         assert reduced in (["all_reduce"], ["reduce_scatter"])

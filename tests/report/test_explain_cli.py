@@ -57,7 +57,8 @@ def test_text_says_what_was_chosen_and_why(plan_dir, plan):
     assert "data parallel (batch split) on axis 0" in text
     for scope in ("embed", "h.0.attn", "h.0.mlp", "h.1.attn", "lm_head"):
         assert f"| {scope} " in text, scope
-    assert "all_gather" in text and "top 10 edges by time" in text
+    top = max(plan["communication"], key=lambda e: e["time_s"])
+    assert top["collectives"][0]["kind"] in text and "top 10 edges by time" in text
     assert "% of the 80.00 GiB budget" in text and "[" in text
     assert "- communication is " in text and "% of the predicted step" in text
     # beside the search's estimate, the step `parc simulate` gives (plan.json's simulation)

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from parc.cluster import Cluster
-from parc.cluster.cost import NodeWork
+from parc.cluster.work import of_graph
 from parc.errors import UsageError
 from parc.ir.graph import Graph, Node, Value
 from parc.ir.state import (
@@ -68,12 +68,10 @@ class StageAssignment:
 
 
 def node_costs(graph: Graph, cluster: Cluster) -> np.ndarray:
-    """Each node's time on one device of the slowest type, whole batch (the cost model's roofline)."""
+    """Each node's time on one device of the slowest type, whole batch, among the graph's other
+    nodes (`parc.cluster.work.graph_work`)."""
     slowest = min(cluster.devices, key=lambda d: d.peak("float32"))
-    out = np.empty(len(graph.nodes))
-    for pos, n in enumerate(graph.nodes):
-        out[pos] = NodeWork.of(n).seconds(slowest)
-    return out
+    return np.array([w.seconds(slowest) if w is not None else 0.0 for w in of_graph(graph, slowest)])
 
 
 def assign_stages(graph: Graph, cluster: Cluster, count: int, tolerance: float = DEFAULT_TOLERANCE,

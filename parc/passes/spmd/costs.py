@@ -23,6 +23,7 @@ import numpy as np
 from parc.cluster import Cluster, Mesh
 from parc.cluster.cost import NodeWork, bucket_axes, bucket_share, ring_time
 from parc.cluster.links import LinkSpec
+from parc.cluster.work import of_graph
 from parc.errors import UsageError
 from parc.ir.graph import Graph, Node, Value, const_key, node_signature
 from parc.ir.liveness import graph_peak
@@ -169,11 +170,14 @@ _STRATEGIES_MAX = 200_000
 
 
 def warm_strategies(graph: Graph, mesh: Mesh, cluster: Cluster, micro: Micro | None = None) -> None:
-    """Fill this process's strategy lists for `graph` on `mesh` (as `build` would), so that
-    builds in worker processes forked after it find them: a pipeline's stages share most."""
+    """Fill this process's strategy lists and node work for `graph` on `mesh` (as `build` would),
+    so that builds in worker processes forked after it find them: a pipeline's stages share most."""
+    slowest = min(cluster.devices, key=lambda d: d.peak("float32"))
     if micro is not None:
-        mesh = time_axis(mesh, micro.count, min(cluster.devices, key=lambda d: d.peak("float32")))
+        mesh = time_axis(mesh, micro.count, slowest)
     _strategies(graph, mesh.shape, micro)
+    for d in {d.name: d for d in (slowest, *cluster.devices)}.values():
+        of_graph(graph, d)
 
 
 def _strategies(graph: Graph, shape: tuple[int, ...], micro: Micro | None) -> list[list[Strategy]]:
@@ -276,13 +280,15 @@ def build(graph: Graph, mesh: Mesh | None, cluster: Cluster, micro: Micro | None
                              if v.is_const else 0.0 for s in specs]))
     producer: dict[int, tuple[int, int]] = {}  # value id -> (problem node, output index)
     node_costs: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
+    works = {d.name: of_graph(graph, d) for d in ((slowest,) if balance is None else set(balance.devices))}
     for pos, (n, strats) in enumerate(zip(graph.nodes, strategies)):
         held = tuple(id(v) in live for v in n.outputs)
         runs = micro.count if micro is not None and phase(n) != OPTIMIZER else 1
-        key = (id(strats), held, runs)
+        work = tuple(w[pos] for w in works.values())
+        key = (id(strats), held, runs, work)
         if key not in node_costs:
-            c, m = (_node_costs(n, strats, held, shape, slowest) if balance is None
-                    else _device_costs(n, strats, held, shape, balance))
+            c, m = (_node_costs(n, works[slowest.name][pos], strats, held, shape, slowest) if balance is None
+                    else _device_costs(n, {d: w[pos] for d, w in works.items()}, strats, held, shape, balance))
             node_costs[key] = (c * runs, m)
         c, m = node_costs[key]
         comp.append(c)
@@ -368,16 +374,15 @@ def _pieces(spec: ShardSpec | None, shape: tuple[int, ...], k: int) -> np.ndarra
     return None
 
 
-def _device_costs(n: Node, strats: list[Strategy], held: tuple[bool, ...], shape: tuple[int, ...],
-                  balance: Balance) -> tuple[np.ndarray, np.ndarray]:
-    """_node_costs on a mesh of mixed devices: a strategy costs its slowest device's roofline
-    time for that device's piece of the work, and its memory is the most any device holds,
-    scaled to the smallest budget (`Balance.budgets`)."""
-    work = NodeWork.of(n)
+def _device_costs(n: Node, work: Mapping[str, NodeWork | None], strats: list[Strategy], held: tuple[bool, ...],
+                  shape: tuple[int, ...], balance: Balance) -> tuple[np.ndarray, np.ndarray]:
+    """_node_costs on a mesh of mixed devices (`work`: the node's on each device type, by name): a
+    strategy costs its slowest device's roofline time for that device's piece of the work, and
+    its memory is the most any device holds, scaled to the smallest budget (`Balance.budgets`)."""
     comp, mem = [], []
     for s in strats:
         f = work_fractions(s, shape)
-        comp.append(max(work.seconds(d, fr)
+        comp.append(max((work[d.name].seconds(d, fr) if work[d.name] is not None else 0.0)
                         for fr, d in set(zip(f.tolist(), balance.devices))))
         mem.append(sum(_device_bytes(v, spec, shape, balance) for v, spec, h in zip(n.outputs, s.outputs, held) if h))
     return np.array(comp), np.array(mem)
@@ -518,11 +523,12 @@ def _on_time_axis(v: Value, fixed: ShardSpec, specs: list[ShardSpec], shape: tup
     return list(out)[:MAX_STRATEGIES]
 
 
-def _node_costs(n: Node, strats: list[Strategy], held: tuple[bool, ...], shape: tuple[int, ...],
-                slowest) -> tuple[np.ndarray, np.ndarray]:
-    """(compute seconds, bytes of its outputs live at the peak) per strategy of node n."""
-    work = NodeWork.of(n)
-    comp = np.array([work.seconds(slowest, split=s.split) for s in strats])
+def _node_costs(n: Node, work: NodeWork | None, strats: list[Strategy], held: tuple[bool, ...],
+                shape: tuple[int, ...], slowest) -> tuple[np.ndarray, np.ndarray]:
+    """(compute seconds, bytes of its outputs live at the peak) per strategy of node n, whose
+    work among the graph's other nodes is `work` (`parc.cluster.work.graph_work`; None: it runs
+    inside another node's kernel, or is folded away)."""
+    comp = np.array([work.seconds(slowest, split=s.split) if work is not None else 0.0 for s in strats])
     mem = np.array([sum(_local_bytes(v, spec, shape) for v, spec, h in zip(n.outputs, s.outputs, held) if h)
                     for s in strats])
     return comp, mem
@@ -747,11 +753,11 @@ def per_device(model: CostModel, choice) -> tuple[list[float], list[float]]:
         if v.is_const:
             memory += held(v, model.source_specs[k][choice[k]])
     live = peak_live(model.graph)
+    works = {d.name: of_graph(model.graph, d) for d in set(devices)}
     for pos, n in enumerate(model.graph.nodes):
         s = model.strategies[pos][choice[model.node_index(pos)]]
-        work = NodeWork.of(n)
         f = work_fractions(s, shape)
-        compute += [work.seconds(d, fr)
+        compute += [works[d.name][pos].seconds(d, fr) if works[d.name][pos] is not None else 0.0
                     for fr, d in zip(f.tolist(), devices)]
         for v, spec in zip(n.outputs, s.outputs):
             if id(v) in live:

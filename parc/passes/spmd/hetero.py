@@ -21,8 +21,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from parc.cluster import Cluster, Mesh
-from parc.cluster.cost import NodeWork
 from parc.cluster.devices import DeviceSpec
+from parc.cluster.work import of_graph
 from parc.solver.balance import balanced_time, exact_balance, whale_balance
 
 
@@ -30,8 +30,7 @@ def device_times(graph, devices, floors: bool = False) -> dict[str, float]:
     """Per device type (by name), the graph's roofline compute time on one such device; the
     nodes' floors (`node_floor`) only with `floors` (they do not shrink with a device's share of a
     split node, but a pipeline stage pays every one of its nodes' floors)."""
-    work = [NodeWork.of(n) for n in graph.nodes]  # once, then priced on each type
-    return {d.name: sum(w.seconds(d) - (0.0 if floors else w.floor(d)) for w in work)
+    return {d.name: sum(w.seconds(d) - (0.0 if floors else w.floor(d)) for w in of_graph(graph, d) if w is not None)
             for d in set(devices)}
 
 

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from parc.cluster import Cluster, Mesh, enumerate_meshes
+from parc.cluster.work import of_graph
 from parc.errors import InfeasiblePlanError, UsageError
 from parc.hints import Hints, IneligibleMeshError, check_mesh, warn_once
 from parc.ir.graph import Graph
@@ -571,6 +572,8 @@ def plan_graph(graph: Graph, cluster: Cluster, *, level: str = "O3", memory_budg
         more = [_Job("plan", job.mesh, out.model, out.pins)] if out.skipped is None else []
         return more + [_Job(name, job.mesh, out.model) for name in names(job.mesh)]
 
+    for device in {d.name: d for d in cluster.devices}.values():  # the workers inherit the nodes' work
+        of_graph(graph, device)
     run_jobs(partial(_run, search), graph, [_Job("build", m) for m in meshes], jobs, then)
     for key, out in outcome.items():  # the bytes a model travelled in are not needed any more
         if key[0] == "build" and out.model is not None:
