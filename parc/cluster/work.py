@@ -49,8 +49,8 @@ VIEW_OPS = ("Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity")
 # products read transposed (attention's) and a bias Add folded into a Gemm cost about what the
 # separate node costs, so those stay priced (measured: benchmarks/LOG.md)
 FUSED_PRODUCT = "MatMul"
-# (graph id, node count, device) -> (the graph, its work): `of_graph`
-_OF_GRAPH: dict[tuple[int, int, str], tuple[Graph, list]] = {}
+# (graph id, node count, device, spread) -> (the graph, its work): `of_graph`
+_OF_GRAPH: dict[tuple[int, int, str, bool], tuple[Graph, list]] = {}
 _OF_GRAPH_MAX = 16
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.float16))
 
@@ -319,24 +319,25 @@ def _on_the_array_engine(nodes: Sequence[Node], work: list[tuple | None], graph_
     return out
 
 
-def of_graph(graph: Graph, device: DeviceSpec) -> list[NodeWork | None]:
+def of_graph(graph: Graph, device: DeviceSpec, spread: bool = True) -> list[NodeWork | None]:
     """`graph_work` of a whole IR graph's nodes (a training step, or a pipeline stage's part of
     one) on `device`: its outputs are what it hands on, its constants other than parameters are
-    the initializers a module of it holds. Kept per graph and device for the process (a search
+    the initializers a module of it holds; a kernel's work `spread` over its nodes (the search's
+    view) unless told. Kept per graph and device for the process (a search
     builds a cost model per mesh; warmed before its workers fork, they inherit it): a graph is
     not changed while it is planned."""
-    key = (id(graph), len(graph.nodes), repr(device))
+    key = (id(graph), len(graph.nodes), repr(device), spread)
     known = _OF_GRAPH.get(key)
     if known is not None and known[0] is graph:
         return known[1]
     if len(_OF_GRAPH) >= _OF_GRAPH_MAX:
         _OF_GRAPH.clear()
-    work = _of_graph(graph, device)
+    work = _of_graph(graph, device, spread)
     _OF_GRAPH[key] = (graph, work)  # (the graph held, so its id is not reused while kept)
     return work
 
 
-def _of_graph(graph: Graph, device: DeviceSpec) -> list[NodeWork | None]:
+def _of_graph(graph: Graph, device: DeviceSpec, spread: bool) -> list[NodeWork | None]:
     consts, constants = {}, set()
     for n in graph.nodes:
         for v in n.inputs:
@@ -346,4 +347,4 @@ def _of_graph(graph: Graph, device: DeviceSpec) -> list[NodeWork | None]:
             if v.const.size <= 1 or (len(v.shape) == 1 and v.dtype.name == "int64" and v.const.size <= 16):
                 consts[v.name] = v.const.numpy()
     return graph_work(graph.nodes, device, {v.name for v in graph.outputs}, consts, constants,
-                      graph.opset.get("", graph.opset.get("ai.onnx", 18)), spread=True)
+                      graph.opset.get("", graph.opset.get("ai.onnx", 18)), spread=spread)

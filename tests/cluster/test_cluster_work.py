@@ -1,0 +1,87 @@
+"""The one node pricer (`parc.cluster.work`): what each node of a graph or module asks of a device
+among the others, for the search (spread over a kernel's nodes) and the task times alike."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from parc.cluster.cost import NodeWork
+from parc.cluster.devices import DEVICES
+from parc.cluster.work import graph_work, of_graph
+from parc.ir.dtypes import DType
+from parc.ir.graph import Graph
+from parc.ir.tensor import TensorData
+
+F32 = DType.from_numpy(np.dtype(np.float32))
+N = 1 << 20
+
+
+def _tree() -> Graph:
+    """y = relu((x + b) * s), then a MatMul reading y: the three elementwise nodes are one tree."""
+    g = Graph()
+    x = g.add_input("x", F32, (1024, 1024))
+    b = g.add_input("b", F32, (1024, 1024))
+    s = g.add_constant(TensorData.from_array(np.float32([2.0])), "s")
+    w = g.add_input("w", F32, (1024, 1024))
+    (a,) = g.add_node("Add", [x, b]).outputs
+    (m,) = g.add_node("Mul", [a, s]).outputs
+    (r,) = g.add_node("Relu", [m]).outputs
+    (y,) = g.add_node("MatMul", [r, w]).outputs
+    g.outputs.append(y)
+    for n in g.nodes:
+        for v in n.outputs:
+            v.dtype, v.shape = F32, (1024, 1024)
+    return g
+
+
+def test_a_fused_tree_is_one_kernel_on_a_gpu_and_its_work_spread_for_the_search():
+    g, h100 = _tree(), DEVICES["h100-80g"]
+    whole = graph_work(g.nodes, h100, {g.outputs[0].name})
+    assert whole[0] is None and whole[1] is None  # inside the tree's kernel
+    kernel = whole[2]
+    assert kernel.nbytes == 3 * 4 * N + 4  # its leaves x, b and s read once, its root written once
+    assert kernel.flops == 3 * N and kernel.alone
+    spread = of_graph(g, h100)
+    tree = spread[:3]
+    assert [w.alone for w in tree] == [False, False, True]  # one launch, the root's
+    assert sum(w.nbytes for w in tree) == pytest.approx(kernel.nbytes)
+    assert sum(w.flops for w in tree) == kernel.flops
+    # apart, each node pays its launch; in the kernel only the root does
+    assert sum(w.seconds(h100) for w in tree) == pytest.approx(kernel.seconds(h100))
+    # split 4 ways, every node of the kernel costs less: the search keeps them on one layout
+    assert all(w.seconds(h100, split=4) < w.seconds(h100) for w in tree)
+    alone = [NodeWork.of(n) for n in g.nodes[:3]]
+    assert sum(w.seconds(h100) for w in alone) > 2 * kernel.seconds(h100)
+
+
+def test_a_cpu_prices_what_onnxruntime_runs():
+    g, cpu = Graph(), DEVICES["cpu"]
+    x = g.add_input("x", F32, (256, 512))
+    dy = g.add_input("dy", F32, (256, 512))
+    t = g.add_node("Transpose", [x], attrs={"perm": [1, 0]}).outputs[0]
+    t.dtype, t.shape = F32, (512, 256)
+    grad = g.add_node("MatMul", [t, dy]).outputs[0]
+    grad.dtype, grad.shape = F32, (512, 512)
+    g.outputs.append(grad)
+    work = of_graph(g, cpu)
+    assert work[0] is None  # folded into the product, which reads x transposed
+    assert work[1] == NodeWork.of(g.nodes[1])
+    assert of_graph(g, DEVICES["h100-80g"])[0].nbytes == 0  # a GPU's Transpose is a view
+
+
+def test_a_training_graph_spread_keeps_every_kernel_whole(tmp_path):
+    """Over a real training step: spreading moves each kernel's bytes onto its nodes, no more
+    and no less, and the launches drop to one per kernel."""
+    from parc.ir import importer
+    from tests.helpers import parc
+
+    path = tmp_path / "gpt.onnx"
+    assert parc("models", "build", "gpt-tiny", "--train", "adamw", "-o", str(path)).returncode == 0
+    g = importer.load(str(path), {})
+    h100 = DEVICES["h100-80g"]
+    kernels = of_graph(g, h100, spread=False)
+    spread = of_graph(g, h100)
+    assert len(spread) == len(g.nodes) and all(w is not None for w in spread)
+    assert sum(w.nbytes for w in spread) == pytest.approx(sum(w.nbytes for w in kernels if w is not None))
+    assert sum(w.alone for w in spread) == sum(w is not None for w in kernels) < len(g.nodes)
