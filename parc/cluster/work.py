@@ -173,6 +173,7 @@ def fused_into_products(nodes: Sequence[Node], outputs: Collection[str] = (),
     Gemm before). A node whose result is one of `outputs` stays; so does the scaling of a
     constant (one of `constants`)."""
     consts = consts or {}
+    outputs = set(outputs)
     readers: dict[str, list[Node]] = {}
     for n in nodes:
         for v in n.inputs:
@@ -193,7 +194,7 @@ def fused_into_products(nodes: Sequence[Node], outputs: Collection[str] = (),
         mine = [o.name for o in n.outputs if o is not None and o.name]
         if n.domain not in ("", "ai.onnx"):
             continue
-        is_output = bool(set(mine) & set(outputs))  # a folded Transpose keeps it
+        is_output = bool(outputs.intersection(mine))  # a folded Transpose keeps it
         names = [v.name if v is not None else "" for v in n.inputs]
         if n.op_type == "Transpose" and mine and not is_output:
             perm = n.attr("perm")
