@@ -36,7 +36,7 @@ class IlpOptions:
     warm_start: bool = True  # solve the LP relaxation, round x per node (argmax), pass as incumbent
     # Drop dominated strategies first (dee.py: exact; a smaller, faster LP: benchmarks/LOG.md,
     # 2026-11-25, issue 11). Off here, on in every exact ILP the planner runs
-    # (parc/passes/spmd/search.py:_pruned); O2's segment cores stay unpruned (small already).
+    # (parc/passes/spmd/mesh_search.py:pruned); O2's segment cores stay unpruned (small already).
     prune: bool = False
     seed: int = 0  # HiGHS random_seed, so the same problem gives the same plan
     verbose: bool = False  # HiGHS log on stdout

@@ -10,7 +10,7 @@ from onnx import helper
 
 from parc.cluster import parse_devices
 from parc.ir.importer import from_model
-from parc.passes.spmd import search as search_mod
+from parc.passes.spmd import mesh_search as search_mod
 from parc.passes.spmd.search import _no_worse_than_baselines, plan_graph
 from parc.solver import Solution
 

@@ -156,3 +156,46 @@ def test_gap_over_meshes():
     assert gap_over_meshes(1.0, [chosen, *ruled_out]) == pytest.approx(0.01)
     assert gap_over_meshes(1.0, [chosen, {"shape": [4, 2], "feasible": False, "proven": False}]) is None
     assert gap_over_meshes(1.0, [chosen, {**beaten, "lower_bound_s": None}]) is None
+
+
+def _timed(graph, job):
+    """A job (name, seconds): sleeps, then names itself and the process that ran it."""
+    import time
+
+    time.sleep(job[1])
+    return job[0], os.getpid()
+
+
+def test_a_spare_job_runs_on_an_idle_worker_and_counts_once_needed(graph):
+    """A spare job runs while a worker idles; its result reaches `then`; a follow-up that is
+    the same job object waits for it (or keeps its result) instead of running it again."""
+    spare_job = ("spare", 0.2)
+    offered, seen = [], []
+
+    def spare():
+        if offered:
+            return None
+        offered.append(spare_job)
+        return spare_job
+
+    def then(job, result):
+        seen.append(job[0])
+        return [spare_job] if job[0] == "slow" else []
+
+    out = pool.run_jobs(_timed, graph, [("slow", 1.0)], 2, then, spare)
+    assert [r[0] for r in out] == ["slow", "spare"] and seen.count("spare") == 1
+    assert out[0][1] != out[1][1]  # beside the slow job, in the other worker
+    offered.clear(), seen.clear()
+    out = pool.run_jobs(_timed, graph, [("slow", 1.0)], 1, then, spare)  # no idle worker: run when needed
+    assert [r[0] for r in out] == ["slow", "spare"] and offered == [] and seen == ["slow", "spare"]
+
+
+def test_spare_jobs_nobody_needs_are_stopped(graph):
+    """A spare job still running when every needed job is done is stopped, not waited for, and
+    is not one of the results."""
+    import time
+
+    jobs = iter([("long", 60.0)])
+    t0 = time.perf_counter()
+    out = pool.run_jobs(_timed, graph, [("short", 0.5)], 2, lambda job, r: [], lambda: next(jobs, None))
+    assert [r[0] for r in out] == ["short"] and time.perf_counter() - t0 < 30

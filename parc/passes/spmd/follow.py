@@ -9,7 +9,7 @@ itself, which makes the write-back into the parameter's layout a cost inside the
 is better everywhere: on gpt-2.7b over 25 GbE the parameter-led plan is the exact optimum and the
 update-led one well above it, on the pinned megatron-tp4 baseline the other way round
 (docs/solver.md; benchmarks/LOG.md, 2026-11-25, fourth session). The search tries the second
-when the first is not proven close (`parc.passes.spmd.search._second`).
+when the first is not proven close (`parc.passes.spmd.search.needs_second`).
 
 A member's affinity to its leader's strategy s prices, on the mesh, what the problem's edges cannot see
 inside a group: reading a value the leader reads (an input they share) in another layout, and

@@ -59,10 +59,19 @@ class SharedMinimum:
 
 
 def run_jobs(fn: Callable[[Graph, J], T], graph: Graph, jobs: Sequence[J], processes: int,
-             then: Callable[[J, T], Sequence[J]] | None = None) -> list[T]:
+             then: Callable[[J, T], Sequence[J]] | None = None,
+             spare: Callable[[], J | None] | None = None) -> list[T]:
     """fn(graph, job) for every job, in up to `processes` forked processes; the results in job
     order. `then(job, result)`, called in this process as each result arrives, returns follow-up
-    jobs (numbered after those so far). `fn` must not change the graph."""
+    jobs (numbered after those so far). `fn` must not change the graph.
+
+    `spare()` is asked for a job whenever a worker would otherwise wait with nothing queued: a
+    job that may turn out to be needed (None: none). Its result goes to `then` like any other,
+    but it is not one of the results: it becomes one only when `then` returns that same job
+    object as a follow-up, which then waits for it instead of running it again (a follow-up
+    whose spare run has already finished is not run again either: `then` has its result). Spare
+    jobs still running when every needed job is done are stopped. With one process no worker is
+    ever idle: `spare` is never asked, and the needed jobs run as they would with several."""
     queue = list(jobs)
     if processes <= 1 or not can_fork():
         out: list[T] = []
@@ -85,7 +94,10 @@ def run_jobs(fn: Callable[[Graph, J], T], graph: Graph, jobs: Sequence[J], proce
         pool = ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("fork"),
                                    initializer=_die_with_parent)
         try:
-            return _collect(pool, graph, queue, then)
+            results, stray = _collect(pool, graph, queue, then, spare, processes)
+            if stray:  # spare jobs nobody needed, still running
+                _stop(pool)
+            return results
         except BaseException:
             _stop(pool)
             raise
@@ -96,23 +108,47 @@ def run_jobs(fn: Callable[[Graph, J], T], graph: Graph, jobs: Sequence[J], proce
         _SHARED = None
 
 
-def _collect(pool: ProcessPoolExecutor, graph: Graph, queue: list, then: Callable | None) -> list:
-    """Results in job order; on a failure, once every earlier job is in, raise the first."""
+def _collect(pool: ProcessPoolExecutor, graph: Graph, queue: list, then: Callable | None,
+             spare: Callable | None, processes: int) -> tuple[list, bool]:
+    """Results in job order (the needed jobs), and whether spare jobs are still running; on a
+    failure of a needed job, once every earlier needed job is in, raise the first."""
     objects = _graph_objects(graph)
     index: dict[Future, int] = {}
     jobs: list[Any] = []
     results: list[Any] = []
     errors: dict[int, _Raised] = {}
+    needed: list[bool] = []
+    by_id: dict[int, int] = {}  # id(spare job) -> its number (the job is kept in `jobs`: ids stay unique)
 
-    def submit(more: Sequence) -> None:
+    def submit(more: Sequence, is_needed: bool = True) -> None:
         for job in more:
+            k = by_id.get(id(job)) if is_needed else None
+            if k is not None:  # a spare job now needed: wait for it, or keep the result it gave
+                needed[k] = True
+                continue
             index[pool.submit(_work, _dumps(job, objects))] = len(jobs)
+            if not is_needed:
+                by_id[id(job)] = len(jobs)
             jobs.append(job)
             results.append(None)
+            needed.append(is_needed)
+
+    def running() -> set[Future]:
+        return {f for f in index if not f.done()}
+
+    def waiting_on(pending: set[Future]) -> bool:
+        return any(needed[index[f]] for f in pending)
 
     submit(queue)
     pending = set(index)
-    while pending:
+    while waiting_on(pending):
+        while spare is not None and not errors and len(running()) < processes:
+            job = spare()
+            if job is None:
+                break
+            n = len(index)
+            submit([job], is_needed=False)
+            pending |= {g for g, j in index.items() if j >= n}
         finished, pending = wait(pending, return_when=FIRST_COMPLETED)
         for f in sorted(finished, key=index.__getitem__):
             if f.cancelled():
@@ -129,7 +165,10 @@ def _collect(pool: ProcessPoolExecutor, graph: Graph, queue: list, then: Callabl
                     f"{_memory_gib():.0f} GiB) while running {names}; fewer processes (--jobs 1) or meshes "
                     f"(--mesh-dims 1) need less") from e
             if isinstance(out, _Raised):
-                errors[k] = out
+                if needed[k]:
+                    errors[k] = out
+                else:  # a spare job's failure: run again if it turns out to be needed
+                    by_id.pop(id(jobs[k]))
                 continue
             results[k] = _loads(out, objects)
             more = then(jobs[k], results[k]) if then is not None else ()
@@ -142,9 +181,9 @@ def _collect(pool: ProcessPoolExecutor, graph: Graph, queue: list, then: Callabl
             for f in pending:
                 if index[f] > first:
                     f.cancel()
-            if all(f.done() for f in pending if index[f] < first):
+            if all(f.done() for f in pending if index[f] < first and needed[index[f]]):
                 raise errors[first].exception()
-    return results
+    return [r for r, n in zip(results, needed) if n], bool(running())
 
 
 def _memory_gib() -> float:

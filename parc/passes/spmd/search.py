@@ -17,7 +17,7 @@ import math
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
@@ -33,17 +33,15 @@ from parc.passes.record import step_roles, tensors
 from parc.passes.schedule import SCHEDULES
 from parc.passes.spmd.costs import CostModel, Micro, build, even_choice, micro_layout, per_device
 from parc.passes.spmd.decision import Decision
-from parc.passes.spmd.follow import model_grouping, training_grouping
+from parc.passes.spmd.follow import model_grouping
+from parc.passes.spmd.mesh_search import needs_second, pruned, raced, search_plan, second_plan
 from parc.passes.spmd.pins import hint_pins
 from parc.passes.spmd.pool import SharedMinimum, run_jobs
 from parc.plandir import plan as plan_format
 from parc.report.units import fmt_bytes
 from parc.sharding import R, S, ShardSpec
-from parc.solver import IlpOptions, Problem, SearchOptions, Solution, solve
-from parc.solver.bound import dual_bound
-from parc.solver.follow import Grouping, lp_columns, refine, solve_follow
+from parc.solver import IlpOptions, Problem, SearchOptions, Solution
 from parc.solver.problem import MemoryBudgetError, relative_gap
-from parc.solver.search import mixer, search_price
 
 log = logging.getLogger("parc.plan")
 
@@ -254,8 +252,9 @@ class _MeshJobs:
 
 @dataclass(frozen=True)
 class _Job:
-    """Build a mesh's cost model ("build"), or solve in it its plan ("plan") or a baseline (the
-    baseline's name; without a model the job builds one first)."""
+    """Build a mesh's cost model ("build"), or solve in it its plan ("plan"), its parameter-led
+    plan ("second": `second_plan`) or a baseline (the baseline's name; without a model the job
+    builds one first)."""
 
     what: str
     mesh: Mesh
@@ -264,7 +263,8 @@ class _Job:
 
     @property
     def label(self) -> str:
-        what = {"build": "the cost model", "plan": "the plan search"}.get(self.what, f"the {self.what} baseline")
+        what = {"build": "the cost model", "plan": "the plan search",
+                "second": "the parameter-led plan search"}.get(self.what, f"the {self.what} baseline")
         return f"{what} of mesh {self.mesh.shape}"
 
 
@@ -323,11 +323,12 @@ def _job(search: _MeshJobs, graph: Graph, job: _Job) -> _Built | Solution | _NoP
     model = model if model is not None else build(graph, mesh, search.cluster, search.micro,
                                                   _pinned_layouts(search.hints, mesh.shape), search.arrivals,
                                                   search.kept)
-    if job.what == "plan":
-        problem = model.problem.restricted(job.pins) if job.pins else model.problem
+    if job.what in ("plan", "second"):
+        problem = (model.problem.restricted(job.pins) if job.pins else model.problem).with_budget(search.budget)
+        if job.what == "second":
+            return second_plan(model, problem, search.options)
         try:
-            sol = search_plan(model, problem.with_budget(search.budget), search.level, search.options,
-                              incumbent=search.best)
+            sol = search_plan(model, problem, search.level, search.options, incumbent=search.best)
         except InfeasiblePlanError as e:
             return _NoPlan(f"mesh {mesh.shape}: {e}", proven=isinstance(e, MemoryBudgetError))
         search.best.offer(sol.cost)
@@ -339,182 +340,6 @@ def _job(search: _MeshJobs, graph: Graph, job: _Job) -> _Built | Solution | _NoP
     if search.hints is None and record["feasible"]:  # a plan of the search's own problem
         search.best.offer(record["step_time_s"])
     return record
-
-
-def search_plan(model: CostModel, problem: Problem, level: str, options: SearchOptions,
-                exact_columns: int = 150_000, refine_steps: int = 1, prove: bool = True,
-                incumbent: SharedMinimum | None = None) -> Solution:
-    """The plan on one mesh. A training step is first solved with its backward and optimizer
-    nodes following their forward node and parameter (`parc.solver.follow`), then polished on
-    the whole problem, then gets up to `refine_steps` large-neighbourhood steps
-    (`parc.solver.follow.refine`: every node restricted to its two best strategies around the
-    plan and the plan's own, solved exactly). That is O2's plan unless the whole problem's ILP is
-    small (at most `exact_columns` edge columns after coarsening: its LP costs a few seconds at
-    most) and the diffusion bound leaves more than O2_EXACT_GAP: then, as always at O3, the
-    exact ILP starts from it (never worse; no branch and bound when the LP bound proves it).
-    When the grouped plan does not fit a budget, memory is priced on the whole problem around
-    follow (`search_price`); without a backward, or when that fails too, O2 and O3 solve the
-    whole problem directly. `exact_columns=0` and `refine_steps=0`: O2's plan is the follow plan
-    (the baselines'). With `prove`, a plan not proven within `PROVE_GAP` gets the diffusion
-    bound (`parc.solver.bound`) as its lower bound when higher, and one still not proven within
-    SECOND_GAP is raced against the parameter-led grouping's plan (`_second`).
-
-    `incumbent`: the cheapest plan found on other meshes. A mesh whose follow plan's proven
-    bound is above it cannot win: it skips the exact ILP (at O3 too) and the second candidate,
-    and keeps its follow plan, marked "(dominated)". The plan chosen over all meshes is the same
-    whichever meshes finish first."""
-    sol, proven = _search_plan(model, problem, level, options, exact_columns, refine_steps, prove, incumbent)
-    if prove and not proven:
-        sol = _proven(model, problem, sol)
-    if prove and sol.gap > SECOND_GAP and not _dominated(sol, incumbent):
-        sol = _second(model, problem, sol, options, refine_steps)
-    return sol
-
-
-def _dominated(sol: Solution, incumbent: SharedMinimum | None) -> bool:
-    """sol's mesh cannot beat the incumbent: its proven lower bound is above it."""
-    return incumbent is not None and sol.lower_bound > incumbent.value * (1 + 1e-6)
-
-
-def _second(model: CostModel, problem: Problem, sol: Solution, options: SearchOptions,
-            refine_steps: int) -> Solution:
-    """sol, or the plan of the second grouping (optimizer chains led by their parameter) when
-    that is cheaper. Follow's plan is a local optimum of its grouping, and neither grouping is
-    better everywhere (`parc.passes.spmd.follow`; docs/solver.md), hence a second candidate,
-    tried when the first is not proven within SECOND_GAP."""
-    grouping = training_grouping(model, lead="param")
-    if grouping is None:
-        return sol
-    t0 = time.perf_counter()
-    try:
-        alt = _follow(problem, grouping, options)
-    except InfeasiblePlanError:
-        alt = None
-    if alt is not None and refine_steps:
-        alt = _refined(problem, alt, options, refine_steps)
-    spent = time.perf_counter() - t0
-    log.info("mesh %s: parameter-led plan %s against %.6g s (%.2f s)", model.mesh.shape,
-             "none" if alt is None else f"{alt.cost:.6g} s", sol.cost, spent)
-    if alt is None or alt.cost >= sol.cost * (1 - 1e-9):
-        return replace(sol, time_s=sol.time_s + spent)
-    lower = min(sol.lower_bound, alt.cost)  # a bound on the problem, whatever found the plan
-    gap = relative_gap(alt.cost, lower)
-    return Solution(alt.choice, alt.cost, lower, gap, "optimal" if gap <= 1e-9 else alt.status,
-                    sol.time_s + spent, f"{alt.method}(parameter-led)")
-
-
-def _proven(model: CostModel, problem: Problem, sol: Solution) -> Solution:
-    """sol with the diffusion bound as its lower bound when that is higher (its gap above PROVE_GAP)."""
-    if sol.gap <= PROVE_GAP:
-        return sol
-    t0 = time.perf_counter()
-    lower = min(max(sol.lower_bound, dual_bound(problem, sol.cost, gap=PROVE_GAP, time_limit=PROVE_TIME_S)), sol.cost)
-    gap = relative_gap(sol.cost, lower)
-    log.info("mesh %s: proven gap %.4g -> %.4g (%.2f s)", model.mesh.shape, sol.gap, gap, time.perf_counter() - t0)
-    return replace(sol, lower_bound=lower, gap=gap, status="optimal" if gap <= 1e-9 else sol.status,
-                   time_s=sol.time_s + time.perf_counter() - t0)
-
-
-def _search_plan(model: CostModel, problem: Problem, level: str, options: SearchOptions, exact_columns: int,
-                 refine_steps: int, prove: bool, incumbent: SharedMinimum | None = None) -> tuple[Solution, bool]:
-    """search_plan's plan, and whether it has had the diffusion bound already."""
-    problem.check_budget()  # before any search: no choice fits when the least memory does not
-    grouping = model_grouping(model)
-    follow = None
-    if grouping is not None:
-        try:
-            follow = _follow(problem, grouping, options)
-        except InfeasiblePlanError:
-            follow = None
-        if follow is None:
-            log.info("mesh %s: the follow-coarsened plan does not fit; solving the whole problem", model.mesh.shape)
-    if follow is None:
-        return solve(problem, level, _pruned(options) if level == "O3" else options), False
-    proven = False
-    if level == "O2":
-        if follow.gap <= options.ilp.mip_gap:
-            return follow, False
-        if refine_steps:
-            follow = _refined(problem, follow, options, refine_steps)
-        if exact_columns <= 0 or lp_columns(problem) > exact_columns:  # (no coarsening to count them for 0)
-            return follow, False
-        if prove:  # the exact finish only when the bound leaves more than its gap (it costs seconds)
-            follow, proven = _proven(model, problem, follow), True
-            if follow.gap <= O2_EXACT_GAP:
-                return follow, True
-        options = replace(options, ilp=replace(options.ilp, mip_gap=max(options.ilp.mip_gap, O2_EXACT_GAP),
-                                               time_limit=min(options.ilp.time_limit, O2_EXACT_TIME_S)))
-    elif prove and incumbent is not None and math.isfinite(incumbent.value):
-        # O3: can the exact ILP still make this mesh win?
-        follow, proven = _proven(model, problem, follow), True
-    if prove and _dominated(follow, incumbent):
-        log.info("mesh %s: bound %.6g s above the best plan so far, %.6g s: no exact ILP", model.mesh.shape,
-                 follow.lower_bound, incumbent.value)  # type: ignore[union-attr]
-        return replace(follow, method=f"{follow.method}(dominated)"), True
-    exact = solve(problem, "O3", _pruned(options), start=follow.choice)
-    # the follow plan is kept when the ILP stopped above it (a time-out); the better bound either way
-    # (a diffusion bound already paid for is not run again: search_plan's `proven`)
-    best = follow if follow.cost < exact.cost else exact
-    lower = min(max(follow.lower_bound, exact.lower_bound), best.cost)
-    gap = relative_gap(best.cost, lower)
-    return Solution(best.choice, best.cost, lower, gap, "optimal" if gap <= 1e-9 else best.status,
-                    follow.time_s + exact.time_s, best.method), proven
-
-
-def _follow(problem: Problem, grouping: Grouping, options: SearchOptions) -> Solution:
-    """The follow plan of `grouping` with its polish; when the grouped problem's plan does not
-    fit a budget (its members take their best responses, not their least memory), memory is
-    priced on the whole problem instead, each priced problem solved by follow and its polish,
-    which frees the members. Raises InfeasiblePlanError when neither fits."""
-    mix = replace(_exact_ilp(options), mip_gap=max(options.ilp.mip_gap, O2_EXACT_GAP))
-    options = replace(options, mix=mix)  # the price searches end in an exact mix
-
-    def free(q: Problem) -> Solution:
-        return solve_follow(q, grouping, lambda r: solve(r, "O2", options), rounds=POLISH_ROUNDS)
-
-    try:
-        return free(problem)
-    except InfeasiblePlanError:
-        if problem.budget is None:
-            raise
-    return search_price(problem, free, mix=mixer(options))
-
-
-def _exact_ilp(options: SearchOptions) -> IlpOptions:
-    """The ILP of a bounded exact step (a large-neighbourhood step, a price search's mix):
-    pruned, capped at O2_EXACT_TIME_S."""
-    return replace(options.ilp, prune=True, time_limit=min(options.ilp.time_limit, O2_EXACT_TIME_S))
-
-
-def _refined(problem: Problem, sol: Solution, options: SearchOptions, refine_steps: int) -> Solution:
-    """sol after up to `refine_steps` large-neighbourhood steps (`refine`), each ILP capped at
-    O2_EXACT_TIME_S."""
-    t0 = time.perf_counter()
-    lns = replace(options, ilp=_exact_ilp(options))
-    x, cost = refine(problem, sol.choice, lambda q, start: solve(q, "O3", lns, start=start), rounds=refine_steps)
-    lower = min(sol.lower_bound, cost)
-    return Solution(x, cost, lower, relative_gap(cost, lower), "heuristic", sol.time_s + time.perf_counter() - t0,
-                    f"{sol.method}+lns")
-
-
-# a plan not proven within SECOND_GAP after the diffusion bound gets a second candidate, the
-# parameter-led grouping's plan (`_second`): gpt-medium's step and the 12-96-layer GPTs are
-# proven within it, gpt-2.7b over 25 GbE is not (benchmarks/LOG.md, 2026-11-25, fourth session)
-SECOND_GAP = 2e-2
-# O2's exact finish on a small problem stops at this relative gap and time: a binding memory
-# budget makes the ILP a knapsack whose last tenths of a percent take its whole time limit
-O2_EXACT_GAP = 1e-2
-O2_EXACT_TIME_S = 20.0
-# a plan's lower bound is improved by min-sum diffusion when its gap is above PROVE_GAP, for at
-# most PROVE_TIME_S (the trivial bound sits far below a training step's plan, and diffusion
-# closes most of that well within it). PROVE_GAP is O2's exact-finish gap: proving more buys no
-# better plan, only a figure, and its last half percent costs seconds (docs/solver.md)
-PROVE_GAP = O2_EXACT_GAP
-PROVE_TIME_S = 5.0
-# rounds of the follow plan's polish (each frees the backward side, then the forward side): a
-# second round gains little for its time (docs/solver.md), and the exact finish or the
-# large-neighbourhood step after it does more
-POLISH_ROUNDS = 1
 
 
 def _baseline_names(mesh: Mesh) -> list[str]:
@@ -560,24 +385,34 @@ def plan_graph(graph: Graph, cluster: Cluster, *, level: str = "O3", memory_budg
     if jobs < 1:
         raise UsageError(f"jobs {jobs}: expected at least 1 process")
     outcome: dict[tuple[str, Mesh], Any] = {}
+    seconds = _Seconds(meshes, outcome)
 
     def then(job: _Job, out: Any) -> list[_Job]:
         outcome[job.what, job.mesh] = out
+        more: list[_Job] = []
+        if job.what == "build" and out.model is not None and out.skipped is None:
+            # The baselines run beside the plan, even if no mesh turns out to have one (then unused).
+            more = [_Job("plan", job.mesh, out.model, out.pins)]
+        if job.what == "build" and out.model is not None:
+            more += [_Job(name, job.mesh, out.model) for name in names(job.mesh)]
+        due = seconds.settle(job, out) if job.what in ("build", "plan") else []
         if progress is not None:
-            what = "cost model" if job.what == "build" else job.what
-            progress(f"mesh {job.mesh}: {what} done", len(outcome), total)
-        if job.what != "build" or out.model is None:
-            return []
-        # The baselines run beside the plan, even if no mesh turns out to have one (then unused).
-        more = [_Job("plan", job.mesh, out.model, out.pins)] if out.skipped is None else []
-        return more + [_Job(name, job.mesh, out.model) for name in names(job.mesh)]
+            what = {"build": "cost model", "second": "parameter-led plan"}.get(job.what, job.what)
+            progress(f"mesh {job.mesh}: {what} done", seconds.counted(), total + len(seconds.needed))
+        return more + [d for d in due if ("second", d.mesh) not in outcome]
 
     for device in {d.name: d for d in cluster.devices}.values():  # the workers inherit the nodes' work
         of_graph(graph, device)
-    run_jobs(partial(_run, search), graph, [_Job("build", m) for m in meshes], jobs, then)
+    run_jobs(partial(_run, search), graph, [_Job("build", m) for m in meshes], jobs, then,
+             spare=seconds.spare)
     for key, out in outcome.items():  # the bytes a model travelled in are not needed any more
         if key[0] == "build" and out.model is not None:
             out.model.__dict__.pop("_pool_blob", None)
+    for mesh in seconds.needed:  # the first plan raced against the parameter-led one
+        first, alt = outcome["plan", mesh], outcome["second", mesh]
+        log.info("mesh %s: parameter-led plan %s against %.6g s", mesh.shape,
+                 "none" if alt is None else f"{alt.cost:.6g} s", first.cost)
+        outcome["plan", mesh] = raced(first, alt)
     results, tried, failures, skipped, warned = [], [], [], [], set()
     for mesh in meshes:  # in mesh order, as the serial loop logged
         built, sol = outcome["build", mesh], outcome.get(("plan", mesh))
@@ -620,6 +455,58 @@ def plan_graph(graph: Graph, cluster: Cluster, *, level: str = "O3", memory_budg
             plan.best = even
     plan.time_s = time.perf_counter() - t0
     return plan
+
+
+class _Seconds:
+    """Which meshes race their first plan against the parameter-led plan (`needs_second`),
+    decided once every mesh's first plan is in, against the cheapest of them: so the plan does
+    not depend on which jobs finish first, nor on `jobs`. A worker with nothing else to do runs
+    a mesh's parameter-led plan before that (`spare`): it does not depend on the first plan."""
+
+    def __init__(self, meshes: list[Mesh], outcome: dict[tuple[str, Mesh], Any]) -> None:
+        self.outcome = outcome  # plan_graph's: the builds' models, the first plans
+        self.due = set(meshes)  # meshes whose first plan (or their build, when skipped) is not in
+        self.jobs: dict[Mesh, _Job] = {}  # each mesh's second job, once asked for
+        self.needed: list[Mesh] = []
+        self.decided = False
+
+    def settle(self, job: _Job, out: Any) -> list[_Job]:
+        """After a build or a first plan: the second jobs needed, once every first plan is in."""
+        if job.what == "plan" or out.model is None or out.skipped is not None:
+            self.due.discard(job.mesh)
+        if self.due or self.decided:
+            return []
+        self.decided = True
+        firsts = {m: sol for (what, m), sol in self.outcome.items() if what == "plan" and isinstance(sol, Solution)}
+        best = min((sol.cost for sol in firsts.values()), default=math.inf)
+        self.needed = [mesh for mesh, sol in firsts.items() if needs_second(sol, best)]
+        return [self._job(mesh) for mesh in self.needed]
+
+    def spare(self) -> _Job | None:
+        """A second job for an idle worker, or None: a mesh whose first plan is in and not proven
+        within SECOND_GAP first, then one whose first plan is still being searched."""
+        if self.decided:
+            return None
+        candidates = []
+        for (what, mesh), built in self.outcome.items():
+            if what != "build" or mesh in self.jobs or built.model is None or built.skipped is not None:
+                continue
+            first = self.outcome.get(("plan", mesh))
+            if first is None or (isinstance(first, Solution) and needs_second(first)):
+                if model_grouping(built.model) is not None:  # a training step
+                    candidates.append((first is None, mesh))
+        return self._job(min(candidates, key=lambda c: c[0])[1]) if candidates else None
+
+    def _job(self, mesh: Mesh) -> _Job:
+        """The mesh's second job: the same object each time, so that a spare run of it counts."""
+        if mesh not in self.jobs:
+            built = self.outcome["build", mesh]
+            self.jobs[mesh] = _Job("second", mesh, built.model, built.pins)
+        return self.jobs[mesh]
+
+    def counted(self) -> int:
+        """Jobs done, for the progress bar: the second jobs only once needed."""
+        return sum(1 for what, m in self.outcome if what != "second" or m in self.needed)
 
 
 def even_split(graph: Graph, cluster: Cluster, best: MeshResult, budget: float) -> tuple[dict, MeshResult]:
@@ -693,19 +580,13 @@ def flat_baseline(name: str, model: CostModel, budget: float, options: SearchOpt
                     pins[model.node_index(pos)] = whole
     p: Problem = model.problem.restricted(pins)
     try:
-        sol = search_plan(model, p, level, _pruned(options or SearchOptions()), exact_columns=0, refine_steps=0,
+        sol = search_plan(model, p, level, pruned(options or SearchOptions()), exact_columns=0, refine_steps=0,
                           prove=False)
     except InfeasiblePlanError:
         return {"step_time_s": None, "memory_bytes_per_device": None, "feasible": False}
     mem = float(sum(p.mem[i][sol.choice[i]] for i in range(p.n))) if p.mem else 0.0
     return {"step_time_s": sol.cost, "memory_bytes_per_device": mem, "feasible": mem <= budget, "gap": sol.gap,
             "optimizer_s": optimizer_time(model, sol.choice), "choice": sol.choice}
-
-
-def _pruned(options: SearchOptions) -> SearchOptions:
-    """Options whose ILPs drop dominated strategies first (`IlpOptions.prune`): every exact ILP
-    the planner runs (O3, O2's exact finish and large-neighbourhood steps, the baselines)."""
-    return replace(options, ilp=replace(options.ilp, prune=True))
 
 
 def optimizer_time(model: CostModel, choice) -> float:
@@ -730,7 +611,7 @@ def megatron_baseline(model: CostModel, budget: float, options: SearchOptions, l
     try:
         pins, _ = hint_pins(model, hints)
         p = model.problem.restricted(pins)
-        sol = search_plan(model, p, level, _pruned(options), exact_columns=0, refine_steps=0, prove=False)
+        sol = search_plan(model, p, level, pruned(options), exact_columns=0, refine_steps=0, prove=False)
     except (IneligibleMeshError, InfeasiblePlanError):
         return {"step_time_s": None, "memory_bytes_per_device": None, "feasible": False,
                 "mesh": list(model.mesh.shape[1 if model.micro is not None else 0:])}
