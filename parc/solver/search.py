@@ -65,7 +65,7 @@ class SearchOptions:
 
     ilp: IlpOptions = field(default_factory=IlpOptions)  # every ILP: O3's, and O2's segment cores
     segment_pairs: str = "all"  # O2: "all" solves cores per (entry, exit) pair; "entry" per entry only
-    dp_limit: int = 1 << 18  # O2: largest DP table (cells) for a segment core; beyond, ILP per pair
+    dp_limit: int = 1 << 20  # O2: largest DP table (cells) for a segment core; beyond, ILP per pair
     memory: str = "auto"  # "row" (ILP memory row, O3 only), "restrict" (Rhino 4.4), "price" (a
     # Lagrangian price on memory: search_price) or "auto" (row for O3, price for O2)
     restrict: Restrict = restrict_largest  # k -> the problem with k nodes restricted to save memory
