@@ -246,15 +246,38 @@ def solve_follow(p: Problem, g: Grouping, solve: Callable[[Problem], Solution], 
     x = gp.expand(first.choice)
     if not p.fits(x):
         raise InfeasiblePlanError("follow coarsening: the grouped optimum does not fit the budget")
-    member = np.zeros(p.n, dtype=bool)
-    member[g.members] = True
-    blocks = g.blocks or (member, ~member)
-    x, cost = _polish(p, blocks, x, p.cost(x), solve, rounds)
+    x, cost = _polish(p, _blocks(p, g), x, p.cost(x), solve, rounds)
     log.debug("follow: grouped %.6g, polished %.6g", p.cost(gp.expand(first.choice)), cost)
     lower = min(p.trivial_bound(), cost)
     gap = relative_gap(cost, lower)
     return Solution(x, cost, lower, gap, "optimal" if gap <= 1e-9 else "heuristic", time.perf_counter() - t0,
                     f"follow({p.n}->{gp.problem.n})+{first.method}")
+
+
+def polish(p: Problem, g: Grouping, x: np.ndarray, solve: Callable[[Problem], Solution], rounds: int = 3,
+           method: str = "start") -> Solution:
+    """A fitting choice x of p improved by solve_follow's block coordinate descent (g's blocks,
+    up to `rounds` rounds, while one gains): a follow plan from another start, such as a
+    baseline's plan (a different local optimum than the grouped optimum's). Lower bound: p's
+    trivial bound."""
+    t0 = time.perf_counter()
+    if not p.fits(x):
+        raise InfeasiblePlanError("polish: the start does not fit the budget")
+    x, cost = _polish(p, _blocks(p, g), np.asarray(x, dtype=np.int64).copy(), p.cost(x),
+                      partial(_folding_fixed, solve=solve), rounds)
+    lower = min(p.trivial_bound(), cost)
+    gap = relative_gap(cost, lower)
+    return Solution(x, cost, lower, gap, "optimal" if gap <= 1e-9 else "heuristic", time.perf_counter() - t0,
+                    f"{method}+polish")
+
+
+def _blocks(p: Problem, g: Grouping) -> tuple[np.ndarray, ...]:
+    """The polish's blocks: g's own, or its members apart from its leaders."""
+    if g.blocks:
+        return g.blocks
+    member = np.zeros(p.n, dtype=bool)
+    member[g.members] = True
+    return member, ~member
 
 
 def lp_columns(p: Problem) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 
 import parc.passes.spmd.mesh_search as mesh_search
@@ -99,6 +100,8 @@ def test_a_plan_not_proven_within_second_gap_gets_the_parameter_led_candidate(st
     assert mesh_search.needs_second(poor) and mesh_search.needs_second(poor, best=good.lower_bound * 1.03)
     assert not mesh_search.needs_second(poor, best=good.lower_bound * 1.01)  # elsewhere: close to its bound
     assert not mesh_search.needs_second(poor, best=good.lower_bound * 0.9)  # elsewhere: below its bound
+    assert mesh_search.needs_polish(poor, best=good.lower_bound * 1.015)  # at O2's exact-finish gap
+    assert not mesh_search.needs_polish(poor, best=good.lower_bound * 1.005)
     alt = mesh_search.second_plan(model, p, OPTIONS)
     sol = mesh_search.raced(poor, alt)
     assert sol.method.endswith("(parameter-led)") and p.fits(sol.choice)
@@ -109,23 +112,25 @@ def test_a_plan_not_proven_within_second_gap_gets_the_parameter_led_candidate(st
     assert mesh_search.raced(good, None).cost == good.cost
 
 
-def test_the_second_candidate_is_decided_on_every_first_plan(steps, monkeypatch):
-    """plan_graph races a mesh's first plan against its parameter-led plan when `needs_second`
-    says so against the cheapest first plan of any mesh: the same plan with one process or two
-    (where an idle worker may have run the parameter-led plans before the decision)."""
+def test_the_races_are_decided_on_every_first_plan(steps, monkeypatch):
+    """plan_graph races a mesh's first plan against its parameter-led plan (`needs_second`) and
+    its cheapest baseline polished (`needs_polish`), decided against the cheapest first plan of
+    any mesh once every first plan and baseline is in: the same plan with one process or two
+    (where an idle worker may have run the races before the decision)."""
     graph = steps["gpt-tiny"]
-    asked = []
-    needs = spmd_search.needs_second
+    asked, ran = [], []
 
     def every_mesh(sol, best=float("inf")):  # as if no plan were proven close
         asked.append(best)
-        return needs(sol, best) or sol.gap > 0 or best < sol.cost
+        return True
 
-    ran = []
-    second = spmd_search.second_plan
+    second, polished = spmd_search.second_plan, spmd_search.from_baseline
     monkeypatch.setattr(spmd_search, "needs_second", every_mesh)
-    monkeypatch.setattr(spmd_search, "second_plan", lambda model, *a, **k: ran.append(model.mesh.shape) or
-                        second(model, *a, **k))
+    monkeypatch.setattr(spmd_search, "needs_polish", every_mesh)
+    monkeypatch.setattr(spmd_search, "second_plan", lambda model, *a, **k: ran.append(("second", model.mesh.shape))
+                        or second(model, *a, **k))
+    monkeypatch.setattr(spmd_search, "from_baseline", lambda model, p, start, *a, **k: ran.append(
+        ("polish", model.mesh.shape, k["name"])) or polished(model, p, start, *a, **k))
     docs = []
     for jobs in (1, 2):
         plan = spmd_search.plan_graph(graph, CLUSTER, level="O2", time_limit=60, jobs=jobs)
@@ -133,8 +138,29 @@ def test_the_second_candidate_is_decided_on_every_first_plan(steps, monkeypatch)
         doc["solver"].pop("time_s")
         docs.append(doc)
         if jobs == 1:  # in this process: every mesh raced, once its first plan and the others' are in
-            assert sorted(ran) == [(2, 2), (4,)] and any(math.isfinite(b) for b in asked)
+            records = doc["baselines"]
+            flat = min(("data-parallel", "zero-3"), key=lambda n: records[n]["step_time_s"])
+            assert sorted(ran) == [("polish", (2, 2), "megatron-tp2"), ("polish", (4,), flat),
+                                   ("second", (2, 2)), ("second", (4,))]
+            assert asked and all(math.isfinite(b) for b in asked)
     assert docs[0] == docs[1]
+
+
+def test_a_baselines_plan_polished(steps):
+    """from_baseline: the follow polish from a baseline's choice fits, is never dearer than the
+    start, and lifts a poor start far; a graph without a backward has none."""
+    graph = steps["gpt-tiny"]
+    model = build(graph, enumerate_meshes(CLUSTER, max_dims=2)[1], CLUSTER)
+    p = model.problem.with_budget(80e9)
+    megatron = spmd_search.megatron_baseline(model, 80e9, OPTIONS)
+    start = np.asarray(megatron["choice"])
+    sol = mesh_search.from_baseline(model, p, start, OPTIONS, refine_steps=1, name="megatron-tp2")
+    assert p.fits(sol.choice) and sol.cost == pytest.approx(p.cost(sol.choice))
+    assert sol.cost <= p.cost(start) * (1 + 1e-12) and sol.method == "megatron-tp2+polish+lns"
+    worst = p.min_memory_choice()
+    lifted = mesh_search.from_baseline(model, p, worst, OPTIONS)
+    assert lifted.cost < p.cost(worst) * 0.8 and lifted.method == "baseline+polish"
+    assert mesh_search.from_baseline(model, p.with_budget(p.memory(worst) * 0.5), start, OPTIONS) is None
 
 
 @pytest.mark.parametrize("level", ["O2", "O3"])

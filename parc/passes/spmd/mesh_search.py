@@ -19,7 +19,7 @@ from parc.passes.spmd.follow import model_grouping, training_grouping
 from parc.passes.spmd.pool import SharedMinimum
 from parc.solver import IlpOptions, Problem, SearchOptions, Solution, solve
 from parc.solver.bound import dual_bound
-from parc.solver.follow import Grouping, lp_columns, refine, solve_follow
+from parc.solver.follow import Grouping, lp_columns, polish, refine, solve_follow
 from parc.solver.problem import relative_gap
 from parc.solver.search import mixer, search_price
 
@@ -90,17 +90,44 @@ def second_plan(model: CostModel, problem: Problem, options: SearchOptions, refi
     return replace(alt, time_s=time.perf_counter() - t0)
 
 
-def raced(sol: Solution, alt: Solution | None) -> Solution:
-    """sol, or the parameter-led plan `alt` when that is cheaper, with the better lower bound
-    of the problem (sol's: it bounds the problem whatever found the plan); either way the time
-    both took."""
+def needs_polish(sol: Solution, best: float = math.inf) -> bool:
+    """Whether sol is raced against its mesh's cheapest baseline polished (`from_baseline`):
+    as `needs_second`, at O2's exact-finish gap (PROVE_GAP) instead of SECOND_GAP. A baseline's
+    plan is a start in another basin than the grouped optimum's (gpt-medium's 2 x 4 mesh: the
+    follow plan shards the batch over the 4-way axis, the optimum and Megatron's recipe over the
+    2-way one; docs/solver.md)."""
+    return relative_gap(min(sol.cost, best), sol.lower_bound) > PROVE_GAP
+
+
+def from_baseline(model: CostModel, problem: Problem, start, options: SearchOptions, refine_steps: int = 0,
+                  name: str = "baseline") -> Solution | None:
+    """The plan polished from `start`, a baseline's fitting choice: the follow polish's block
+    coordinate descent (up to START_ROUNDS rounds), then `refine_steps` large-neighbourhood
+    steps (none by default: after the polish they gained nothing for their time). None
+    without a backward (no blocks) or when the start does not fit."""
+    grouping = model_grouping(model)
+    if grouping is None or not problem.fits(start):
+        return None
+    t0 = time.perf_counter()
+    mixed = _mixed(options)
+    sol = polish(problem, grouping, start, lambda r: solve(r, "O2", mixed), rounds=START_ROUNDS, method=name)
+    if refine_steps:
+        sol = _refined(problem, sol, options, refine_steps)
+    log.info("mesh %s: plan from %s %.6g s (%.2f s)", model.mesh.shape, name, sol.cost, time.perf_counter() - t0)
+    return replace(sol, time_s=time.perf_counter() - t0)
+
+
+def raced(sol: Solution, alt: Solution | None, how: str = "parameter-led") -> Solution:
+    """sol, or `alt` (the parameter-led plan; a baseline's plan polished) when that is cheaper,
+    with the better lower bound of the problem (sol's: it bounds the problem whatever found the
+    plan); either way the time both took. `how` goes into the method."""
     spent = alt.time_s if alt is not None else 0.0
     if alt is None or alt.cost >= sol.cost * (1 - 1e-9):
         return replace(sol, time_s=sol.time_s + spent)
     lower = min(sol.lower_bound, alt.cost)
     gap = relative_gap(alt.cost, lower)
     return Solution(alt.choice, alt.cost, lower, gap, "optimal" if gap <= 1e-9 else alt.status,
-                    sol.time_s + spent, f"{alt.method}(parameter-led)")
+                    sol.time_s + spent, f"{alt.method}({how})")
 
 
 def _proven(model: CostModel, problem: Problem, sol: Solution) -> Solution:
@@ -166,8 +193,7 @@ def _follow(problem: Problem, grouping: Grouping, options: SearchOptions) -> Sol
     fit a budget (its members take their best responses, not their least memory), memory is
     priced on the whole problem instead, each priced problem solved by follow and its polish,
     which frees the members. Raises InfeasiblePlanError when neither fits."""
-    mix = replace(_exact_ilp(options), mip_gap=max(options.ilp.mip_gap, O2_EXACT_GAP))
-    options = replace(options, mix=mix)  # the price searches end in an exact mix
+    options = _mixed(options)
 
     def free(q: Problem) -> Solution:
         return solve_follow(q, grouping, lambda r: solve(r, "O2", options), rounds=POLISH_ROUNDS)
@@ -178,6 +204,11 @@ def _follow(problem: Problem, grouping: Grouping, options: SearchOptions) -> Sol
         if problem.budget is None:
             raise
     return search_price(problem, free, mix=mixer(options))
+
+
+def _mixed(options: SearchOptions) -> SearchOptions:
+    """options whose price searches end in an exact mix (the follow plan's block solves)."""
+    return replace(options, mix=replace(_exact_ilp(options), mip_gap=max(options.ilp.mip_gap, O2_EXACT_GAP)))
 
 
 def _exact_ilp(options: SearchOptions) -> IlpOptions:
@@ -211,6 +242,9 @@ O2_EXACT_TIME_S = 20.0
 # better plan, only a figure, and its last half percent costs seconds (docs/solver.md)
 PROVE_GAP = O2_EXACT_GAP
 PROVE_TIME_S = 5.0
+# rounds of the polish from a baseline's plan (`from_baseline`): far from a local optimum, it
+# gains over several rounds (docs/solver.md), and stops at the first round that gains nothing
+START_ROUNDS = 3
 # rounds of the follow plan's polish (each frees the backward side, then the forward side): a
 # second round gains little for its time (docs/solver.md), and the exact finish or the
 # large-neighbourhood step after it does more

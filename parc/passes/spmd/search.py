@@ -34,7 +34,15 @@ from parc.passes.schedule import SCHEDULES
 from parc.passes.spmd.costs import CostModel, Micro, build, even_choice, micro_layout, per_device
 from parc.passes.spmd.decision import Decision
 from parc.passes.spmd.follow import model_grouping
-from parc.passes.spmd.mesh_search import needs_second, pruned, raced, search_plan, second_plan
+from parc.passes.spmd.mesh_search import (
+    from_baseline,
+    needs_polish,
+    needs_second,
+    pruned,
+    raced,
+    search_plan,
+    second_plan,
+)
 from parc.passes.spmd.pins import hint_pins
 from parc.passes.spmd.pool import SharedMinimum, run_jobs
 from parc.plandir import plan as plan_format
@@ -253,18 +261,20 @@ class _MeshJobs:
 @dataclass(frozen=True)
 class _Job:
     """Build a mesh's cost model ("build"), or solve in it its plan ("plan"), its parameter-led
-    plan ("second": `second_plan`) or a baseline (the baseline's name; without a model the job
-    builds one first)."""
+    plan ("second": `second_plan`), its plan polished from a baseline's ("polish":
+    `from_baseline`, `start` the baseline's name and choice) or a baseline (the baseline's
+    name; without a model the job builds one first)."""
 
     what: str
     mesh: Mesh
     model: CostModel | None = None
     pins: dict[int, tuple[int, ...]] = field(default_factory=dict)
+    start: tuple[str, np.ndarray] | None = field(default=None, compare=False, repr=False)
 
     @property
     def label(self) -> str:
-        what = {"build": "the cost model", "plan": "the plan search",
-                "second": "the parameter-led plan search"}.get(self.what, f"the {self.what} baseline")
+        what = {"build": "the cost model", "plan": "the plan search", "second": "the parameter-led plan search",
+                "polish": "the polish of a baseline's plan"}.get(self.what, f"the {self.what} baseline")
         return f"{what} of mesh {self.mesh.shape}"
 
 
@@ -323,10 +333,13 @@ def _job(search: _MeshJobs, graph: Graph, job: _Job) -> _Built | Solution | _NoP
     model = model if model is not None else build(graph, mesh, search.cluster, search.micro,
                                                   _pinned_layouts(search.hints, mesh.shape), search.arrivals,
                                                   search.kept)
-    if job.what in ("plan", "second"):
+    if job.what in ("plan", "second", "polish"):
         problem = (model.problem.restricted(job.pins) if job.pins else model.problem).with_budget(search.budget)
         if job.what == "second":
             return second_plan(model, problem, search.options)
+        if job.what == "polish":
+            name, start = job.start  # type: ignore[misc]
+            return from_baseline(model, problem, start, search.options, name=name)
         try:
             sol = search_plan(model, problem, search.level, search.options, incumbent=search.best)
         except InfeasiblePlanError as e:
@@ -385,7 +398,7 @@ def plan_graph(graph: Graph, cluster: Cluster, *, level: str = "O3", memory_budg
     if jobs < 1:
         raise UsageError(f"jobs {jobs}: expected at least 1 process")
     outcome: dict[tuple[str, Mesh], Any] = {}
-    seconds = _Seconds(meshes, outcome)
+    races = _Races(meshes, outcome, names)
 
     def then(job: _Job, out: Any) -> list[_Job]:
         outcome[job.what, job.mesh] = out
@@ -395,24 +408,26 @@ def plan_graph(graph: Graph, cluster: Cluster, *, level: str = "O3", memory_budg
             more = [_Job("plan", job.mesh, out.model, out.pins)]
         if job.what == "build" and out.model is not None:
             more += [_Job(name, job.mesh, out.model) for name in names(job.mesh)]
-        due = seconds.settle(job, out) if job.what in ("build", "plan") else []
+        due = races.settle() if job.what not in ("second", "polish") else []
         if progress is not None:
-            what = {"build": "cost model", "second": "parameter-led plan"}.get(job.what, job.what)
-            progress(f"mesh {job.mesh}: {what} done", seconds.counted(), total + len(seconds.needed))
-        return more + [d for d in due if ("second", d.mesh) not in outcome]
+            what = {"build": "cost model", "second": "parameter-led plan",
+                    "polish": "polished baseline"}.get(job.what, job.what)
+            progress(f"mesh {job.mesh}: {what} done", races.counted(), total + len(races.needed))
+        return more + [d for d in due if (d.what, d.mesh) not in outcome]
 
     for device in {d.name: d for d in cluster.devices}.values():  # the workers inherit the nodes' work
         of_graph(graph, device)
     run_jobs(partial(_run, search), graph, [_Job("build", m) for m in meshes], jobs, then,
-             spare=seconds.spare)
+             spare=races.spare)
     for key, out in outcome.items():  # the bytes a model travelled in are not needed any more
         if key[0] == "build" and out.model is not None:
             out.model.__dict__.pop("_pool_blob", None)
-    for mesh in seconds.needed:  # the first plan raced against the parameter-led one
-        first, alt = outcome["plan", mesh], outcome["second", mesh]
-        log.info("mesh %s: parameter-led plan %s against %.6g s", mesh.shape,
+    for what, mesh in races.needed:  # the first plan raced against the parameter-led one, a polished baseline
+        first, alt = outcome["plan", mesh], outcome[what, mesh]
+        how = "parameter-led" if what == "second" else f"from {races.jobs[what, mesh].start[0]}"  # type: ignore[index]
+        log.info("mesh %s: %s plan %s against %.6g s", mesh.shape, how,
                  "none" if alt is None else f"{alt.cost:.6g} s", first.cost)
-        outcome["plan", mesh] = raced(first, alt)
+        outcome["plan", mesh] = raced(first, alt, how)
     results, tried, failures, skipped, warned = [], [], [], [], set()
     for mesh in meshes:  # in mesh order, as the serial loop logged
         built, sol = outcome["build", mesh], outcome.get(("plan", mesh))
@@ -457,56 +472,96 @@ def plan_graph(graph: Graph, cluster: Cluster, *, level: str = "O3", memory_budg
     return plan
 
 
-class _Seconds:
-    """Which meshes race their first plan against the parameter-led plan (`needs_second`),
-    decided once every mesh's first plan is in, against the cheapest of them: so the plan does
-    not depend on which jobs finish first, nor on `jobs`. A worker with nothing else to do runs
-    a mesh's parameter-led plan before that (`spare`): it does not depend on the first plan."""
+class _Races:
+    """Second chances for each mesh's first plan, raced against it: the parameter-led plan
+    ("second", when `needs_second`) and the mesh's cheapest baseline polished ("polish", when
+    `needs_polish`). Decided once every mesh's first plan and baselines are in, against the
+    cheapest first plan: so the plan does not depend on which jobs finish first, nor on `jobs`.
+    A worker with nothing else to do runs them before that (`spare`): neither depends on the
+    first plan."""
 
-    def __init__(self, meshes: list[Mesh], outcome: dict[tuple[str, Mesh], Any]) -> None:
-        self.outcome = outcome  # plan_graph's: the builds' models, the first plans
-        self.due = set(meshes)  # meshes whose first plan (or their build, when skipped) is not in
-        self.jobs: dict[Mesh, _Job] = {}  # each mesh's second job, once asked for
-        self.needed: list[Mesh] = []
+    def __init__(self, meshes: list[Mesh], outcome: dict[tuple[str, Mesh], Any],
+                 names: Callable[[Mesh], list[str]]) -> None:
+        self.meshes = meshes
+        self.outcome = outcome  # plan_graph's: the builds' models, the first plans, the baselines
+        self.names = names
+        self.jobs: dict[tuple[str, Mesh], _Job] = {}  # each race's job, once asked for
+        self.needed: list[tuple[str, Mesh]] = []
         self.decided = False
 
-    def settle(self, job: _Job, out: Any) -> list[_Job]:
-        """After a build or a first plan: the second jobs needed, once every first plan is in."""
-        if job.what == "plan" or out.model is None or out.skipped is not None:
-            self.due.discard(job.mesh)
-        if self.due or self.decided:
+    def settle(self) -> list[_Job]:
+        """After a build, a first plan or a baseline: the races needed, once all of them are in."""
+        if self.decided or not all(self._in(mesh) for mesh in self.meshes):
             return []
         self.decided = True
         firsts = {m: sol for (what, m), sol in self.outcome.items() if what == "plan" and isinstance(sol, Solution)}
         best = min((sol.cost for sol in firsts.values()), default=math.inf)
-        self.needed = [mesh for mesh, sol in firsts.items() if needs_second(sol, best)]
-        return [self._job(mesh) for mesh in self.needed]
+        for mesh, sol in firsts.items():
+            if needs_second(sol, best) and model_grouping(self.outcome["build", mesh].model) is not None:
+                self.needed.append(("second", mesh))
+            if needs_polish(sol, best) and self._start(mesh) is not None:
+                self.needed.append(("polish", mesh))
+        return [self._job(*race) for race in self.needed]
 
     def spare(self) -> _Job | None:
-        """A second job for an idle worker, or None: a mesh whose first plan is in and not proven
-        within SECOND_GAP first, then one whose first plan is still being searched."""
+        """A race for an idle worker, or None: of a mesh whose first plan is in and not proven
+        close first, then of one whose first plan is still being searched."""
         if self.decided:
             return None
         candidates = []
         for (what, mesh), built in self.outcome.items():
-            if what != "build" or mesh in self.jobs or built.model is None or built.skipped is not None:
+            if what != "build" or built.model is None or built.skipped is not None:
                 continue
             first = self.outcome.get(("plan", mesh))
-            if first is None or (isinstance(first, Solution) and needs_second(first)):
-                if model_grouping(built.model) is not None:  # a training step
-                    candidates.append((first is None, mesh))
-        return self._job(min(candidates, key=lambda c: c[0])[1]) if candidates else None
-
-    def _job(self, mesh: Mesh) -> _Job:
-        """The mesh's second job: the same object each time, so that a spare run of it counts."""
-        if mesh not in self.jobs:
-            built = self.outcome["build", mesh]
-            self.jobs[mesh] = _Job("second", mesh, built.model, built.pins)
-        return self.jobs[mesh]
+            if isinstance(first, _NoPlan) or model_grouping(built.model) is None:
+                continue
+            if ("second", mesh) not in self.jobs and (first is None or needs_second(first)):
+                candidates.append((first is None, "second", mesh))
+            if ("polish", mesh) not in self.jobs and (first is None or needs_polish(first)) \
+                    and self._start(mesh) is not None:
+                candidates.append((first is None, "polish", mesh))
+        if not candidates:
+            return None
+        _, what, mesh = min(candidates, key=lambda c: c[0])
+        return self._job(what, mesh)
 
     def counted(self) -> int:
-        """Jobs done, for the progress bar: the second jobs only once needed."""
-        return sum(1 for what, m in self.outcome if what != "second" or m in self.needed)
+        """Jobs done, for the progress bar: the races only once needed."""
+        return sum(1 for key in self.outcome if key[0] not in ("second", "polish") or key in self.needed)
+
+    def _in(self, mesh: Mesh) -> bool:
+        """The mesh's first plan and baselines are in (or it has none)."""
+        built = self.outcome.get(("build", mesh))
+        if built is None:
+            return False
+        if built.model is None:
+            return True
+        return (built.skipped is not None or ("plan", mesh) in self.outcome) and \
+            all((name, mesh) in self.outcome for name in self.names(mesh))
+
+    def _start(self, mesh: Mesh) -> tuple[str, np.ndarray] | None:
+        """The cheapest feasible baseline of the mesh whose plan obeys the hints' pins (as
+        `_no_worse_than_baselines` takes them), with its name; None before they are in."""
+        pins = self.outcome["build", mesh].pins
+        best = None
+        for name in self.names(mesh):
+            rec = self.outcome.get((name, mesh))
+            if not rec or not rec.get("feasible") or rec.get("choice") is None:
+                continue
+            choice = np.asarray(rec["choice"])
+            if any(int(choice[i]) not in allowed for i, allowed in pins.items()):
+                continue
+            if best is None or rec["step_time_s"] < best[0]:
+                best = (rec["step_time_s"], name, choice)
+        return None if best is None else (best[1], best[2])
+
+    def _job(self, what: str, mesh: Mesh) -> _Job:
+        """The race's job: the same object each time, so that a spare run of it counts."""
+        if (what, mesh) not in self.jobs:
+            built = self.outcome["build", mesh]
+            self.jobs[what, mesh] = _Job(what, mesh, built.model, built.pins,
+                                         self._start(mesh) if what == "polish" else None)
+        return self.jobs[what, mesh]
 
 
 def even_split(graph: Graph, cluster: Cluster, best: MeshResult, budget: float) -> tuple[dict, MeshResult]:
