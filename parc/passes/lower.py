@@ -30,6 +30,7 @@ time are accumulated; the optimizer nodes run once.
 from __future__ import annotations
 
 import math
+from collections import defaultdict
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -524,7 +525,44 @@ def lower_rank(graph: Graph, mesh: tuple[int, ...], rank: int, strategies: list,
         want = source_specs.get(target, rep) if target is not None else rep
         low.p.outputs[o.name] = low.get(o, want, APPLY if micro > 1 else MICRO)
     fuse_gradients(low, buckets)
+    sink_source_work(low.p)
     return low.p
+
+
+def sink_source_work(p: RankProgram) -> None:
+    """Move each node computed from sources alone (residents, embedded constants, and what such
+    nodes make) to the module of its first reader, when its readers are nodes of later modules
+    of its part and pass. A node's depth is the deepest of its inputs' (as soon as it can run),
+    which puts such work in module 0: an optimizer's `beta1 * exp_avg` would be written out
+    there, held through the forward and backward and read back by the update, where the search
+    priced it inside the update's fused kernel; a weight's transpose would be held from the
+    first module on. What such a node reads is held all step anyway, so moving it frees memory
+    and no collective waits on it (values read by collectives, sent, accumulated or returned
+    stay where they are)."""
+    derived = set(p.residents) | set(p.embedded)
+    readers: dict[str, list[int]] = defaultdict(list)
+    for k, (_, _, node) in enumerate(p.nodes):
+        if all(not i or i in derived for i in node.input):
+            derived.update(o for o in node.output if o)
+        for i in node.input:
+            if i:
+                readers[i].append(k)
+    held = {c.src for c in p.comms} | set(p.outputs.values()) | {a[0] for a in p.accumulate.values()}
+    held |= {local for _, layouts in p.sends.values() for local in layouts.values()}
+    depth = [d for d, _, _ in p.nodes]
+    phases = p.phases or [""] * len(p.nodes)
+    for k in reversed(range(len(p.nodes))):
+        _, part, node = p.nodes[k]
+        outs = [o for o in node.output if o]
+        if not outs or any(o not in derived or o in held or not readers[o] for o in outs):
+            continue
+        reading = [j for o in outs for j in readers[o]]
+        if any(p.nodes[j][1] != part or phases[j] != phases[k] for j in reading):
+            continue
+        depth[k] = max(depth[k], min(depth[j] for j in reading))
+        for o in outs:
+            p.depth[o] = depth[k]
+    p.nodes = [(depth[k], part, node) for k, (_, part, node) in enumerate(p.nodes)]
 
 
 def fuse_gradients(low: _Lowerer, buckets: tuple[bool, ...]) -> None:

@@ -198,3 +198,26 @@ def test_small_gradients_run_in_buckets_and_the_step_is_unchanged(step):
     assert set(want) <= set(got[0])
     for name, value in want.items():
         np.testing.assert_allclose(got[0][name], value, rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+def test_work_on_sources_alone_runs_in_its_readers_module(tmp_path):
+    """An AdamW update's `beta * state` (computed from sources alone, so ready in module 0) runs
+    in the module of the update that reads it, not written out in module 0 and held all step;
+    a weight's moment updates and the parameter update land in one module."""
+    path = tmp_path / "adam.onnx"
+    assert parc("models", "build", "gpt-tiny", "--set", "batch=4", "--train", "adamw", "-o", str(path)).returncode == 0
+    out = tmp_path / "plan"
+    res = parc("plan", str(path), "--devices", "2xa100-80g", "--jobs", "1", "-o", str(out))
+    assert res.returncode == 0, res.stderr
+    where, outputs = {}, set()
+    for k, m in enumerate(_modules(out, 0)):
+        outputs |= {o.name for o in m.graph.output} if k == 0 else set()
+        for n in m.graph.node:
+            where[n.name] = k
+    scaled = [n for n in where if n.endswith(".update.Mul_0")]
+    assert scaled, "no AdamW update in the modules"
+    for name in scaled:
+        add = name[: -len("Mul_0")] + "Add_0"
+        assert where[name] == where[add], (name, where[name], where[add])
+    assert any(where[name] > 0 for name in scaled)  # updates after a collective, their scaling with them
+    assert not any(o.endswith(".update.mul_0") for o in outputs)  # nothing of the kind leaves module 0
