@@ -19,7 +19,8 @@ parameters and state keep their shards) or replicated (loss, other outputs).
 `emit.build_modules` then cuts the local nodes into ONNX modules at communication: a node's
 depth is the number of collectives on its longest path from the sources, and module d holds the
 nodes of depth d. The rank runs module 0, the collectives that read depth-0 values, module 1, and so on;
-every rank runs its collectives in the same order, so the static schedule cannot deadlock.
+every rank runs its collectives in the same order, so the static schedule cannot deadlock. Work
+from sources alone moves to its first reader's module (`sink_source_work`).
 
 Microbatches (`plan.json` micro_batches): the time axis is mesh axis 0 of the cost model. The
 forward and backward nodes are lowered at time coordinate 0 (every microbatch has the same
