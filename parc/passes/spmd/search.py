@@ -505,25 +505,20 @@ class _Races:
 
     def spare(self) -> _Job | None:
         """A race for an idle worker, or None: of a mesh whose first plan is in and not proven
-        close first, then of one whose first plan is still being searched."""
+        close on its own (the decision against the other meshes may still drop it). A spare job
+        occupies its worker until it ends, so none is guessed for a mesh still being searched:
+        a needed job would wait behind it."""
         if self.decided:
             return None
-        candidates = []
-        for (what, mesh), built in self.outcome.items():
-            if what != "build" or built.model is None or built.skipped is not None:
+        for (what, mesh), first in self.outcome.items():
+            if what != "plan" or not isinstance(first, Solution):
                 continue
-            first = self.outcome.get(("plan", mesh))
-            if isinstance(first, _NoPlan) or model_grouping(built.model) is None:
-                continue
-            if ("second", mesh) not in self.jobs and (first is None or needs_second(first)):
-                candidates.append((first is None, "second", mesh))
-            if ("polish", mesh) not in self.jobs and (first is None or needs_polish(first)) \
-                    and self._start(mesh) is not None:
-                candidates.append((first is None, "polish", mesh))
-        if not candidates:
-            return None
-        _, what, mesh = min(candidates, key=lambda c: c[0])
-        return self._job(what, mesh)
+            if ("polish", mesh) not in self.jobs and needs_polish(first) and self._start(mesh) is not None:
+                return self._job("polish", mesh)
+            if ("second", mesh) not in self.jobs and needs_second(first) \
+                    and model_grouping(self.outcome["build", mesh].model) is not None:
+                return self._job("second", mesh)
+        return None
 
     def counted(self) -> int:
         """Jobs done, for the progress bar: the races only once needed."""
