@@ -513,7 +513,8 @@ class _Races:
         for (what, mesh), first in self.outcome.items():
             if what != "plan" or not isinstance(first, Solution):
                 continue
-            if ("polish", mesh) not in self.jobs and needs_polish(first) and self._start(mesh) is not None:
+            if ("polish", mesh) not in self.jobs and needs_polish(first) and self._in(mesh) \
+                    and self._start(mesh) is not None:  # every baseline in: the start is the decision's
                 return self._job("polish", mesh)
             if ("second", mesh) not in self.jobs and needs_second(first) \
                     and model_grouping(self.outcome["build", mesh].model) is not None:
@@ -536,7 +537,7 @@ class _Races:
 
     def _start(self, mesh: Mesh) -> tuple[str, np.ndarray] | None:
         """The cheapest feasible baseline of the mesh whose plan obeys the hints' pins (as
-        `_no_worse_than_baselines` takes them), with its name; None before they are in."""
+        `_no_worse_than_baselines` takes them), with its name, among those in; None if none."""
         pins = self.outcome["build", mesh].pins
         best = None
         for name in self.names(mesh):
