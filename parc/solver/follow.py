@@ -26,7 +26,7 @@ import logging
 import time
 from collections import defaultdict, deque
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 
 import numpy as np
@@ -240,26 +240,22 @@ def solve_follow(p: Problem, g: Grouping, solve: Callable[[Problem], Solution], 
     best responses to it among the joint choices, gained nothing on gpt-medium's step, flat or
     2-D, for more time: not done; docs/solver.md.)"""
     t0 = time.perf_counter()
-    solve = partial(_folding_fixed, solve=solve)
     gp = grouped(p, g)
-    first = solve(gp.problem)
+    first = _folding_fixed(gp.problem, solve)
     x = gp.expand(first.choice)
     if not p.fits(x):
         raise InfeasiblePlanError("follow coarsening: the grouped optimum does not fit the budget")
-    x, cost = _polish(p, _blocks(p, g), x, p.cost(x), solve, rounds)
-    log.debug("follow: grouped %.6g, polished %.6g", p.cost(gp.expand(first.choice)), cost)
-    lower = min(p.trivial_bound(), cost)
-    gap = relative_gap(cost, lower)
-    return Solution(x, cost, lower, gap, "optimal" if gap <= 1e-9 else "heuristic", time.perf_counter() - t0,
-                    f"follow({p.n}->{gp.problem.n})+{first.method}")
+    sol = polish(p, g, x, solve, rounds, method=f"follow({p.n}->{gp.problem.n})+{first.method}")
+    log.debug("follow: grouped %.6g, polished %.6g", p.cost(x), sol.cost)
+    return replace(sol, time_s=time.perf_counter() - t0)
 
 
 def polish(p: Problem, g: Grouping, x: np.ndarray, solve: Callable[[Problem], Solution], rounds: int = 3,
-           method: str = "start") -> Solution:
-    """A fitting choice x of p improved by solve_follow's block coordinate descent (g's blocks,
-    up to `rounds` rounds, while one gains): a follow plan from another start, such as a
-    baseline's plan (a different local optimum than the grouped optimum's). Lower bound: p's
-    trivial bound."""
+           method: str = "polish") -> Solution:
+    """A fitting choice x of p improved by block coordinate descent (g's blocks, up to `rounds`
+    rounds, while one gains): solve_follow's polish of the grouped optimum, or the same from
+    another start, such as a baseline's plan (a different local optimum). Lower bound: p's
+    trivial bound; `method` names the result."""
     t0 = time.perf_counter()
     if not p.fits(x):
         raise InfeasiblePlanError("polish: the start does not fit the budget")
@@ -268,7 +264,7 @@ def polish(p: Problem, g: Grouping, x: np.ndarray, solve: Callable[[Problem], So
     lower = min(p.trivial_bound(), cost)
     gap = relative_gap(cost, lower)
     return Solution(x, cost, lower, gap, "optimal" if gap <= 1e-9 else "heuristic", time.perf_counter() - t0,
-                    f"{method}+polish")
+                    method)
 
 
 def _blocks(p: Problem, g: Grouping) -> tuple[np.ndarray, ...]:

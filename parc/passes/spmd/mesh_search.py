@@ -110,7 +110,7 @@ def from_baseline(model: CostModel, problem: Problem, start, options: SearchOpti
         return None
     t0 = time.perf_counter()
     mixed = _mixed(options)
-    sol = polish(problem, grouping, start, lambda r: solve(r, "O2", mixed), rounds=START_ROUNDS, method=name)
+    sol = polish(problem, grouping, start, lambda r: solve(r, "O2", mixed), rounds=START_ROUNDS, method=f"{name}+polish")
     if refine_steps:
         sol = _refined(problem, sol, options, refine_steps)
     log.info("mesh %s: plan from %s %.6g s (%.2f s)", model.mesh.shape, name, sol.cost, time.perf_counter() - t0)

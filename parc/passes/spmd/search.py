@@ -536,19 +536,10 @@ class _Races:
             all((name, mesh) in self.outcome for name in self.names(mesh))
 
     def _start(self, mesh: Mesh) -> tuple[str, np.ndarray] | None:
-        """The cheapest feasible baseline of the mesh whose plan obeys the hints' pins (as
-        `_no_worse_than_baselines` takes them), with its name, among those in; None if none."""
-        pins = self.outcome["build", mesh].pins
-        best = None
-        for name in self.names(mesh):
-            rec = self.outcome.get((name, mesh))
-            if not rec or not rec.get("feasible") or rec.get("choice") is None:
-                continue
-            choice = np.asarray(rec["choice"])
-            if any(int(choice[i]) not in allowed for i, allowed in pins.items()):
-                continue
-            if best is None or rec["step_time_s"] < best[0]:
-                best = (rec["step_time_s"], name, choice)
+        """The mesh's cheapest feasible baseline obeying the hints' pins (`_cheapest_baseline`,
+        as `_no_worse_than_baselines` takes it): its name and choice, among those in."""
+        best = _cheapest_baseline(self.outcome["build", mesh].pins,
+                                  {name: self.outcome.get((name, mesh)) for name in self.names(mesh)})
         return None if best is None else (best[1], best[2])
 
     def _job(self, what: str, mesh: Mesh) -> _Job:
@@ -584,15 +575,7 @@ def _no_worse_than_baselines(sol: Solution | _NoPlan | None, pins: dict[int, tup
     obeying the hints' pins) is a feasible point of the search: the search must never return
     worse. It can (an ILP stopped at its time limit with a large gap, O2's segments solved
     apart); then the baseline's choice is kept, with the search's lower bound."""
-    best: tuple[float, str, np.ndarray] | None = None
-    for name, rec in records.items():
-        if not rec or not rec.get("feasible") or rec.get("choice") is None:
-            continue
-        choice = np.asarray(rec["choice"])
-        if any(int(choice[i]) not in allowed for i, allowed in pins.items()):
-            continue
-        if best is None or rec["step_time_s"] < best[0]:
-            best = (float(rec["step_time_s"]), name, choice)
+    best = _cheapest_baseline(pins, records)
     if best is None or (isinstance(sol, Solution) and sol.cost <= best[0]):
         return sol
     cost, name, choice = best
@@ -603,6 +586,22 @@ def _no_worse_than_baselines(sol: Solution | _NoPlan | None, pins: dict[int, tup
     status = "optimal" if gap == 0 else "time_limit" if math.isfinite(lower) else "heuristic"
     return Solution(choice, cost, min(lower, cost), gap, status,
                     sol.time_s if isinstance(sol, Solution) else 0.0, f"baseline:{name}")
+
+
+def _cheapest_baseline(pins: dict[int, tuple[int, ...]], records: dict[str, dict | None]
+                       ) -> tuple[float, str, np.ndarray] | None:
+    """(step seconds, name, choice) of the cheapest feasible baseline among `records` whose
+    choice obeys the hints' `pins`; None if none (or none is in yet)."""
+    best: tuple[float, str, np.ndarray] | None = None
+    for name, rec in records.items():
+        if not rec or not rec.get("feasible") or rec.get("choice") is None:
+            continue
+        choice = np.asarray(rec["choice"])
+        if any(int(choice[i]) not in allowed for i, allowed in pins.items()):
+            continue
+        if best is None or rec["step_time_s"] < best[0]:
+            best = (float(rec["step_time_s"]), name, choice)
+    return best
 
 
 def flat_baseline(name: str, model: CostModel, budget: float, options: SearchOptions | None = None,
