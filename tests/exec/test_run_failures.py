@@ -16,6 +16,7 @@ import numpy as np
 import onnx
 import pytest
 
+from parc.exec.watch import read_state
 from parc.plandir.manifest import write_manifest
 from tests.helpers import MPIEXEC, assert_one_line_error, needs_mpiexec, parc
 
@@ -331,6 +332,13 @@ def test_a_bad_fault_switch_is_one_line(plan_dir):
     assert res.returncode == 2 and "PARC_FAULT=1:x:die: expected RANK:STEP:ACTION[:KIND]" in res.stderr, res.stderr
 
 
+def _stepping(state_dir: Path, ranks: int) -> bool:
+    """Whether every rank under `state_dir` (PARC_STATE_DIR) has begun its steps: its state file,
+    written once it is connected to the sentinel, shows a step."""
+    states = [read_state(job, r) for job in state_dir.glob("parc-run-*") for r in range(ranks)]
+    return len(states) == ranks and all(s is not None and s.get("step") is not None for s in states)
+
+
 def _user_mpiexec(plan_dir: Path, ranks: int, fault: str | None, options=(), run_options=(),
                   env: dict | None = None) -> subprocess.Popen:
     """`mpiexec OPTIONS -n RANKS parc run PLAN RUN_OPTIONS` as a user starts it: no parc launcher."""
@@ -386,11 +394,11 @@ def test_under_your_own_mpiexec_a_killed_rank_is_named(plan_dir, victim, tmp_pat
     rank of the host started (parc.exec.sentinel) names the one that ended first."""
     proc = _user_mpiexec(plan_dir, 2, None, env={"PARC_STATE_DIR": str(tmp_path)})
     try:
-        deadline = time.monotonic() + 60
-        while len(pids := _rank_pids(plan_dir)) < 2:
+        deadline = time.monotonic() + 90
+        while not _stepping(tmp_path, 2):  # a rank killed before it connects is not the sentinel's to see
             assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()[1]
             time.sleep(0.1)
-        time.sleep(2)
+        pids = _rank_pids(plan_dir)
         subprocess.run(["kill", "-9", str(pids[victim])])
         _, err = proc.communicate(timeout=30)
     finally:
