@@ -31,6 +31,7 @@ from parc.cluster.links import LinkSpec
 from parc.cluster.mesh import Mesh
 from parc.ir.graph import Node
 from parc.ops.base import node_pieces, node_work, op_class
+from parc.ops.fusion import FLAT_MAX
 
 # Latency steps of each ring collective over n devices, and the bytes each device sends as a
 # fraction of B (the table above): every collective's time comes from these two.
@@ -164,6 +165,11 @@ class NodeWork:
     pieces: float = 0.0
     cold: float = 0.0
     alone: bool = True  # a kernel of its own; False: part of one, whose launch another node pays
+    # part of a kernel the engine runs only on arrays of fewer than FLAT_MAX elements (a softmax
+    # row with its trees): `flat`, the kernel's elements whole, and `unfused`, what the node asks
+    # where a device's part is too large for it (`parc.cluster.work.graph_work`'s `parts`)
+    flat: int = 0
+    unfused: NodeWork | None = None
 
     @classmethod
     def of(cls, node: Node) -> NodeWork:
@@ -173,6 +179,8 @@ class NodeWork:
     def seconds(self, device: DeviceSpec, share: float = 1.0, split: int = 1, queued: bool = False) -> float:
         """`compute_time` of the part of the work one device does: `share` of it, divided `split`
         ways (a strategy's even split; an uneven one gives each device its share)."""
+        if self.unfused is not None and self.flat * share / split >= FLAT_MAX:
+            return self.unfused.seconds(device, share, split, queued)
         t = compute_time(self.flops * share / split, self.nbytes * share / split, device, self.dtype,
                          self.op_class, queued=queued, pieces=self.pieces * share / split, floor=self.alone)
         return t + device.step_ratio * device.cold_cost() * self.cold * share / split if self.cold else t

@@ -19,7 +19,10 @@ The repeated nodes and no-op Casts onnxruntime removes are not in the modules pa
 
 from __future__ import annotations
 
+import math
+import sys
 from collections.abc import Collection, Mapping, Sequence
+from dataclasses import replace
 
 import numpy as np
 
@@ -28,6 +31,7 @@ from parc.cluster.devices import DeviceSpec
 from parc.ir.graph import Graph, Node
 from parc.ops.base import node_pieces, node_work, op_class
 from parc.ops.fusion import (
+    FLAT_MAX,
     cast_kind,
     flat_layout,
     fusible,
@@ -70,7 +74,10 @@ def graph_work(nodes: Sequence[Node], device: DeviceSpec, outputs: Collection[st
     carrying its own FLOPs and its share of the kernel's bytes (in proportion to what it would
     move alone), and only the last node paying the launch (`NodeWork.alone`); the sum is the
     kernel's. So a node of a kernel still costs less split than whole, and the search keeps a
-    kernel's nodes on one layout, as the engine needs them to fuse."""
+    kernel's nodes on one layout, as the engine needs them to fuse. A kernel the engine runs only
+    on arrays of fewer than `FLAT_MAX` elements (a softmax row with its trees) is taken as fused
+    there whatever its size, since a plan may split it that small; its nodes also say what they
+    ask unfused (`NodeWork.unfused`), for the strategies that leave a device more."""
     outputs = set(outputs)
     consts = consts or {}
     work: list[tuple | None] = []
@@ -86,17 +93,33 @@ def graph_work(nodes: Sequence[Node], device: DeviceSpec, outputs: Collection[st
         work.append((flops, nbytes, dtype, (classes or {}).get(node.name) or op_class(node), node_pieces(node)))
     gone: set[int] = set()
     inside: set[int] = set()
+    unfused: dict[int, tuple[int, NodeWork]] = {}  # node -> (its kernel's elements, its work unfused)
     if device.gpu:
-        alone, owner = work, {}
-        work = _on_the_array_engine(nodes, work, list(outputs), consts, opset, owner)
+        alone, owner, flats = work, {}, {}
+        limit = sys.maxsize if spread else FLAT_MAX  # the search's arrays are split later
+        work = _on_the_array_engine(nodes, work, list(outputs), consts, opset, owner, limit, flats)
         if spread:
             work, inside = _spread(alone, work, owner), set(owner)
+        if any(n >= FLAT_MAX for n in flats.values()):  # the engine fuses those rows only split
+            for i in owner:  # a softmax gradient's nodes go with its row
+                root = i
+                while root in owner:
+                    root = owner[root]
+                if root in flats:
+                    flats.setdefault(i, flats[root])
+            small_owner: dict[int, int] = {}
+            small = _spread(alone, _on_the_array_engine(nodes, alone, list(outputs), consts, opset, small_owner),
+                            small_owner)
+            unfused = {i: (n, NodeWork(*small[i], alone=i not in small_owner))  # type: ignore[misc]
+                       for i, n in flats.items() if n >= FLAT_MAX}
     else:
         gone = fused_into_products(nodes, outputs, consts, constants)
         work = [None if i in gone else w for i, w in enumerate(work)]
     cold = far_bytes(nodes, device.cache_share, gone, outputs) if device.cold_cost() else [0.0] * len(nodes)
-    return [None if w is None else NodeWork(*w, cold=c, alone=i not in inside)
-            for i, (w, c) in enumerate(zip(work, cold))]
+    out = [None if w is None else NodeWork(*w, cold=c, alone=i not in inside) for i, (w, c) in enumerate(zip(work, cold))]
+    for i, (n, apart) in unfused.items():
+        out[i] = replace(out[i], flat=n, unfused=replace(apart, cold=cold[i]))  # type: ignore[arg-type]
+    return out
 
 
 def _spread(alone: list[tuple], fused: list[tuple | None], owner: Mapping[int, int]) -> list[tuple]:
@@ -220,7 +243,8 @@ def fused_into_products(nodes: Sequence[Node], outputs: Collection[str] = (),
 
 def _on_the_array_engine(nodes: Sequence[Node], work: list[tuple | None], graph_outputs: list[str],
                          consts: Mapping[str, np.ndarray], opset: int = 13,
-                         owner: dict[int, int] | None = None) -> list[tuple | None]:
+                         owner: dict[int, int] | None = None, limit: int = FLAT_MAX,
+                         flats: dict[int, int] | None = None) -> list[tuple | None]:
     """`work` (FLOPs, bytes, dtype, class, pieces per node) as parc's array engine runs it on a GPU: a
     softmax's gradient as autodiff writes it (`fusion.softmax_grad_groups`) is one kernel reading
     dy and y and writing the result; a tree of two or more elementwise nodes (`fusion.trees`,
@@ -231,8 +255,11 @@ def _on_the_array_engine(nodes: Sequence[Node], work: list[tuple | None], graph_
     reader takes the strides), moving nothing itself. `consts`: the small integer constants
     (ReduceSum's axes). The result is aligned with `nodes`: a group's work on its last node, None
     on the nodes it takes in, each of which `owner` (filled if given) maps to the node that took
-    it in."""
+    it in. A row is joined with its trees where it has fewer than `limit` elements (the engine's
+    `FLAT_MAX`); `flats` (filled if given) maps each node of a joined row to the row's
+    elements."""
     owner = owner if owner is not None else {}
+    flats = flats if flats is not None else {}
     def reduce_axis(i: int) -> int | None:
         n = nodes[i]
         axes = consts.get(n.inputs[1].name) if len(n.inputs) > 1 and n.inputs[1] is not None else None
@@ -280,7 +307,8 @@ def _on_the_array_engine(nodes: Sequence[Node], work: list[tuple | None], graph_
         else:
             cols = last_columns(groups[index[j]][5])(x.shape)
         shapes = {k: v.shape for k, v in leaves(tree).items()}
-        layout = flat_layout(list(shapes.values()), [True] * len(shapes)) if None not in shapes.values() else None
+        layout = flat_layout(list(shapes.values()), [True] * len(shapes), limit) \
+            if None not in shapes.values() else None
         if not cols or layout is None or layout[0] != tuple(x.shape):
             return False
         # the tree after reads the row's output whole, at its own index (no broadcast of it)
@@ -302,9 +330,11 @@ def _on_the_array_engine(nodes: Sequence[Node], work: list[tuple | None], graph_
         flops = out[step][0] + sum(out[index[t]][0] for t in (*(before or ()), *(after or ())))
         nbytes = sum(v.nbytes for v in read.values() if v.shape is not None)
         nbytes += written.nbytes if written.shape is not None else 0
+        flats[step] = math.prod(nodes[step].outputs[0].shape)
         for t in (*(before or ()), *(after or ())):
             out[index[t]] = None
             owner[index[t]] = step
+            flats[index[t]] = flats[step]
         out[step] = (flops, nbytes, work[step][2], "", 0.0)
     for tree in found:
         if len(tree) < 2 or tree[-1] in joined:

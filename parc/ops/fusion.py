@@ -89,7 +89,7 @@ def trees(steps: Sequence[tuple[bool | str, Sequence[str], str | None]], graph_o
     return sorted([*ended, *pending.values()], key=lambda t: t[-1])
 
 
-def flat_layout(shapes: Sequence[tuple[int, ...]], contiguous: Sequence[bool]) -> tuple | None:
+def flat_layout(shapes: Sequence[tuple[int, ...]], contiguous: Sequence[bool], limit: int = FLAT_MAX) -> tuple | None:
     """(output shape, each leaf's mode, each leaf's extent) where every leaf of a group can be read
     by the output's flat index i: "full" (its own index i: contiguous, the output's size), "one"
     (a single value), "tail" (contiguous, broadcast over leading dims: i % extent, a bias or a
@@ -97,11 +97,12 @@ def flat_layout(shapes: Sequence[tuple[int, ...]], contiguous: Sequence[bool]) -
     "split" (contiguous, broadcast over one run of middle dims: a padding mask [B, 1, 1, S] of
     scores [B, H, S, S]; its extent (m, q), the output's elements from the run on and the leaf's
     after it: i / m * q + i % q). None for anything else (a transposed view, two runs broadcast):
-    CuPy's kernel reads those. The engine's `INDEX` is each mode's C text, `extent_args` its
-    arguments."""
+    CuPy's kernel reads those; and for an output of `limit` elements or more (the cost model asks
+    with a higher one about arrays that the plan splits before the engine sees them). The
+    engine's `INDEX` is each mode's C text, `extent_args` its arguments."""
     shape = tuple(np.broadcast_shapes(*shapes))
     n = math.prod(shape)
-    if not 0 < n < FLAT_MAX:
+    if not 0 < n < limit:
         return None
     reads = []  # (mode, extent) per leaf
     for s, c in zip(shapes, contiguous, strict=True):

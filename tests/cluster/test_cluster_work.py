@@ -3,6 +3,8 @@ among the others, for the search (spread over a kernel's nodes) and the task tim
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
@@ -85,3 +87,46 @@ def test_a_training_graph_spread_keeps_every_kernel_whole(tmp_path):
     assert len(spread) == len(g.nodes) and all(w is not None for w in spread)
     assert sum(w.nbytes for w in spread) == pytest.approx(sum(w.nbytes for w in kernels if w is not None))
     assert sum(w.alone for w in spread) == sum(w is not None for w in kernels) < len(g.nodes)
+
+
+def _scaled_softmax(batch: int) -> Graph:
+    """p = Softmax(scores * 0.125) over (batch, 16, 4096, 4096) scores: attention's row with the
+    scale before it, one kernel on the array engine while the scores have fewer than FLAT_MAX
+    elements."""
+    g = Graph()
+    shape = (batch, 16, 4096, 4096)
+    x = g.add_input("scores", F32, shape)
+    s = g.add_constant(TensorData.from_array(np.float32(0.125)), "scale")
+    (m,) = g.add_node("Mul", [x, s]).outputs
+    (p,) = g.add_node("Softmax", [m], attrs={"axis": -1}).outputs
+    for v in (m, p):
+        v.dtype, v.shape = F32, shape
+    g.outputs.append(p)
+    return g
+
+
+def test_a_row_too_large_for_the_engine_is_priced_fused_only_where_a_plan_splits_it_small_enough():
+    """The engine joins a softmax row with its trees only on fewer than FLAT_MAX elements. A
+    module holds a device's part, so its view decides on the local size; the search sees whole
+    arrays, so its nodes carry both prices and a strategy's split picks one."""
+    from parc.ops.fusion import FLAT_MAX
+
+    h100 = DEVICES["h100-80g"]
+    big = _scaled_softmax(8)
+    assert math.prod(big.outputs[0].shape) >= FLAT_MAX
+    module = graph_work(big.nodes, h100, {"scores"})  # the module view: two kernels, the Mul's apart
+    assert module[0] is not None and module[1] is not None
+    search = of_graph(big, h100)
+    assert all(w.flat == math.prod(big.outputs[0].shape) and w.unfused is not None for w in search)
+    # whole on one device (or split in two: still too large), the search prices the two kernels
+    for split in (1, 2):
+        assert sum(w.seconds(h100, split=split) for w in search) == pytest.approx(
+            sum(w.seconds(h100, split=split) for w in module))
+    # split 8 ways, a device's part is one batch row: one kernel, as the module of it runs
+    local = _scaled_softmax(1)
+    kernel = graph_work(local.nodes, h100, {"scores"})
+    assert kernel[0] is None  # the Mul runs inside the row's kernel
+    assert sum(w.seconds(h100, split=8) for w in search) == pytest.approx(kernel[1].seconds(h100))
+    assert sum(w.seconds(h100, split=8) for w in search) < sum(w.seconds(h100, split=8) for w in module)
+    # under the limit nothing changes: no second price
+    assert all(w.unfused is None and w.flat == 0 for w in of_graph(local, h100))

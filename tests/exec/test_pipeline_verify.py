@@ -27,8 +27,9 @@ def work(tmp_path_factory) -> Path:
     ("unet-tiny", ["--pipeline", "2"]),  # skip connections cross stages
     # a masked mean's token count needs every microbatch's labels: they are read whole
     ("t5-tiny", ["--pipeline", "2", "--micro-batches", "2"]),
-    ("bert-tiny", ["--pipeline", "2", "--micro-batches", "2"]),  # and the token-type embedding's scatter
-    ("moe-tiny", ["--pipeline", "2"]),
+    pytest.param("bert-tiny", ["--pipeline", "2", "--micro-batches", "2"],  # and the token-type embedding's scatter
+                 marks=pytest.mark.slow),
+    pytest.param("moe-tiny", ["--pipeline", "2"], marks=pytest.mark.slow),
 ])
 def test_pipelined_sgd_steps_verify(work, model, args):
     plan_dir = work / f"{model}-{'-'.join(args)}"

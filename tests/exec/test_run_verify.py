@@ -64,18 +64,16 @@ def _params(plan: dict) -> dict[str, str]:
 SLOW = pytest.mark.slow  # planning these takes 30-70 s each on 2 cores (2-D meshes, memory budgets)
 
 
-@pytest.mark.parametrize("model", MODELS)
-@pytest.mark.parametrize("family", ["dp", "tp", "2x2"])
+# `make test` verifies every family on gpt-tiny and each other model in one family (its own
+# sharding rules: convolutions, skip connections, encoder-decoder, experts); `make test-all` all
+FAST_FAMILIES = {("gpt-tiny", "dp"), ("gpt-tiny", "tp"), ("gpt-tiny", "2x2"), ("resnet-tiny", "tp"),
+                 ("unet-tiny", "tp"), ("t5-tiny", "dp"), ("moe-tiny", "tp")}
+
+
+@pytest.mark.parametrize("model, family", [(m, f) if (m, f) in FAST_FAMILIES else pytest.param(m, f, marks=SLOW)
+                                           for f in ("dp", "tp", "2x2") for m in MODELS])
 def test_hinted_families_verify(work, model, family):
-    if family == "2x2" and model != "gpt-tiny":
-        pytest.skip("2x2 for this model runs in test_hinted_2x2_slow")
     _family(work, model, family)
-
-
-@SLOW
-@pytest.mark.parametrize("model", ["moe-tiny", "resnet-tiny", "unet-tiny", "t5-tiny"])
-def test_hinted_2x2_slow(work, model):
-    _family(work, model, "2x2")
 
 
 def _family(work, model, family):
@@ -98,7 +96,7 @@ def _family(work, model, family):
     _verify(out, *TIGHT)
 
 
-@pytest.mark.parametrize("model", [m if m in ("gpt-tiny", "moe-tiny", "unet-tiny") else pytest.param(m, marks=SLOW)
+@pytest.mark.parametrize("model", [m if m in ("gpt-tiny", "unet-tiny") else pytest.param(m, marks=SLOW)
                                    for m in MODELS])
 def test_zero_like_sharding_under_a_memory_limit(work, model):
     step = _step(work, model)
@@ -117,7 +115,7 @@ def test_zero_like_sharding_under_a_memory_limit(work, model):
     _verify(out, *TIGHT)
 
 
-@pytest.mark.parametrize("model", ["gpt-tiny", "moe-tiny", "unet-tiny"])
+@pytest.mark.parametrize("model", ["gpt-tiny", pytest.param("moe-tiny", marks=SLOW), "unet-tiny"])
 def test_four_microbatches_verify(work, model):
     step = _step(work, model)
     out = work / f"{model}-micro"
