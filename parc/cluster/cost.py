@@ -167,7 +167,7 @@ class NodeWork:
     alone: bool = True  # a kernel of its own; False: part of one, whose launch another node pays
     # part of a kernel the engine runs only on arrays of fewer than FLAT_MAX elements (a softmax
     # row with its trees): `flat`, the kernel's elements whole, and `unfused`, what the node asks
-    # where a device's part is too large for it (`parc.cluster.work.graph_work`'s `parts`)
+    # where a device's part is too large for it (`parc.cluster.work.graph_work`, the search's view)
     flat: int = 0
     unfused: NodeWork | None = None
 

@@ -93,32 +93,25 @@ def graph_work(nodes: Sequence[Node], device: DeviceSpec, outputs: Collection[st
         work.append((flops, nbytes, dtype, (classes or {}).get(node.name) or op_class(node), node_pieces(node)))
     gone: set[int] = set()
     inside: set[int] = set()
-    unfused: dict[int, tuple[int, NodeWork]] = {}  # node -> (its kernel's elements, its work unfused)
+    big: dict[int, int] = {}  # node -> the elements of its row, too many for the engine whole
     if device.gpu:
         alone, owner, flats = work, {}, {}
         limit = sys.maxsize if spread else FLAT_MAX  # the search's arrays are split later
         work = _on_the_array_engine(nodes, work, list(outputs), consts, opset, owner, limit, flats)
         if spread:
             work, inside = _spread(alone, work, owner), set(owner)
-        if any(n >= FLAT_MAX for n in flats.values()):  # the engine fuses those rows only split
-            for i in owner:  # a softmax gradient's nodes go with its row
-                root = i
-                while root in owner:
-                    root = owner[root]
-                if root in flats:
-                    flats.setdefault(i, flats[root])
+        big = {i: n for i, n in flats.items() if n >= FLAT_MAX}
+        if big:  # what those nodes ask where the engine runs the row apart
             small_owner: dict[int, int] = {}
             small = _spread(alone, _on_the_array_engine(nodes, alone, list(outputs), consts, opset, small_owner),
                             small_owner)
-            unfused = {i: (n, NodeWork(*small[i], alone=i not in small_owner))  # type: ignore[misc]
-                       for i, n in flats.items() if n >= FLAT_MAX}
     else:
         gone = fused_into_products(nodes, outputs, consts, constants)
         work = [None if i in gone else w for i, w in enumerate(work)]
     cold = far_bytes(nodes, device.cache_share, gone, outputs) if device.cold_cost() else [0.0] * len(nodes)
     out = [None if w is None else NodeWork(*w, cold=c, alone=i not in inside) for i, (w, c) in enumerate(zip(work, cold))]
-    for i, (n, apart) in unfused.items():
-        out[i] = replace(out[i], flat=n, unfused=replace(apart, cold=cold[i]))  # type: ignore[arg-type]
+    for i, n in big.items():
+        out[i] = replace(out[i], flat=n, unfused=NodeWork(*small[i], cold=cold[i], alone=i not in small_owner))
     return out
 
 
@@ -256,8 +249,8 @@ def _on_the_array_engine(nodes: Sequence[Node], work: list[tuple | None], graph_
     (ReduceSum's axes). The result is aligned with `nodes`: a group's work on its last node, None
     on the nodes it takes in, each of which `owner` (filled if given) maps to the node that took
     it in. A row is joined with its trees where it has fewer than `limit` elements (the engine's
-    `FLAT_MAX`); `flats` (filled if given) maps each node of a joined row to the row's
-    elements."""
+    `FLAT_MAX`); `flats` (filled if given) maps each node of a joined row (a softmax gradient's
+    nodes included) to the row's elements."""
     owner = owner if owner is not None else {}
     flats = flats if flats is not None else {}
     def reduce_axis(i: int) -> int | None:
@@ -331,6 +324,8 @@ def _on_the_array_engine(nodes: Sequence[Node], work: list[tuple | None], graph_
         nbytes = sum(v.nbytes for v in read.values() if v.shape is not None)
         nbytes += written.nbytes if written.shape is not None else 0
         flats[step] = math.prod(nodes[step].outputs[0].shape)
+        for m in groups[step][:3] if step in groups else ():  # the softmax gradient's own nodes
+            flats[m] = flats[step]
         for t in (*(before or ()), *(after or ())):
             out[index[t]] = None
             owner[index[t]] = step

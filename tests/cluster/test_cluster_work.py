@@ -130,3 +130,25 @@ def test_a_row_too_large_for_the_engine_is_priced_fused_only_where_a_plan_splits
     assert sum(w.seconds(h100, split=8) for w in search) < sum(w.seconds(h100, split=8) for w in module)
     # under the limit nothing changes: no second price
     assert all(w.unfused is None and w.flat == 0 for w in of_graph(local, h100))
+
+
+def test_a_training_steps_rows_too_large_whole_carry_both_prices(tmp_path):
+    """Over a real training step whose attention rows have 2^30 elements or more: the forward
+    row and the softmax gradient's kernel (its own four nodes and the trees beside it) carry
+    their unfused work, and whole on one device the search's price is the module view's."""
+    from parc.ir import importer
+    from tests.helpers import parc
+
+    path = tmp_path / "gpt.onnx"
+    assert parc("models", "build", "gpt-tiny", "--set", "seq=16384", "--set", "batch=4", "--train", "adamw",
+                "-o", str(path)).returncode == 0
+    g = importer.load(str(path), {})
+    h100 = DEVICES["h100-80g"]
+    search = of_graph(g, h100)
+    both = {n.name for n, w in zip(g.nodes, search) if w.unfused is not None}
+    for layer in ("h.0", "h.1"):
+        assert {f"{layer}.attn.softmax", f"{layer}.attn.scale", f"{layer}.attn.softmax.grad.ReduceSum_0",
+                f"{layer}.attn.softmax.grad.Sub_0", f"{layer}.attn.scale.grad.Mul_0"} <= both, sorted(both)
+    whole = of_graph(g, h100, spread=False)  # the kernels whole, as a module of the whole step runs them
+    assert sum(w.seconds(h100) for w in search) == pytest.approx(sum(w.seconds(h100) for w in whole if w is not None),
+                                                                  rel=1e-9)
