@@ -574,10 +574,12 @@ def fuse_gradients(low: _Lowerer, buckets: tuple[bool, ...]) -> None:
     GRAD_BUCKET_BYTES, in program order (PyTorch DDP's buckets; the cost model charges each
     member its share of the bucket's latency, `parc.cluster.cost.bucket_share`).
 
-    A bucket's members are flattened and concatenated (`Reshape`, `Concat`) in the module of
-    the place they are synchronised at (the backward's, or the optimizer part's in microbatched
-    and pipelined programs); the bucket is all-reduced once; the module after it splits it into
-    the members under their own names (`Split`, `Reshape`), so their readers are unchanged.
+    A bucket's members are flattened and concatenated (`Reshape`, `Concat`; a member already
+    1-D, as biases and norm scales are, goes in as it is) in the module of the place they are
+    synchronised at (the backward's, or the optimizer part's in microbatched and pipelined
+    programs); the bucket is all-reduced once; the module after it splits it into the members
+    under their own names (`Split`, and a `Reshape` for those not 1-D), so their readers are
+    unchanged.
     Which collectives join depends only on the program's order and the global shapes, never on
     a rank's local ones (an uneven layout may leave a rank an empty piece), so every rank makes
     the same buckets and names, and the collectives still match by name. Within the group of an
@@ -613,12 +615,15 @@ def fuse_gradients(low: _Lowerer, buckets: tuple[bool, ...]) -> None:
         here, there = (head.depth, head.part, head.phase), (head.depth + 1, head.part, head.phase)
         flats, sizes = [], []
         for c in members:
-            flat = low.fresh(f"{c.value}.flat")
             size = math.prod(p.info[c.src][1])
+            sizes.append(size)
+            if len(p.info[c.src][1]) == 1:  # already flat (a bias, a norm's scale): no view to make
+                flats.append(c.src)
+                continue
+            flat = low.fresh(f"{c.value}.flat")
             added.append((*here, helper.make_node("Reshape", [c.src, flat_shape], [flat], name=low.aux("bucket_flat"))))
             low.define(flat, c.dtype, (size,), head.depth, head.part)
             flats.append(flat)
-            sizes.append(size)
         total = int(sum(sizes))
         src, dst = low.fresh("grad_bucket"), low.fresh("grad_bucket.reduced")
         added.append((*here, helper.make_node("Concat", flats, [src], axis=0, name=low.aux("bucket_concat"))))
@@ -632,7 +637,7 @@ def fuse_gradients(low: _Lowerer, buckets: tuple[bool, ...]) -> None:
         fused[b[0]] = Comm(Collective("all_reduce", axis, volume, head.step.n, reduced, whole), tensor, (total,),
                            head.dtype, src, dst, head.depth, head.part, head.phase, True)
         fused.update((j, None) for j in b[1:])
-        pieces = [low.fresh(f"{c.value}.piece") for c in members]
+        pieces = [c.dst if len(p.info[c.dst][1]) == 1 else low.fresh(f"{c.value}.piece") for c in members]
         if p.opset.get("", 13) >= 13:
             split = helper.make_node("Split", [dst, low.const("bucket_sizes", np.array(sizes, np.int64))], pieces,
                                      axis=0, name=low.aux("bucket_split"))
@@ -640,6 +645,8 @@ def fuse_gradients(low: _Lowerer, buckets: tuple[bool, ...]) -> None:
             split = helper.make_node("Split", [dst], pieces, axis=0, split=sizes, name=low.aux("bucket_split"))
         added.append((*there, split))
         for c, piece, size in zip(members, pieces, sizes):
+            if piece == c.dst:
+                continue
             shape = low.const("bucket_shape", np.array(p.info[c.dst][1], np.int64))
             added.append((*there, helper.make_node("Reshape", [piece, shape], [c.dst], name=low.aux("bucket_unflat"))))
             low.define(piece, c.dtype, (size,), head.depth + 1, head.part)

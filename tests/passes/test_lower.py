@@ -191,6 +191,14 @@ def test_small_gradients_run_in_buckets_and_the_step_is_unchanged(step):
     assert not small, f"small gradients synchronised alone: {sorted(small)}"
     along = {a: {b["tensor"] for b in buckets if b["axis"] == a} for a in (0, 1)}
     assert along[0] == along[1]  # each axis-1 bucket reduces the pieces of an axis-0 bucket
+    # a member goes into a bucket through a reshape and comes out through another, unless it is
+    # 1-D already (the biases and norm scales): those go in and come out as they are
+    rank = {i.name: len(i.dims) for i in model.graph.initializer}
+    param = {grad: name for name, grad in step_state({p.key: p.value for p in model.metadata_props}).grads.items()}
+    members = [m for b in buckets for m in b["tensor"].removeprefix("grad bucket: ").split(", ")]
+    assert any(rank[param[m]] == 1 for m in members) and any(rank[param[m]] > 1 for m in members)
+    views = [n for m in _modules(out, 0) for n in m.graph.node if "bucket_flat" in n.name or "bucket_unflat" in n.name]
+    assert len(views) == sum(2 for m in members if rank[param[m]] > 1)
     batch = synthetic(data_inputs(load_program(out, 0)), 0, 0)
     got, _ = run_threads(out, [batch])
     sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
