@@ -97,6 +97,8 @@ def summary(plan, path: Path) -> str:
         idle = ", ".join(f"{n} {name}" for name, n in given["idle"].items())
         lines.append(f"{idle} left idle: the plan on {plan.cluster.spec} alone is predicted faster than on "
                      f"every device given ({given['devices']}); --all-devices uses them all")
+    if len(plan.cluster.nodes) > 1:  # the links the plan assumed: the defaults unless a cluster file said
+        lines.append(f"cluster {plan.cluster.spec}: {plan.cluster.links_text()} (--cluster FILE gives others)")
     simulated = plan.simulation["step_time_s"] * 1e3 if plan.simulation else float("nan")
     base = _baselines_text(plan.baselines)
     if plan.pipelined:

@@ -143,6 +143,16 @@ class Cluster:
         devices, nodes = _plural(self.num_devices, "device"), _plural(len(self.nodes), "node")
         return f"{self.spec} ({devices} in {nodes}, inter-node {self.inter_link})"
 
+    def links_text(self) -> str:
+        """The links in words, as `plan` and `explain` print them: 'nvlink3 inside, 8 x net-200g
+        per node across' ('across' only with several nodes; the ports only where more than one)."""
+        text = f"{', '.join(sorted({n.intra_link.name for n in self.nodes}))} inside"
+        if len(self.nodes) > 1:
+            ports = sorted({n.nics for n in self.nodes})
+            link = self.inter_link.name
+            text += f", {link} across" if ports == [1] else f", {'/'.join(map(str, ports))} x {link} per node across"
+        return text
+
     def to_json(self) -> dict:
         return {
             "device_types": {d.name: d.to_json() for d in self.device_types},
@@ -165,6 +175,54 @@ class Cluster:
 
 def _plural(count: int, noun: str) -> str:
     return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
+# The server each SXM GPU ships in: its ports to the other nodes (the compute fabric; storage
+# and management ports not counted), one catalogue link each. A node of these GPUs written in
+# `--devices` or a cluster file gets them unless told otherwise; other types (PCIe cards, the
+# V100 and P100 of Whale's clusters, CPUs) one DEFAULT_INTER_LINK port.
+#   a100-40g, a100-80g: NVIDIA DGX A100 User Guide (2020-2023), "8 x single-port ConnectX-6
+#     (HDR InfiniBand 200 Gb/s)" for the compute network; the HGX A100 servers cloud providers
+#     built on the same board carry the same 8 x 200 Gb/s.
+#   h100-80g, h200-141g: NVIDIA DGX H100/H200 User Guide (2022-2024), "8 x single-port
+#     ConnectX-7 (NDR InfiniBand 400 Gb/s)" in four OSFP cages for the compute network.
+SHIPPED_PORTS: dict[str, tuple[str, int]] = {
+    "a100-40g": ("net-200g", 8), "a100-80g": ("net-200g", 8),
+    "h100-80g": ("net-400g", 8), "h200-141g": ("net-400g", 8),
+}
+
+
+@dataclass(frozen=True)
+class NodeType:
+    """A server as it ships, usable as a node in `--devices` (`64xdgx-a100`: 64 of them)."""
+
+    name: str
+    device: str  # catalogue device type
+    count: int  # devices in the node
+    intra_link: str  # catalogue link between its devices
+    source: str  # where the figures come from (the ports: SHIPPED_PORTS)
+
+    def node(self, where: str) -> Node:
+        devices = (lookup_device(self.device, where),) * self.count
+        return Node(devices, LINKS[self.intra_link], default_nics(devices))
+
+
+#   dgx-a100: 8 x A100 80GB SXM4 on six NVSwitches, 600 GB/s NVLink per GPU (nvlink3), 8 x HDR.
+#   dgx-h100: 8 x H100 SXM5 on four NVSwitches, 900 GB/s NVLink 4 per GPU (nvlink4), 8 x NDR.
+NODE_TYPES: dict[str, NodeType] = {t.name: t for t in (
+    NodeType("dgx-a100", "a100-80g", 8, "nvlink3", "NVIDIA DGX A100 User Guide and datasheet (80GB model)"),
+    NodeType("dgx-h100", "h100-80g", 8, "nvlink4", "NVIDIA DGX H100 User Guide and datasheet"),
+)}
+
+
+def default_nics(devices: tuple[DeviceSpec, ...]) -> int:
+    """The ports a node of `devices` has by default: the fewest of its types' (SHIPPED_PORTS)."""
+    return min(SHIPPED_PORTS.get(d.name, (DEFAULT_INTER_LINK, 1))[1] for d in devices)
+
+
+def default_inter_link(nodes: tuple[Node, ...] | list[Node]) -> LinkSpec:
+    """The link between nodes by default: the slowest port of the nodes' device types."""
+    return slowest(LINKS[SHIPPED_PORTS.get(d.name, (DEFAULT_INTER_LINK, 1))[0]] for n in nodes for d in n.devices)
 
 
 def default_intra_link(devices: tuple[DeviceSpec, ...], where: str) -> LinkSpec:
@@ -205,12 +263,20 @@ def parse_devices(spec: str, where: str | None = None, extra: Mapping[str, Devic
                              f"not '{group}'")
         else:
             first, second, name = _TERM.match(group).groups()
+            kind = NODE_TYPES.get(name.strip().lower())
+            if kind is not None:  # a server type: NODESxdgx-a100
+                if second is not None:
+                    raise UsageError(f"{where}: '{group}': {kind.name} is a whole node of {kind.count} "
+                                     f"{kind.device}; write NODESx{kind.name}")
+                nodes.extend([kind.node(where)] * _count(first, where))
+                check_size(nodes, where)
+                continue
             count = _count(first, where) if second is not None else 1
             devices = (_device(name, where, extra, group),) * _count(second if second is not None else first, where)
-        node = Node(devices, default_intra_link(devices, where))
+        node = Node(devices, default_intra_link(devices, where), default_nics(devices))
         nodes.extend([node] * count)
         check_size(nodes, where)
-    return Cluster(tuple(nodes), inter_link or LINKS[DEFAULT_INTER_LINK])
+    return Cluster(tuple(nodes), inter_link or default_inter_link(nodes))
 
 
 def check_size(nodes: list[Node], where: str) -> None:

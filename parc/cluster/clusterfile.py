@@ -17,7 +17,9 @@ from parc.cluster.cluster import (
     Cluster,
     Node,
     check_size,
+    default_inter_link,
     default_intra_link,
+    default_nics,
     parse_devices,
     parse_node_devices,
 )
@@ -32,7 +34,7 @@ from parc.cluster.devices import (
     lookup_device,
     normalise_device_name,
 )
-from parc.cluster.links import DEFAULT_INTER_LINK, KINDS, LINKS, LinkSpec, lookup_link
+from parc.cluster.links import KINDS, LinkSpec, lookup_link
 from parc.cluster.yamlfile import Entry, read_yaml
 from parc.errors import UsageError
 
@@ -156,10 +158,10 @@ def load_cluster(path: str | Path) -> Cluster:
     if not entries:
         raise doc["nodes"].fail("expected at least one node")
     nodes: list[Node] = []
-    for entry in entries:
-        nodes.extend(_nodes(entry, extra))
+    for entry in entries:  # the shipped ports unless the file names its own network
+        nodes.extend(_nodes(entry, extra, shipped="inter_link" not in doc))
         check_size(nodes, _where(entry))
-    inter = _link(doc["inter_link"], "inter") if "inter_link" in doc else LINKS[DEFAULT_INTER_LINK]
+    inter = _link(doc["inter_link"], "inter") if "inter_link" in doc else default_inter_link(nodes)
     cluster = Cluster(tuple(nodes), inter)
     if "calibration" in doc:
         cluster = _calibration(doc["calibration"], extra).apply(cluster)
@@ -242,7 +244,10 @@ def _device_overrides(fields: dict[str, Entry]) -> dict[str, object]:
     return out
 
 
-def _nodes(entry: Entry, extra: Mapping[str, DeviceSpec]) -> list[Node]:
+def _nodes(entry: Entry, extra: Mapping[str, DeviceSpec], shipped: bool = True) -> list[Node]:
+    """A `nodes` entry's nodes. `nics` not given: the ports the devices' server ships with
+    (`default_nics`) when `shipped`, else one (a file that names its `inter_link` describes its
+    own network)."""
     fields = entry.mapping(("gpus", "intra_link", "nics", "count"), required=("gpus",))
     gpus = fields["gpus"]
     where = _where(gpus)
@@ -253,7 +258,7 @@ def _nodes(entry: Entry, extra: Mapping[str, DeviceSpec]) -> list[Node]:
     else:
         raise gpus.fail("expected COUNTxTYPE (e.g. 8xv100-32g) or a list of device types")
     link = _link(fields["intra_link"], "intra") if "intra_link" in fields else default_intra_link(devices, where)
-    nics = fields["nics"].integer(maximum=MAX_COUNT) if "nics" in fields else 1
+    nics = fields["nics"].integer(maximum=MAX_COUNT) if "nics" in fields else default_nics(devices) if shipped else 1
     count = fields["count"].integer(maximum=MAX_COUNT) if "count" in fields else 1
     return [Node(devices, link, nics)] * count
 

@@ -174,10 +174,7 @@ def _cluster_words(cluster: Cluster, devices: int) -> str:
         return f"{devices} devices"
     kinds = Counter(d.name for n in nodes for d in n.devices)
     what = " + ".join(f"{c} x {t}" for t, c in sorted(kinds.items()))
-    intra = sorted({n.intra_link.name for n in nodes})
-    text = f"{what} in {len(nodes)} node{'s' if len(nodes) != 1 else ''} ({', '.join(intra)} inside"
-    inter = cluster.inter_link.name
-    text += f", {inter} across)" if inter and len(nodes) > 1 else ")"
+    text = f"{what} in {len(nodes)} node{'s' if len(nodes) != 1 else ''} ({cluster.links_text()})"
     ratios = sorted({float(d.step_ratio) for d in cluster.device_types if float(d.step_ratio) != 1.0})
     if ratios:  # a calibration's measured correction: say that the predictions carry it
         text += f"; node times x{' / x'.join(f'{r:.2f}' for r in ratios)} (the calibration's step_ratio)"

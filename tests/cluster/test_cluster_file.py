@@ -111,7 +111,7 @@ def test_load_constants_and_apply(tmp_path):
         devices:
           A100-80GB: {compute_efficiency: 0.5, memory_efficiency: 0.8, bf16_tflops: 250}
         links:
-          100gbe: {latency_us: 20}
+          hdr: {latency_us: 20}
         constants:
           memory: {activation_factor: 1.5, reserved_gib: 1}
         """, "calib.yaml")
@@ -122,10 +122,10 @@ def test_load_constants_and_apply(tmp_path):
     a100 = cluster.devices[0]
     assert (a100.compute_efficiency, a100.memory_efficiency) == (0.5, 0.8)
     assert a100.peak("bfloat16") == 250e12 and a100.peak("float16") == 312e12  # peaks merge
-    assert cluster.inter_link == LinkSpec("net-100g", 12.5e9, 20e-6)
+    assert cluster.inter_link == LinkSpec("net-200g", 25e9, 20e-6)  # an A100 node's HDR ports
     assert cluster.nodes[0].intra_link == LINKS["nvlink3"]
     assert hash(calibration) == hash(load_constants(path))
-    untouched = parse_devices("8xv100-32g", inter_link=LINKS["net-200g"])
+    untouched = parse_devices("8xv100-32g", inter_link=LINKS["net-400g"])
     assert calibration.apply(untouched) == untouched
 
 
@@ -435,3 +435,17 @@ def test_a_link_gives_collective_kinds_figures_of_their_own(tmp_path):
     assert ring_time("all_reduce", link, 2, 1e6) == pytest.approx(2 * 5e-6 + 1e6 / 4e9)
     assert LinkSpec.from_json(link.to_json()) == link
     assert shared_link(link, 2, 1).figures("all_gather") == (10e-6, 1e9)
+
+
+def test_a_file_without_a_network_gets_the_shipped_ports(tmp_path):
+    """Nodes of A100s in a file that names no inter_link get the DGX A100's 8 x 200 Gb/s; a file
+    that names its inter_link describes its own network: one port a node unless it says nics."""
+    from parc.cluster import load_cluster
+
+    path = tmp_path / "c.yaml"
+    path.write_text("nodes: [{gpus: 8xa100-80g, count: 2}]\n")
+    shipped = load_cluster(path)
+    assert [n.nics for n in shipped.nodes] == [8, 8] and shipped.inter_link == LINKS["net-200g"]
+    path.write_text("nodes: [{gpus: 8xa100-80g, count: 2}]\ninter_link: 100gbe\n")
+    own = load_cluster(path)
+    assert [n.nics for n in own.nodes] == [1, 1] and own.inter_link == LINKS["net-100g"]

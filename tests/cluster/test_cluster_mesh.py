@@ -17,6 +17,12 @@ def net_share(k: int) -> LinkSpec:
     return LinkSpec(f"net-100g/{k}", 12.5e9 / k, 14e-6)
 
 
+def one_port(spec: str) -> Cluster:
+    """`spec`'s nodes with one 100 Gb/s port each (the SXM nodes' default is eight)."""
+    cluster = parse_devices(spec, inter_link=LINKS["net-100g"])
+    return Cluster(tuple(Node(n.devices, n.intra_link, 1) for n in cluster.nodes), cluster.inter_link)
+
+
 def listing(cluster: Cluster) -> list[tuple[tuple[int, ...], tuple[str, ...], tuple[bool, ...]]]:
     return [(m.shape, tuple(link.name for link in m.links), m.spans_nodes) for m in enumerate_meshes(cluster)]
 
@@ -35,7 +41,7 @@ def test_two_nodes_of_8():
     # Every layout qualifies: the inner axes (sizes multiplying to 2, 4 or 8) stay in a node.
     # An axis across nodes shares the node's one NIC among the groups that cross it at once.
     nv = "nvlink3"
-    meshes = enumerate_meshes(parse_devices("2x8xa100-80g"))
+    meshes = enumerate_meshes(one_port("2x8xa100-80g"))
     assert [(m.shape, tuple(link.name for link in m.links), m.spans_nodes) for m in meshes] == [
         ((16,), ("net-100g",), (True,)),
         ((2, 8), ("net-100g/8", nv), (True, False)),
@@ -154,7 +160,7 @@ def test_prime_count_has_only_the_flat_mesh():
 
 
 def test_mesh_helpers():
-    mesh = enumerate_meshes(parse_devices("2x8xa100-80g"))[1]
+    mesh = enumerate_meshes(one_port("2x8xa100-80g"))[1]
     assert str(mesh) == "2x8" and mesh.ndim == 2 and mesh.num_devices == 16
     assert mesh.describe() == "2x8 [net-100g/8, nvlink3]"
     assert mesh.coords(11) == (1, 3) and mesh.rank_at((1, 3)) == 11

@@ -36,8 +36,11 @@ def layout(cluster: Cluster) -> list[tuple[int, str, str]]:
 def test_spec_forms(spec, nodes):
     cluster = parse_devices(spec)
     assert layout(cluster) == nodes
-    assert cluster.inter_link == LINKS["net-100g"]
-    assert all(node.nics == 1 for node in cluster.nodes)
+    # the ports the SXM servers ship with (`SHIPPED_PORTS`), else one 100 Gb/s port
+    link, nics = {"a100-80g": ("net-200g", 8), "h100-80g": ("net-400g", 8),
+                  "h200-141g": ("net-400g", 8)}.get(nodes[0][1], ("net-100g", 1))
+    assert cluster.inter_link == LINKS[link]
+    assert all(node.nics == nics for node in cluster.nodes)
 
 
 @pytest.mark.parametrize("spec, canonical", [
@@ -157,3 +160,38 @@ def test_the_work_at_hand_ranks_the_devices():
     assert [kept for _, kept in cluster.without_slower({"p100-16g": 1.0, "t4-16g": 2.3})] == [(0,)]
     assert [kept for _, kept in cluster.without_slower({"p100-16g": 2.0, "t4-16g": 1.0})] == [(1,)]
     assert cluster.without_slower({"p100-16g": 1.0, "t4-16g": 1.0}) == []  # equally fast: nothing to idle
+
+
+def test_sxm_nodes_get_the_ports_they_ship_with():
+    """A node of A100s has the DGX A100's 8 HDR ports (200 Gb/s), a node of H100s or H200s the
+    DGX H100's 8 NDR ports (400 Gb/s); other types one 100 Gb/s port; a node mixing types the
+    fewest ports of its types, and the cluster the slowest port among its nodes."""
+    a100 = parse_devices("2x8xa100-80g")
+    assert [n.nics for n in a100.nodes] == [8, 8] and a100.inter_link == LINKS["net-200g"]
+    h100 = parse_devices("2x8xh100")
+    assert [n.nics for n in h100.nodes] == [8, 8] and h100.inter_link == LINKS["net-400g"]
+    v100 = parse_devices("2x8xv100-32g")
+    assert [n.nics for n in v100.nodes] == [1, 1] and v100.inter_link == LINKS["net-100g"]
+    mixed = parse_devices("(4xa100-80g+4xv100-32g)+8xh100")
+    assert [n.nics for n in mixed.nodes] == [1, 8] and mixed.inter_link == LINKS["net-100g"]
+    given = parse_devices("2x8xa100-80g", inter_link=LINKS["net-25g"])
+    assert given.inter_link == LINKS["net-25g"]
+    assert a100.links_text() == "nvlink3 inside, 8 x net-200g per node across"
+    assert v100.links_text() == "nvlink2 inside, net-100g across"
+    assert parse_devices("8xa100-80g").links_text() == "nvlink3 inside"
+    # 2x8: the 8 groups that cross the nodes at once each have a port of their own
+    from parc.cluster import enumerate_meshes
+    assert enumerate_meshes(a100)[1].describe() == "2x8 [net-200g, nvlink3]"
+
+
+def test_dgx_node_types():
+    """`NODESxdgx-a100` is NODES DGX A100 servers: 8 A100-80GB on NVSwitch, 8 HDR ports each."""
+    dgx = parse_devices("64xdgx-a100")
+    assert dgx.num_devices == 512 and len(dgx.nodes) == 64
+    assert dgx == parse_devices("64x8xa100-80g")
+    node = dgx.nodes[0]
+    assert node.devices == (DEVICES["a100-80g"],) * 8 and node.intra_link == LINKS["nvlink3"] and node.nics == 8
+    h = parse_devices("dgx-h100+DGX-H100")
+    assert len(h.nodes) == 2 and h.inter_link == LINKS["net-400g"] and h.nodes[0].intra_link == LINKS["nvlink4"]
+    with pytest.raises(UsageError, match=r"dgx-a100 is a whole node of 8 a100-80g; write NODESxdgx-a100"):
+        parse_devices("2x4xdgx-a100")

@@ -248,7 +248,7 @@ def test_explain_shows_the_stages(tmp_path):
     assert res.returncode == 0, res.stderr
     plan = json.loads((plan_dir / "plan.json").read_text())
     text = parc("explain", str(plan_dir)).stdout
-    assert "axis 0: 2 stages (pipeline) over net-100g" in text
+    assert "axis 0: 2 stages (pipeline) over net-200g" in text  # an A100 node's HDR ports
     assert f"1f1b, 2 stages x {plan['schedule']['micro_batches']} microbatches" in text
     assert "?" not in text.split("Pipeline")[0]  # the solver line is complete
     doc = json.loads(parc("explain", str(plan_dir), "--format", "json").stdout)
