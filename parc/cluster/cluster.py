@@ -123,11 +123,15 @@ class Cluster:
         nodes whose devices all take at most that long (a node is kept or left whole: its ranks
         are one host's), with the kept nodes' indices. Empty for one device type."""
         levels = sorted({times[d.name] for d in self.devices})
+        # a link between nodes that is the default of these nodes' types is the kept nodes' own
+        # default (the A100 nodes of a cluster with V100s have their 200 Gb/s ports alone)
+        defaulted = self.inter_link == default_inter_link(self.nodes)
         out = []
         for level in levels[:-1]:
             kept = tuple(i for i, node in enumerate(self.nodes) if all(times[d.name] <= level for d in node.devices))
             if kept and len(kept) < len(self.nodes) and all(kept != k for _, k in out):
-                out.append((Cluster(tuple(self.nodes[i] for i in kept), self.inter_link), kept))
+                nodes = tuple(self.nodes[i] for i in kept)
+                out.append((Cluster(nodes, default_inter_link(nodes) if defaulted else self.inter_link), kept))
         return out
 
     @property
@@ -150,7 +154,12 @@ class Cluster:
         if len(self.nodes) > 1:
             ports = sorted({n.nics for n in self.nodes})
             link = self.inter_link.name
-            text += f", {link} across" if ports == [1] else f", {'/'.join(map(str, ports))} x {link} per node across"
+            if ports == [1]:
+                text += f", {link} across"
+            elif len(ports) == 1:
+                text += f", {ports[0]} x {link} per node across"
+            else:  # nodes of several port counts
+                text += f", {link} across ({' or '.join(map(str, ports))} ports a node)"
         return text
 
     def to_json(self) -> dict:
@@ -237,7 +246,7 @@ def default_intra_link(devices: tuple[DeviceSpec, ...], where: str) -> LinkSpec:
 
 MAX_COUNT = 65536  # a bound on every count and on the device total, so a typo cannot hang parc
 _GRAMMAR = ("the form is [NODESx]COUNTxTYPE joined by '+' (a mixed node in parentheses), e.g. 8xv100-32g, "
-            "2x8xa100-80g, 4xv100-32g+4xp100-16g or cpu")
+            "2x8xa100-80g, 4xv100-32g+4xp100-16g or cpu, or NODESx a node type (dgx-a100, dgx-h100)")
 _TERM = re.compile(r"^(?:(\d+)\s*x\s*)?(?:(\d+)\s*x\s*)?(.*)$", re.IGNORECASE)
 _GROUP = re.compile(r"^(?:(\d+)\s*x\s*)?\((.*)\)$", re.IGNORECASE | re.DOTALL)
 
@@ -263,7 +272,7 @@ def parse_devices(spec: str, where: str | None = None, extra: Mapping[str, Devic
                              f"not '{group}'")
         else:
             first, second, name = _TERM.match(group).groups()
-            kind = NODE_TYPES.get(name.strip().lower())
+            kind = NODE_TYPES.get(name.strip().lower().replace("_", "-"))
             if kind is not None:  # a server type: NODESxdgx-a100
                 if second is not None:
                     raise UsageError(f"{where}: '{group}': {kind.name} is a whole node of {kind.count} "
@@ -333,6 +342,10 @@ def _device(name: str, where: str, extra: Mapping[str, DeviceSpec] | None, term:
     name = name.strip()
     if not name:
         raise UsageError(f"{where}: expected a device type after '{term}'; {_GRAMMAR}")
+    kind = NODE_TYPES.get(name.lower().replace("_", "-"))
+    if kind is not None:  # reached inside a node's parentheses (or a cluster file's gpus)
+        raise UsageError(f"{where}: '{term}': {kind.name} is a whole node of {kind.count} {kind.device}, not a "
+                         f"device of one; write NODESx{kind.name} outside parentheses, or {kind.count}x{kind.device}")
     if re.match(r"^\d+\s*x", name, re.IGNORECASE):
         raise UsageError(f"{where}: '{term}' has more than two counts; {_GRAMMAR}")
     return lookup_device(name, where, extra)

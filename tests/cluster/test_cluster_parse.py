@@ -195,3 +195,22 @@ def test_dgx_node_types():
     assert len(h.nodes) == 2 and h.inter_link == LINKS["net-400g"] and h.nodes[0].intra_link == LINKS["nvlink4"]
     with pytest.raises(UsageError, match=r"dgx-a100 is a whole node of 8 a100-80g; write NODESxdgx-a100"):
         parse_devices("2x4xdgx-a100")
+
+
+def test_node_types_and_port_counts_in_mixed_clusters():
+    """Leaving V100 nodes idle gives the A100 nodes their own 200 Gb/s ports (the cluster's
+    default link was the V100s' 100 Gb/s); nodes of several port counts say so in words; a node
+    type inside parentheses is refused by name; `dgx_a100` is `dgx-a100`."""
+    mixed = parse_devices("2xdgx-a100+2x8xv100-32g")
+    assert mixed.inter_link == LINKS["net-100g"]
+    times = {"a100-80g": 1.0, "v100-32g": 3.0}
+    (alone, kept), = mixed.without_slower(times)
+    assert kept == (0, 1) and alone == parse_devices(alone.spec) and alone.inter_link == LINKS["net-200g"]
+    given = parse_devices("2xdgx-a100+2x8xv100-32g", inter_link=LINKS["net-25g"])
+    assert given.without_slower(times)[0][0].inter_link == LINKS["net-25g"]  # a link given stays
+    assert parse_devices("dgx-a100+8xv100-32g").links_text() == \
+        "nvlink2, nvlink3 inside, net-100g across (1 or 8 ports a node)"
+    assert parse_devices("2xdgx_a100") == parse_devices("2xdgx-a100")
+    for spec in ("(dgx-a100)", "2x(4xa100-80g+dgx-a100)"):
+        with pytest.raises(UsageError, match=r"dgx-a100 is a whole node of 8 a100-80g, not a device of one"):
+            parse_devices(spec)
