@@ -201,37 +201,35 @@ SHIPPED_PORTS: dict[str, tuple[str, int]] = {
 }
 
 
-@dataclass(frozen=True)
-class NodeType:
-    """A server as it ships, usable as a node in `--devices` (`64xdgx-a100`: 64 of them)."""
-
-    name: str
-    device: str  # catalogue device type
-    count: int  # devices in the node
-    intra_link: str  # catalogue link between its devices
-    source: str  # where the figures come from (the ports: SHIPPED_PORTS)
-
-    def node(self, where: str) -> Node:
-        devices = (lookup_device(self.device, where),) * self.count
-        return Node(devices, LINKS[self.intra_link], default_nics(devices))
+# Servers usable as a node in `--devices` (`64xdgx-a100`: 64 of them), by name: (devices per node,
+# device type), parsed as NODESxCOUNTxTYPE, so their links are their devices' defaults (the
+# intra-node link `DeviceSpec.default_link`, the ports SHIPPED_PORTS).
+#   dgx-a100: NVIDIA DGX A100 User Guide and datasheet (80GB model): 8 x A100 80GB SXM4 on six
+#     NVSwitches, 600 GB/s NVLink per GPU (nvlink3), 8 x HDR.
+#   dgx-h100: NVIDIA DGX H100 User Guide and datasheet: 8 x H100 SXM5 on four NVSwitches, 900 GB/s
+#     NVLink 4 per GPU (nvlink4), 8 x NDR.
+NODE_TYPES: dict[str, tuple[int, str]] = {"dgx-a100": (8, "a100-80g"), "dgx-h100": (8, "h100-80g")}
 
 
-#   dgx-a100: 8 x A100 80GB SXM4 on six NVSwitches, 600 GB/s NVLink per GPU (nvlink3), 8 x HDR.
-#   dgx-h100: 8 x H100 SXM5 on four NVSwitches, 900 GB/s NVLink 4 per GPU (nvlink4), 8 x NDR.
-NODE_TYPES: dict[str, NodeType] = {t.name: t for t in (
-    NodeType("dgx-a100", "a100-80g", 8, "nvlink3", "NVIDIA DGX A100 User Guide and datasheet (80GB model)"),
-    NodeType("dgx-h100", "h100-80g", 8, "nvlink4", "NVIDIA DGX H100 User Guide and datasheet"),
-)}
+def _node_type(name: str) -> tuple[str, int, str] | None:
+    """(name, devices, device type) of the node type spelled `name`, or None."""
+    key = name.strip().lower().replace("_", "-")
+    return (key, *NODE_TYPES[key]) if key in NODE_TYPES else None
+
+
+def _ports(device: DeviceSpec) -> tuple[str, int]:
+    """The link and count of the ports a node of `device` has by default (SHIPPED_PORTS)."""
+    return SHIPPED_PORTS.get(device.name, (DEFAULT_INTER_LINK, 1))
 
 
 def default_nics(devices: tuple[DeviceSpec, ...]) -> int:
-    """The ports a node of `devices` has by default: the fewest of its types' (SHIPPED_PORTS)."""
-    return min(SHIPPED_PORTS.get(d.name, (DEFAULT_INTER_LINK, 1))[1] for d in devices)
+    """The ports a node of `devices` has by default: the fewest of its types'."""
+    return min(_ports(d)[1] for d in devices)
 
 
 def default_inter_link(nodes: tuple[Node, ...] | list[Node]) -> LinkSpec:
     """The link between nodes by default: the slowest port of the nodes' device types."""
-    return slowest(LINKS[SHIPPED_PORTS.get(d.name, (DEFAULT_INTER_LINK, 1))[0]] for n in nodes for d in n.devices)
+    return slowest(LINKS[_ports(d)[0]] for n in nodes for d in n.devices)
 
 
 def default_intra_link(devices: tuple[DeviceSpec, ...], where: str) -> LinkSpec:
@@ -272,14 +270,12 @@ def parse_devices(spec: str, where: str | None = None, extra: Mapping[str, Devic
                              f"not '{group}'")
         else:
             first, second, name = _TERM.match(group).groups()
-            kind = NODE_TYPES.get(name.strip().lower().replace("_", "-"))
-            if kind is not None:  # a server type: NODESxdgx-a100
+            kind = _node_type(name)
+            if kind is not None:  # a server type: NODESxdgx-a100 is NODESxCOUNTxTYPE
                 if second is not None:
-                    raise UsageError(f"{where}: '{group}': {kind.name} is a whole node of {kind.count} "
-                                     f"{kind.device}; write NODESx{kind.name}")
-                nodes.extend([kind.node(where)] * _count(first, where))
-                check_size(nodes, where)
-                continue
+                    raise UsageError(f"{where}: '{group}': {kind[0]} is a whole node of {kind[1]} {kind[2]}; "
+                                     f"write NODESx{kind[0]}")
+                first, second, name = first or "1", str(kind[1]), kind[2]
             count = _count(first, where) if second is not None else 1
             devices = (_device(name, where, extra, group),) * _count(second if second is not None else first, where)
         node = Node(devices, default_intra_link(devices, where), default_nics(devices))
@@ -342,10 +338,10 @@ def _device(name: str, where: str, extra: Mapping[str, DeviceSpec] | None, term:
     name = name.strip()
     if not name:
         raise UsageError(f"{where}: expected a device type after '{term}'; {_GRAMMAR}")
-    kind = NODE_TYPES.get(name.lower().replace("_", "-"))
+    kind = _node_type(name)
     if kind is not None:  # reached inside a node's parentheses (or a cluster file's gpus)
-        raise UsageError(f"{where}: '{term}': {kind.name} is a whole node of {kind.count} {kind.device}, not a "
-                         f"device of one; write NODESx{kind.name} outside parentheses, or {kind.count}x{kind.device}")
+        raise UsageError(f"{where}: '{term}': {kind[0]} is a whole node of {kind[1]} {kind[2]}, not a device "
+                         f"of one; write NODESx{kind[0]} outside parentheses, or {kind[1]}x{kind[2]}")
     if re.match(r"^\d+\s*x", name, re.IGNORECASE):
         raise UsageError(f"{where}: '{term}' has more than two counts; {_GRAMMAR}")
     return lookup_device(name, where, extra)

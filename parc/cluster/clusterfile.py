@@ -244,7 +244,7 @@ def _device_overrides(fields: dict[str, Entry]) -> dict[str, object]:
     return out
 
 
-def _nodes(entry: Entry, extra: Mapping[str, DeviceSpec], shipped: bool = True) -> list[Node]:
+def _nodes(entry: Entry, extra: Mapping[str, DeviceSpec], shipped: bool) -> list[Node]:
     """A `nodes` entry's nodes. `nics` not given: the ports the devices' server ships with
     (`default_nics`) when `shipped`, else one (a file that names its `inter_link` describes its
     own network)."""
